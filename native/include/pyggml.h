@@ -1,0 +1,172 @@
+/* pyggml.h — the whole C ABI of libpyggml (C11, no CPython API; loaded with ctypes).
+ *
+ * Conventions
+ *   - ggml dimension order: ne[0] is the innermost (contiguous) dimension.
+ *   - Every entry point that takes input validates it and returns a pg_status (0 = ok);
+ *     the library never calls exit() or abort() on input.
+ *   - Enum values are shared with pyggml/types.py; tests/test_types.py parses this header and
+ *     checks that both sides agree. Change them in both places or not at all.
+ */
+#ifndef PYGGML_H
+#define PYGGML_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PG_VERSION_STRING "0.1.0"
+#define PG_MAX_DIMS      4
+#define PG_MAX_SRC       10
+#define PG_MAX_OP_PARAMS 16   /* int32 slots (64 bytes), floats stored bit-cast */
+#define PG_MAX_NAME      48
+
+/* ---- status codes ----------------------------------------------------------------------- */
+typedef enum pg_status {
+    PG_OK               = 0,
+    PG_ERR_INVALID_ARG  = 1,   /* NULL pointer, negative size, length not a multiple of block */
+    PG_ERR_UNSUPPORTED  = 2,   /* type/op/path not implemented or not available on this CPU   */
+    PG_ERR_NOMEM        = 3,
+    PG_ERR_INTERNAL     = 4,
+} pg_status;
+
+/* ---- tensor types (ids as stored in GGUF files) ------------------------------------------ */
+typedef enum pg_type {
+    PG_TYPE_F32     = 0,
+    PG_TYPE_F16     = 1,
+    PG_TYPE_Q4_0    = 2,
+    PG_TYPE_Q4_1    = 3,
+    PG_TYPE_Q5_0    = 6,
+    PG_TYPE_Q5_1    = 7,
+    PG_TYPE_Q8_0    = 8,
+    PG_TYPE_Q8_1    = 9,
+    PG_TYPE_Q2_K    = 10,
+    PG_TYPE_Q3_K    = 11,
+    PG_TYPE_Q4_K    = 12,
+    PG_TYPE_Q5_K    = 13,
+    PG_TYPE_Q6_K    = 14,
+    PG_TYPE_Q8_K    = 15,
+    PG_TYPE_IQ2_XXS = 16,
+    PG_TYPE_IQ2_XS  = 17,
+    PG_TYPE_IQ3_XXS = 18,
+    PG_TYPE_IQ1_S   = 19,
+    PG_TYPE_IQ4_NL  = 20,
+    PG_TYPE_IQ3_S   = 21,
+    PG_TYPE_IQ2_S   = 22,
+    PG_TYPE_IQ4_XS  = 23,
+    PG_TYPE_I8      = 24,
+    PG_TYPE_I16     = 25,
+    PG_TYPE_I32     = 26,
+    PG_TYPE_I64     = 27,
+    PG_TYPE_F64     = 28,
+    PG_TYPE_IQ1_M   = 29,
+    PG_TYPE_BF16    = 30,
+    PG_TYPE_TQ1_0   = 34,
+    PG_TYPE_TQ2_0   = 35,
+    PG_TYPE_MXFP4   = 39,
+    PG_TYPE_NVFP4   = 40,
+    PG_TYPE_Q1_0    = 41,
+    PG_TYPE_COUNT   = 42,
+} pg_type;
+
+/* ---- ops (our own numbering; values shared with pyggml.types.Op) --------------------------- */
+typedef enum pg_op {
+    PG_OP_NONE          = 0,
+    PG_OP_DUP           = 1,
+    PG_OP_ADD           = 2,
+    PG_OP_SUB           = 3,
+    PG_OP_MUL           = 4,
+    PG_OP_DIV           = 5,
+    PG_OP_SQR           = 6,
+    PG_OP_SQRT          = 7,
+    PG_OP_SCALE         = 8,
+    PG_OP_NORM          = 9,
+    PG_OP_RMS_NORM      = 10,
+    PG_OP_MUL_MAT       = 11,
+    PG_OP_CPY           = 12,
+    PG_OP_CONT          = 13,
+    PG_OP_RESHAPE       = 14,
+    PG_OP_VIEW          = 15,
+    PG_OP_PERMUTE       = 16,
+    PG_OP_TRANSPOSE     = 17,
+    PG_OP_GET_ROWS      = 18,
+    PG_OP_SET_ROWS      = 19,
+    PG_OP_DIAG_MASK_INF = 20,
+    PG_OP_SOFT_MAX      = 21,
+    PG_OP_ROPE          = 22,
+    PG_OP_CONCAT        = 23,
+    PG_OP_GELU          = 24,
+    PG_OP_SILU          = 25,
+    PG_OP_FLASH_ATTN_EXT = 26,
+    PG_OP_TANH          = 27,
+    PG_OP_COUNT         = 28,
+} pg_op;
+
+/* rope modes (op_params[2]), as ggml */
+#define PG_ROPE_MODE_NORMAL 0
+#define PG_ROPE_MODE_NEOX   2
+
+/* tensor flags, as ggml */
+#define PG_TENSOR_FLAG_INPUT   1
+#define PG_TENSOR_FLAG_OUTPUT  2
+#define PG_TENSOR_FLAG_PARAM   4
+#define PG_TENSOR_FLAG_LOSS    8
+#define PG_TENSOR_FLAG_COMPUTE 16
+
+/* ---- CPU features and kernel paths ------------------------------------------------------- */
+typedef enum pg_cpu_feature {
+    PG_CPU_SSE3        = 1u << 0,
+    PG_CPU_AVX         = 1u << 1,
+    PG_CPU_AVX2        = 1u << 2,
+    PG_CPU_FMA         = 1u << 3,
+    PG_CPU_F16C        = 1u << 4,
+    PG_CPU_AVX512F     = 1u << 5,
+    PG_CPU_AVX512BW    = 1u << 6,
+    PG_CPU_AVX512VL    = 1u << 7,
+    PG_CPU_AVX512VNNI  = 1u << 8,
+    PG_CPU_NEON        = 1u << 16,
+    PG_CPU_DOTPROD     = 1u << 17,
+    PG_CPU_FP16        = 1u << 18,
+} pg_cpu_feature;
+
+typedef enum pg_path {
+    PG_PATH_SCALAR = 0,
+    PG_PATH_AVX2   = 1,   /* AVX2 + FMA + F16C */
+    PG_PATH_AVX512 = 2,   /* AVX2 path plus AVX-512 kernels where present */
+    PG_PATH_NEON   = 3,   /* NEON, with dotprod kernels where the CPU has them */
+} pg_path;
+
+const char *pg_version(void);
+/* Bit set of pg_cpu_feature detected at load time on the running CPU. */
+uint32_t    pg_cpu_features(void);
+/* Kernel path in use. Chosen at load time: the best one the CPU has, or the one named by the
+ * environment variable PYGGML_CPU_PATH (scalar|avx2|avx512|neon) when the CPU supports it. */
+int32_t     pg_cpu_path(void);
+/* Force a path; PG_ERR_UNSUPPORTED if this CPU or this build cannot run it. */
+int32_t     pg_set_cpu_path(int32_t path);
+/* Whether this build contains kernels for a path (x86 builds: scalar/avx2/avx512; arm: neon). */
+int32_t     pg_path_compiled(int32_t path);
+
+/* ---- the flat tensor struct of the graph executor ---------------------------------------- */
+typedef struct pg_tensor {
+    int32_t type;                        /* pg_type                                           */
+    int32_t op;                          /* pg_op                                             */
+    int64_t ne[PG_MAX_DIMS];             /* elements per dim, ne[0] innermost                 */
+    int64_t nb[PG_MAX_DIMS];             /* byte strides                                      */
+    int32_t op_params[PG_MAX_OP_PARAMS];
+    int32_t src[PG_MAX_SRC];             /* indices into the same array, -1 = none            */
+    int32_t flags;
+    int32_t pad_;
+    void   *data;                        /* filled from the allocator's plan                  */
+    char    name[PG_MAX_NAME];
+} pg_tensor;
+
+/* Size of pg_tensor in bytes (the Python side checks its ctypes mirror against it). */
+size_t pg_tensor_struct_size(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PYGGML_H */

@@ -1,0 +1,29 @@
+/* A tiny test harness. PG_TEST(name) defines a test that registers itself at load time, so a new
+ * test file needs no edit elsewhere. CHECK records a failure with file:line and keeps going. */
+#ifndef PG_TEST_H
+#define PG_TEST_H
+#include <stdio.h>
+
+extern int pg_test_failures;
+extern int pg_test_checks;
+
+typedef void (*pg_test_fn)(void);
+void pg_test_register(const char *name, pg_test_fn fn);
+
+#define PG_TEST(name) \
+    static void name(void); \
+    __attribute__((constructor)) static void name##_register(void) { pg_test_register(#name, name); } \
+    static void name(void)
+
+#define CHECK(cond, ...) do { \
+    pg_test_checks++; \
+    if (!(cond)) { \
+        pg_test_failures++; \
+        if (pg_test_failures < 50) { \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); \
+        } \
+    } \
+} while (0)
+
+#endif

