@@ -1,0 +1,4 @@
+/* legacy formats: scalar reference kernels. (Filled in by the quantized-formats work.) */
+#include "quants.h"
+
+void pg_fill_legacy_scalar(pg_type_traits *tbl) { (void)tbl; }

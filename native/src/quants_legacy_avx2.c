@@ -1,0 +1,4 @@
+/* legacy formats: AVX2 + FMA + F16C kernels. */
+#include "quants.h"
+
+void pg_fill_legacy_avx2(pg_type_traits *tbl) { (void)tbl; }
