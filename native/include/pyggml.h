@@ -166,6 +166,36 @@ typedef struct pg_tensor {
 /* Size of pg_tensor in bytes (the Python side checks its ctypes mirror against it). */
 size_t pg_tensor_struct_size(void);
 
+/* ---- quantized formats (src/quants_api.c) -------------------------------------------------
+ * Row-level access to the per-type kernels of the current path (pg_cpu_path). `n` counts
+ * elements and must be a multiple of the type's block size; buffers hold whole blocks.
+ * Every call returns PG_OK, PG_ERR_INVALID_ARG (NULL, n < 0, n not a multiple of the block
+ * size) or PG_ERR_UNSUPPORTED (unknown type, or no kernel of that kind for the type). */
+
+/* Elements per block and bytes per block of a type whose kernels are filled; 0 otherwise. */
+int32_t pg_type_block_size(int32_t type);
+int32_t pg_type_size(int32_t type);
+/* Reference quantizer (bit-exact with the gguf package / ggml's quantize_row_*_ref). */
+int32_t pg_quantize_row(int32_t type, const float *x, void *y, int64_t n);
+/* Fast activation quantizer (the one matmul uses for vec_dot_type); equals the reference
+ * bit for bit for the types this library implements (see quants_legacy_*.c). */
+int32_t pg_quantize_row_act(int32_t type, const float *x, void *y, int64_t n);
+int32_t pg_dequantize_row(int32_t type, const void *x, float *y, int64_t n);
+/* The type the second operand of pg_vec_dot must be in; -1 if `type` has no dot kernel. */
+int32_t pg_vec_dot_type(int32_t type);
+/* *s = dot(x, y) over n elements; x of `type`, y of pg_vec_dot_type(type). */
+int32_t pg_vec_dot(int32_t type, int64_t n, float *s, const void *x, const void *y);
+/* Scratch bytes pg_matvec needs for a row of ne0 activations of `type`'s vec_dot_type. */
+size_t  pg_matvec_scratch_size(int32_t type, int64_t ne0);
+/* Single-threaded out[r] = dot(w row r, x) for r < nrows (for benchmarks and tests): x (ne0
+ * floats) is quantized once to vec_dot_type into scratch (at least pg_matvec_scratch_size
+ * bytes), then each weight row (row_stride bytes apart) is dotted with it. */
+int32_t pg_matvec(int32_t type, int64_t ne0, int64_t nrows, const void *w, size_t row_stride,
+                  const float *x, float *out, void *scratch, size_t scratch_size);
+/* Reads nbytes at p as fast as the CPU allows and returns a checksum (memory-bandwidth probe
+ * for benchmarks; the value only keeps the compiler from skipping the reads). */
+uint64_t pg_bench_read(const void *p, size_t nbytes);
+
 #ifdef __cplusplus
 }
 #endif
