@@ -17,3 +17,12 @@ def pytest_addoption(parser):
 def ctx():
     from pyggml import Context
     return Context(no_alloc=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """Tiny GGUF models made on demand, cached per argument set for the session:
+    tiny_models.get(arch="gemma3", weight_type="q8_0", n_layer=2, n_embd=64, ...) -> TinyModel
+    (see tests/fixtures/tiny_models.py)."""
+    from fixtures.tiny_models import TinyModelFactory
+    return TinyModelFactory(tmp_path_factory.mktemp("tiny_models"))
