@@ -1,4 +1,350 @@
-/* kquants formats: AVX2 + FMA + F16C kernels. */
+/* K-quants: AVX2 + FMA + F16C kernels (dots with Q8_K, the Q8_K activation quantizer).
+ *
+ * Exactness contract with the scalar reference (quants_kquants.c), checked by
+ * tests/test_quants_kquants.c:
+ *   - Q8_K from_float: bit-exact (same amax scan result, same nearest_int bit trick);
+ *   - vec_dot: the integer sums are exact; they are converted to fp32 per 8-lane partial and
+ *     scaled per super-block, so float results agree with the scalar kernel to a few ulps of
+ *     the sum of |terms| (and exactly when every partial is an integer below 2^24).
+ *
+ * The dot kernels share one plan: weights become unsigned levels (0..2^b-1) so that
+ * _mm256_maddubs_epi16 multiplies them with the signed Q8_K activations into int16 pairs (no
+ * saturation: |pair| <= 2*63*127). _mm256_madd_epi16 then applies the per-sub-block scale and
+ * widens to int32. Offsets of signed formats (Q3_K: -4, Q6_K: -32) and the mins of Q2_K, Q4_K and
+ * Q5_K are applied once per super-block through the activation's bsums (Σ of 16 activations),
+ * never per element. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kquants.h"
 #include "quants.h"
 
-void pg_fill_kquants_avx2(pg_type_traits *tbl) { (void)tbl; }
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* vpshufb masks that broadcast one int16 of a 128-bit lane over that lane.
+ * k_bcast16[k]: int16 k in both lanes (sub-block k of 32 for Q4_K/Q5_K). */
+#define PG_B2(k) (char)(2 * (k)), (char)(2 * (k) + 1)
+#define PG_B16(k) PG_B2(k), PG_B2(k), PG_B2(k), PG_B2(k), PG_B2(k), PG_B2(k), PG_B2(k), PG_B2(k)
+static inline __m256i bcast16_mask(int k) {
+    return _mm256_setr_epi8(PG_B16(k), PG_B16(k));
+}
+/* int16 2g in the low lane and 2g+1 in the high lane: a 32-byte row of 16-element sub-blocks
+ * (Q2_K, Q3_K, Q6_K) covers sub-block 2g with its low half and 2g+1 with its high half. */
+static inline __m256i pair16_mask(int g) {
+    return _mm256_setr_epi8(PG_B16(2 * g), PG_B16(2 * g + 1));
+}
+
+/* Σ_k scale_k · (32 levels · 32 activations), for the 8 int32 lanes of one 32-byte row.
+ * q: unsigned levels, a: activations, sc: int16 scales laid out for `mask`. */
+static inline __m256i dot32(__m256i q, const int8_t *a, __m256i sc, __m256i mask) {
+    const __m256i p = _mm256_maddubs_epi16(q, loadu(a));
+    return _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, mask));
+}
+
+/* ---- Q8_K activation quantizer ------------------------------------------------------------- */
+
+static void quantize_row_q8_K_avx2(const float *restrict x, void *restrict vy, int64_t n) {
+    pg_block_q8_K *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 magic = _mm256_set1_ps(12582912.f);
+    const __m256i mant = _mm256_set1_epi32(0x007fffff), bias = _mm256_set1_epi32(0x00400000);
+    const __m256i q127 = _mm256_set1_epi32(127), low8 = _mm256_set1_epi32(0xff);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int64_t i = 0; i < n / PG_QK_K; i++, x += PG_QK_K) {
+        /* amax; max_ps(|v|, acc) returns acc when |v| is NaN, like the scalar `ax > amax` */
+        __m256 m0 = _mm256_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
+        for (int j = 0; j < PG_QK_K; j += 32) {
+            m0 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), m0);
+            m1 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j + 8)), m1);
+            m2 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j + 16)), m2);
+            m3 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j + 24)), m3);
+        }
+        __m256 m = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        if (amax == 0) {
+            memset(&y[i], 0, sizeof(y[i]));
+            continue;
+        }
+        /* the signed value at the first index reaching amax (the scalar scan's strict >) */
+        const __m256 va = _mm256_set1_ps(amax);
+        float max = 0;
+        for (int j = 0; j < PG_QK_K; j += 8) {
+            const __m256 v = _mm256_loadu_ps(x + j);
+            const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, v), va,
+                                                              _CMP_EQ_OQ));
+            if (mask) { max = x[j + __builtin_ctz((unsigned)mask)]; break; }
+        }
+        const float iscale = -127.f / max;
+        const __m256 vs = _mm256_set1_ps(iscale);
+        for (int j = 0; j < PG_QK_K; j += 32) {
+            __m256i q[4];
+            for (int k = 0; k < 4; k++) {
+                const __m256 t = _mm256_add_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + j + 8 * k)),
+                                               magic);
+                const __m256i r = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(t), mant),
+                                                   bias);
+                /* keep the low byte, as the scalar (int8_t) cast does (matters only for
+                 * garbage from non-finite scales); the unsigned packs then never saturate */
+                q[k] = _mm256_and_si256(_mm256_min_epi32(r, q127), low8);
+            }
+            const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(q[0], q[1]),
+                                                  _mm256_packus_epi32(q[2], q[3]));
+            const __m256i b = _mm256_permutevar8x32_epi32(p, perm);
+            _mm256_storeu_si256((__m256i *)(y[i].qs + j), b);
+            /* bsums of the two groups of 16: bytes + 128 are unsigned; psadbw sums 8 of them */
+            const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(b, flip), _mm256_setzero_si256());
+            const __m128i lo = _mm256_castsi256_si128(sad), hi = _mm256_extracti128_si256(sad, 1);
+            y[i].bsums[j / 16] = (int16_t)(_mm_cvtsi128_si32(lo) + _mm_extract_epi32(lo, 2) - 2048);
+            y[i].bsums[j / 16 + 1] =
+                (int16_t)(_mm_cvtsi128_si32(hi) + _mm_extract_epi32(hi, 2) - 2048);
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+/* ---- Q2_K -------------------------------------------------------------------------------- */
+
+static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
+                                   const void *restrict vy) {
+    const pg_block_q2_K *x = vx;
+    const pg_block_q8_K *y = vy;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / PG_QK_K; i++) {
+        const float dall = y[i].d * h2f(x[i].d);
+        const float dmin = -y[i].d * h2f(x[i].dmin);
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
+        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
+        const __m256i prodm = _mm256_madd_epi16(loadu(y[i].bsums), mn16);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prodm), accm);
+        __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+        for (int h = 0; h < 2; h++) {
+            const __m256i sc = h ? _mm256_permute4x64_epi64(sc16, 0xEE)
+                                 : _mm256_permute4x64_epi64(sc16, 0x44);
+            const __m256i qs = loadu(x[i].qs + 32 * h);
+            const int8_t *a = y[i].qs + 128 * h;
+            sum0 = _mm256_add_epi32(sum0, dot32(_mm256_and_si256(qs, m3), a, sc, pair16_mask(0)));
+            sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3),
+                                                a + 32, sc, pair16_mask(1)));
+            sum0 = _mm256_add_epi32(sum0, dot32(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3),
+                                                a + 64, sc, pair16_mask(2)));
+            sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3),
+                                                a + 96, sc, pair16_mask(3)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dall),
+                              _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
+    }
+    *s = hsum_ps(_mm256_add_ps(acc, accm));
+}
+
+/* ---- Q3_K -------------------------------------------------------------------------------- */
+
+/* hmask bit b of each byte moved to bit 2 (the level's third bit: u = q2 + 4h, 0..7) */
+#define Q3_HBIT(hm, b) \
+    ((b) >= 2 ? _mm256_and_si256(_mm256_srli_epi16(hm, (b) - 2), m4b) \
+              : _mm256_and_si256(_mm256_slli_epi16(hm, 2 - (b)), m4b))
+
+static void vec_dot_q3_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
+                                   const void *restrict vy) {
+    const pg_block_q3_K *x = vx;
+    const pg_block_q8_K *y = vy;
+    const __m256i m3 = _mm256_set1_epi8(3), m4b = _mm256_set1_epi8(4);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / PG_QK_K; i++) {
+        const float d = y[i].d * h2f(x[i].d);
+        int8_t sc8[16];
+        pg_k3_unpack_scales(x[i].scales, sc8);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc8));
+        /* level q = u - 4: Σ S_k Σ q·a = Σ S_k Σ u·a - 4 Σ S_k bsum_k */
+        __m256i sum0 = _mm256_slli_epi32(_mm256_madd_epi16(loadu(y[i].bsums), sc16), 2);
+        sum0 = _mm256_sub_epi32(_mm256_setzero_si256(), sum0);
+        __m256i sum1 = _mm256_setzero_si256();
+        const __m256i hm = loadu(x[i].hmask);
+        {
+            const __m256i sc = _mm256_permute4x64_epi64(sc16, 0x44);
+            const __m256i qs = loadu(x[i].qs);
+            const int8_t *a = y[i].qs;
+            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(qs, m3), Q3_HBIT(hm, 0));
+            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3),
+                                               Q3_HBIT(hm, 1));
+            const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3),
+                                               Q3_HBIT(hm, 2));
+            const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3),
+                                               Q3_HBIT(hm, 3));
+            sum0 = _mm256_add_epi32(sum0, dot32(u0, a, sc, pair16_mask(0)));
+            sum1 = _mm256_add_epi32(sum1, dot32(u1, a + 32, sc, pair16_mask(1)));
+            sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
+            sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
+        }
+        {
+            const __m256i sc = _mm256_permute4x64_epi64(sc16, 0xEE);
+            const __m256i qs = loadu(x[i].qs + 32);
+            const int8_t *a = y[i].qs + 128;
+            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(qs, m3), Q3_HBIT(hm, 4));
+            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3),
+                                               Q3_HBIT(hm, 5));
+            const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3),
+                                               Q3_HBIT(hm, 6));
+            const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3),
+                                               Q3_HBIT(hm, 7));
+            sum0 = _mm256_add_epi32(sum0, dot32(u0, a, sc, pair16_mask(0)));
+            sum1 = _mm256_add_epi32(sum1, dot32(u1, a + 32, sc, pair16_mask(1)));
+            sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
+            sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
+                              acc);
+    }
+    *s = hsum_ps(acc);
+}
+
+/* ---- Q4_K / Q5_K ------------------------------------------------------------------------- */
+
+/* The 12 scale bytes as 16 bytes: sc0..7, m0..7 (see pg_k4_unpack_scales). */
+static inline __m128i k4_scales(const uint8_t *b) {
+    uint32_t u[3];
+    memcpy(u, b, 12);
+    return _mm_set_epi32((int)(((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u)),
+                         (int)(u[1] & 0x3f3f3f3fu),
+                         (int)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u)),
+                         (int)(u[0] & 0x3f3f3f3fu));
+}
+
+/* min term of one Q4_K/Q5_K block: 8 int32 lanes, lane j = m_j·(bsums_2j + bsums_2j+1) */
+static inline __m256i k4_mins(__m128i sm, const int16_t *bsums) {
+    const __m128i dup = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup));
+    return _mm256_madd_epi16(loadu(bsums), m16);
+}
+
+static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
+                                   const void *restrict vy) {
+    const pg_block_q4_K *x = vx;
+    const pg_block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / PG_QK_K; i++) {
+        const float d = y[i].d * h2f(x[i].d);
+        const float dmin = -y[i].d * h2f(x[i].dmin);
+        const __m128i sm = k4_scales(x[i].scales);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
+                               accm);
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+        const uint8_t *q = x[i].qs;
+        const int8_t *a = y[i].qs;
+        __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+        for (int c = 0; c < 4; c++) {
+            const __m256i b = loadu(q + 32 * c);
+            sum0 = _mm256_add_epi32(sum0, dot32(_mm256_and_si256(b, m4), a + 64 * c, sc,
+                                                bcast16_mask(2 * c)));
+            sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
+                                                a + 64 * c + 32, sc, bcast16_mask(2 * c + 1)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
+                              acc);
+    }
+    *s = hsum_ps(_mm256_add_ps(acc, accm));
+}
+
+static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
+                                   const void *restrict vy) {
+    const pg_block_q5_K *x = vx;
+    const pg_block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0xF), m16 = _mm256_set1_epi8(0x10);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / PG_QK_K; i++) {
+        const float d = y[i].d * h2f(x[i].d);
+        const float dmin = -y[i].d * h2f(x[i].dmin);
+        const __m128i sm = k4_scales(x[i].scales);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
+                               accm);
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+        const uint8_t *q = x[i].qs;
+        const int8_t *a = y[i].qs;
+        /* bit 2c of qh[l] is the 5th bit of sub-block 2c, bit 2c+1 of 2c+1: shift right by 2 per
+         * chunk (bits crossing into a byte from its neighbour only reach bits 6..7, never used) */
+        __m256i h = loadu(x[i].qh);
+        __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+        for (int c = 0; c < 4; c++) {
+            const __m256i b = loadu(q + 32 * c);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(b, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(h, 4), m16));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(h, 3), m16));
+            h = _mm256_srli_epi16(h, 2);
+            sum0 = _mm256_add_epi32(sum0, dot32(lo, a + 64 * c, sc, bcast16_mask(2 * c)));
+            sum1 = _mm256_add_epi32(sum1, dot32(hi, a + 64 * c + 32, sc, bcast16_mask(2 * c + 1)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
+                              acc);
+    }
+    *s = hsum_ps(_mm256_add_ps(acc, accm));
+}
+
+/* ---- Q6_K -------------------------------------------------------------------------------- */
+
+static void vec_dot_q6_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
+                                   const void *restrict vy) {
+    const pg_block_q6_K *x = vx;
+    const pg_block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / PG_QK_K; i++) {
+        const float d = y[i].d * h2f(x[i].d);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        /* level q = u - 32 with u = lo4 | hi2 << 4 in 0..63: subtract 32 Σ_k sc_k bsum_k */
+        __m256i sum0 = _mm256_slli_epi32(_mm256_madd_epi16(loadu(y[i].bsums), sc16), 5);
+        sum0 = _mm256_sub_epi32(_mm256_setzero_si256(), sum0);
+        __m256i sum1 = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i sc = h ? _mm256_permute4x64_epi64(sc16, 0xEE)
+                                 : _mm256_permute4x64_epi64(sc16, 0x44);
+            const __m256i l0 = loadu(x[i].ql + 64 * h), l1 = loadu(x[i].ql + 64 * h + 32);
+            const __m256i qh = loadu(x[i].qh + 32 * h);
+            const int8_t *a = y[i].qs + 128 * h;
+            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                               _mm256_and_si256(qh, m30));
+            const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            sum0 = _mm256_add_epi32(sum0, dot32(u0, a, sc, pair16_mask(0)));
+            sum1 = _mm256_add_epi32(sum1, dot32(u1, a + 32, sc, pair16_mask(1)));
+            sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
+            sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
+                              acc);
+    }
+    *s = hsum_ps(acc);
+}
+
+/* ---- traits ------------------------------------------------------------------------------ */
+
+void pg_fill_kquants_avx2(pg_type_traits *tbl) {
+    tbl[PG_TYPE_Q8_K].from_float = quantize_row_q8_K_avx2;
+    tbl[PG_TYPE_Q2_K].vec_dot = vec_dot_q2_K_q8_K_avx2;
+    tbl[PG_TYPE_Q3_K].vec_dot = vec_dot_q3_K_q8_K_avx2;
+    tbl[PG_TYPE_Q4_K].vec_dot = vec_dot_q4_K_q8_K_avx2;
+    tbl[PG_TYPE_Q5_K].vec_dot = vec_dot_q5_K_q8_K_avx2;
+    tbl[PG_TYPE_Q6_K].vec_dot = vec_dot_q6_K_q8_K_avx2;
+}
