@@ -231,11 +231,15 @@ class _SafeReader(GGUFReader):
         return 12 + int(vals.nbytes), [raw_itype, alen, vals], [2], [gtype, itype]
 
     def _walk_strings(self, offs: int, n: int):
+        """Starts and lengths of n strings from offs. Memory: 8 bytes per string in numpy (n is
+        at most a file-size/8) plus one bounded chunk of Python ints."""
         if self._buf is None:
             self._buf = memoryview(self.data).cast("B")
         buf, size = self._buf, self.file_size
         unpack = struct.Struct("<Q").unpack_from
-        starts, lens = [], []
+        starts = np.empty(n, dtype=np.int64)
+        chunk: list[int] = []
+        done = 0
         for i in range(n):
             if offs + 8 > size:
                 raise _Bad(f"string #{i} of {n}: its length field at offset {offs} is past the "
@@ -245,10 +249,18 @@ class _SafeReader(GGUFReader):
             if length > size - offs:
                 raise _Bad(f"string #{i} of {n} claims {length} bytes but only {size - offs} are "
                            f"left in the file")
-            starts.append(offs)
-            lens.append(length)
+            chunk.append(offs)
             offs += length
-        return np.array(starts, dtype=np.int64), np.array(lens, dtype=np.int64), offs
+            if len(chunk) == 65536:
+                starts[done:done + len(chunk)] = chunk
+                done += len(chunk)
+                chunk.clear()
+        starts[done:done + len(chunk)] = chunk
+        lens = np.empty(n, dtype=np.int64)
+        if n:
+            lens[:-1] = starts[1:] - starts[:-1] - 8
+            lens[-1] = offs - starts[-1]
+        return starts, lens, offs
 
     @staticmethod
     def _kv_value(vtype: GGUFValueType, parts: list) -> _KV:
@@ -272,6 +284,8 @@ class _SafeReader(GGUFReader):
     def _build_tensor_info(self, offs: int, count):
         self._check_alignment()
         fields = []
+        self._pending: list[tuple] = []
+        seen: set[str] = set()
         for i in range(int(count)):
             self.where = f"tensor info #{i} (offset {offs})"
             # peek at name length and rank first, to name the real problem (not "truncated")
@@ -285,9 +299,41 @@ class _SafeReader(GGUFReader):
                 raise _Bad(f"n_dims = {n_dims}, at most {MAX_DIMS}")
             field = self._get_tensor_info_field(offs)
             offs += sum(int(p.nbytes) for p in field.parts)
+            # check each record as it comes, so garbage fails at its first record
+            if name in seen:
+                raise _Bad("duplicate tensor name")
+            seen.add(name)
+            self._pending.append(self._check_tensor_info(name, field))
             fields.append(field)
         self.where = "tensor infos"
         return offs, fields
+
+    @staticmethod
+    def _check_tensor_info(name: str, field: ReaderField) -> tuple:
+        """(name, type, ne, n_dims, relative offset, nbytes) of a well-formed record."""
+        _nlen, _name, n_dims_a, dims_a, type_a, offset_a = field.parts
+        n_dims = int(n_dims_a[0])
+        dims = [int(x) for x in dims_a]
+        raw_type = int(type_a[0])
+        try:
+            ttype = GGMLType(raw_type)
+            tr = TYPE_TRAITS[ttype]
+        except (ValueError, KeyError):
+            raise _Bad(f"unknown tensor type id {raw_type}") from None
+        for d, x in enumerate(dims):
+            if x > INT64_MAX:
+                raise _Bad(f"ne[{d}] = {x} is negative as int64")
+        ne = tuple(dims + [1] * (MAX_DIMS - n_dims))
+        n_el = 1
+        for x in ne:
+            n_el *= x
+        if n_el > INT64_MAX:
+            raise _Bad(f"ne = {list(ne)}: element count {n_el} overflows int64")
+        if ne[0] % tr.block_size:
+            raise _Bad(f"type {ttype.name}: ne[0] = {ne[0]} is not a multiple of the block "
+                       f"size {tr.block_size}")
+        nbytes = ne[0] // tr.block_size * tr.type_size * ne[1] * ne[2] * ne[3]
+        return name, ttype, ne, n_dims, int(offset_a[0]), nbytes
 
     def _check_alignment(self) -> None:
         kv = self.kv.get("general.alignment")
@@ -301,8 +347,8 @@ class _SafeReader(GGUFReader):
             raise _Bad(f"= {a}, expected a power of two")
 
     def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
-        """Validate every tensor and build the table (the reader's version makes numpy views
-        without checking anything)."""
+        """Place the checked records in the file (the reader's version makes numpy views without
+        checking anything)."""
         data_offset = int(start_offs)
         self.data_offset = data_offset
         align = int(self.alignment)
@@ -310,37 +356,9 @@ class _SafeReader(GGUFReader):
             self.where = "tensor data"
             raise _Bad(f"the data section would start at offset {data_offset}, past the end of "
                        f"the file ({self.file_size} bytes)")
-        seen: set[str] = set()
         infos = []
-        for field in fields:
-            _nlen, _name, n_dims_a, dims_a, type_a, offset_a = field.parts
-            name = field.name
+        for name, ttype, ne, n_dims, rel, nbytes in self._pending:
             self.where = f"tensor {name!r}"
-            if name in seen:
-                raise _Bad("duplicate tensor name")
-            seen.add(name)
-            n_dims = int(n_dims_a[0])
-            dims = [int(x) for x in dims_a]
-            raw_type = int(type_a[0])
-            rel = int(offset_a[0])
-            try:
-                ttype = GGMLType(raw_type)
-                tr = TYPE_TRAITS[ttype]
-            except (ValueError, KeyError):
-                raise _Bad(f"unknown tensor type id {raw_type}") from None
-            for d, x in enumerate(dims):
-                if x > INT64_MAX:
-                    raise _Bad(f"ne[{d}] = {x} is negative as int64")
-            ne = tuple(dims + [1] * (MAX_DIMS - n_dims))
-            n_el = 1
-            for x in ne:
-                n_el *= x
-            if n_el > INT64_MAX:
-                raise _Bad(f"ne = {list(ne)}: element count {n_el} overflows int64")
-            if ne[0] % tr.block_size:
-                raise _Bad(f"type {ttype.name}: ne[0] = {ne[0]} is not a multiple of the block "
-                           f"size {tr.block_size}")
-            nbytes = ne[0] // tr.block_size * tr.type_size * ne[1] * ne[2] * ne[3]
             if rel % align:
                 raise _Bad(f"data offset {rel} is not a multiple of the alignment {align}")
             start = data_offset + rel

@@ -480,3 +480,35 @@ def test_tiny_model_fallback_types_and_alignment(tmp_path):
     assert m.alignment == 64 and m.get_u32("general.alignment") == 64
     assert all(t.offset % 64 == 0 for t in m.tensors.values())
     assert isinstance(m, GGUFModel)
+
+
+# ---- hostile sizes: allocations stay bounded by the file size --------------------------------------
+
+def test_huge_string_array_count_in_a_big_zero_file(tmp_path):
+    """1M zero-length strings fill an 8 MB zero tail exactly: a valid (odd) file; counting them
+    must stay fast and allocate about the file's size, no more."""
+    import resource
+    n = 1 << 20
+    head = gguf_bytes([kv("general.architecture", "llama"),
+                       kv("x", ["a"], elem_type=VT.STRING, count=n)])
+    blob = head[:-9] + b"\0" * (8 * n)            # drop the one written string, zero lengths
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t0 = time.perf_counter()
+    m = open_gguf(write(tmp_path, blob))
+    assert time.perf_counter() - t0 < 5.0
+    assert m.value_type("x") == "ARRAY[STRING]" and m.kv["x"].count == n
+    grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0
+    assert grew < 64 * 2**20, f"peak RSS grew {grew / 2**20:.0f} MB for an 8 MB file"
+    # one more string than fits: an error naming the key, before any big allocation
+    expect_error(tmp_path, head[:-9] + b"\0" * (8 * n - 8), "key 'x'", f"array of {n} STRING")
+
+
+def test_reader_exceptions_become_gguf_errors(tmp_path, monkeypatch):
+    import pyggml.gguf as G
+
+    def boom(self, offs):
+        raise IndexError("index 0 is out of bounds")
+
+    monkeypatch.setattr(G._SafeReader, "_get_tensor_info_field", boom)
+    expect_error(tmp_path, gguf_bytes(good_kvs(), good_tensors()),
+                 "tensor 'a'", "unreadable (IndexError: index 0 is out of bounds)")
