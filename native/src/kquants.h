@@ -83,4 +83,11 @@ static inline void pg_k3_unpack_scales(const uint8_t *b, int8_t out[16]) {
     for (int k = 0; k < 16; k++) out[k] = (int8_t)(v[k] - 32);
 }
 
+#if defined(__aarch64__)
+/* quants_kquants_dotprod.c: SDOT dot kernels over a NEON table (called by pg_fill_kquants_neon
+ * when the CPU has the dot-product extension). */
+struct pg_type_traits;
+void pg_fill_kquants_dotprod(struct pg_type_traits *tbl);
+#endif
+
 #endif

@@ -245,7 +245,8 @@ static void quantize_row_q2_K_ref(const float *restrict x, void *restrict vy, in
         if (max_min > 0) {
             const float iscale = q4scale / max_min;
             for (int j = 0; j < 16; j++) {
-                y[i].scales[j] |= (uint8_t)(nearest_int(iscale * mins[j]) << 4);
+                /* unsigned shift: garbage levels from non-finite scales may be negative */
+                y[i].scales[j] |= (uint8_t)((unsigned)nearest_int(iscale * mins[j]) << 4);
             }
             y[i].dmin = pg_fp32_to_fp16(max_min / q4scale);
         } else {

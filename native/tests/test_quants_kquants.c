@@ -288,7 +288,20 @@ static double dot_magnitude(int32_t type, const uint8_t *w, const pg_block_q8_K 
     return s;
 }
 
-static void check_path(int32_t path, const char *pname) {
+/* A kernel table to check: a path's table, or (tbl != NULL) one filled here, so that the plain
+ * NEON kernels are tested even on a CPU whose neon path uses the dotprod ones. */
+typedef struct {
+    const char *name;
+    int32_t path;
+    const pg_type_traits *tbl;
+} kq_variant;
+
+static const pg_type_traits *variant_traits(const kq_variant *v, int32_t type) {
+    return v->tbl ? &v->tbl[type] : pg_get_type_traits_for_path(type, v->path);
+}
+
+static void check_path(const kq_variant *var) {
+    const char *pname = var->name;
     static uint8_t w[MAXB * 292], qa[MAXB * 292], qb[MAXB * 292];
     static pg_block_q8_K a[MAXB];
     static float x[MAXN], ya[MAXN], yb[MAXN];
@@ -296,7 +309,7 @@ static void check_path(int32_t path, const char *pname) {
         const int32_t type = t < NT ? k_wtypes[t] : PG_TYPE_Q8_K;
         const char *name = t < NT ? k_wnames[t] : "q8_K";
         const pg_type_traits *ts = pg_get_type_traits_for_path(type, PG_PATH_SCALAR);
-        const pg_type_traits *tp = pg_get_type_traits_for_path(type, path);
+        const pg_type_traits *tp = variant_traits(var, type);
         CHECK(tp != NULL, "%s: no %s table", name, pname);
         if (!tp) continue;
         for (int r = 0; r < 3; r++) {
@@ -359,10 +372,23 @@ PG_TEST(test_kquant_simd_paths) {
     for (int32_t p = PG_PATH_AVX2; p <= PG_PATH_NEON; p++) {
         if (!pg_path_compiled(p) || pg_set_cpu_path(p) != PG_OK) continue;
         pg_set_cpu_path(prev);
-        check_path(p, names[p]);
+        const kq_variant v = {names[p], p, NULL};
+        check_path(&v);
         tested++;
     }
+#if defined(__aarch64__)
+    /* the neon path above uses the dotprod kernels where the CPU has them: check the plain ones */
+    static pg_type_traits plain[PG_TYPE_COUNT];
+    for (int32_t t = 0; t < PG_TYPE_COUNT; t++) plain[t] = *pg_get_type_traits_for_path(t, 0);
+    pg_fill_kquants_neon(plain, PG_CPU_NEON);
+    const kq_variant v = {"neon-plain", PG_PATH_NEON, plain};
+    check_path(&v);
+    tested++;
+    CHECK(pg_get_type_traits_for_path(PG_TYPE_Q4_K, PG_PATH_NEON)->vec_dot !=
+              plain[PG_TYPE_Q4_K].vec_dot ||
+          !(pg_cpu_features() & PG_CPU_DOTPROD), "dotprod CPU without the dotprod kernels");
+#endif
     pg_set_cpu_path(prev);
     CHECK(pg_cpu_path() == prev, "path not restored");
-    printf("    (kquant SIMD paths tested: %d)\n", tested);
+    printf("    (kquant SIMD kernel sets tested: %d)\n", tested);
 }
