@@ -211,6 +211,14 @@ def matvec(w, type_, x, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def matvec_scratch_size(type_, n: int) -> int:
+    """Bytes of scratch pg_matvec needs for n activations of `type_`'s vec_dot_type."""
+    t = _type(type_)
+    vt = vec_dot_type(t)
+    _check_len(vt, n, _layout(vt)[0])
+    return int(_native.fn("pg_matvec_scratch_size")(int(t), int(n)))
+
+
 def bench_read(buf: np.ndarray) -> int:
     """Read every byte of a contiguous array once (memory-bandwidth probe); returns a checksum."""
     if not buf.flags.c_contiguous:
@@ -219,4 +227,4 @@ def bench_read(buf: np.ndarray) -> int:
 
 
 __all__ = ["quantize", "quantize_act", "dequantize", "vec_dot", "vec_dot_type", "matvec",
-           "block_size", "row_bytes", "bench_read"]
+           "block_size", "row_bytes", "matvec_scratch_size", "bench_read"]

@@ -31,4 +31,11 @@ static inline uint32_t pg_load_qh(const uint8_t qh[4]) {
     return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
 }
 
+#if defined(__aarch64__)
+#include "quants.h"
+/* SDOT integer dots (quants_legacy_dotprod.c); pg_fill_legacy_neon calls it when the CPU has
+ * the dot-product extension. */
+void pg_fill_legacy_dotprod(pg_type_traits *tbl);
+#endif
+
 #endif
