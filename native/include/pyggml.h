@@ -196,6 +196,39 @@ int32_t pg_matvec(int32_t type, int64_t ne0, int64_t nrows, const void *w, size_
  * for benchmarks; the value only keeps the compiler from skipping the reads). */
 uint64_t pg_bench_read(const void *p, size_t nbytes);
 
+/* ---- CPU graph executor ------------------------------------------------------------------
+ * Python marshals a graph (or one split of it) once into an array of pg_tensor (leafs and nodes;
+ * src[] are indices into that array) plus `order`, the indices of the nodes to run in order.
+ * View ops and NONE are skipped. Kernels never allocate: scratch comes from `work`, sized by
+ * pg_graph_work_size for the largest n_threads the graph will run with. */
+#define PG_MAX_THREADS 256
+
+typedef struct pg_threadpool pg_threadpool;
+
+/* Called after each node when set: return non-zero to stop the graph (PG_ERR_INTERNAL). */
+typedef int32_t (*pg_eval_cb)(int32_t node_index, const pg_tensor *node, void *user);
+
+pg_threadpool *pg_threadpool_new(int32_t n_threads);   /* NULL if n_threads out of [1, 256] */
+void           pg_threadpool_free(pg_threadpool *tp);
+int32_t        pg_threadpool_n_threads(const pg_threadpool *tp);
+
+/* Checks every node of `order`: op known and supported for its types and layouts, sources
+ * present, shapes consistent, data non-NULL. On failure returns PG_ERR_INVALID_ARG or
+ * PG_ERR_UNSUPPORTED and sets *bad_node to the index (into t) of the first bad node. */
+int32_t pg_graph_validate(const pg_tensor *t, int32_t n_tensors, const int32_t *order,
+                          int32_t n_nodes, int32_t *bad_node);
+/* Whether one node (index i of t) can be computed by this library; reason gets a short message. */
+int32_t pg_node_supported(const pg_tensor *t, int32_t n_tensors, int32_t i, char *reason,
+                          size_t reason_size);
+/* Bytes of scratch the graph needs with n_threads threads. */
+int32_t pg_graph_work_size(const pg_tensor *t, int32_t n_tensors, const int32_t *order,
+                           int32_t n_nodes, int32_t n_threads, size_t *work_size);
+/* Validates, then runs the nodes in order with n_threads threads of tp (tp may be NULL for one
+ * thread). *bad_node is set on failure (-1 if no node is at fault). */
+int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes,
+                         pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
+                         pg_eval_cb cb, void *cb_user, int32_t *bad_node);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,76 @@
+/* Internal interface of the CPU op kernels. Each kernel is called by all nth threads of a job
+ * with its thread index; it computes its share of the output rows, and may synchronise with
+ * pg_sync (all threads must reach every pg_sync of a kernel). */
+#ifndef PG_OPS_H
+#define PG_OPS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "pyggml.h"
+#include "quants.h"
+#include "threadpool.h"
+
+typedef struct pg_cparams {
+    int            ith, nth;
+    uint8_t       *work;        /* shared scratch of work_size bytes */
+    size_t         work_size;
+    pg_threadpool *tp;
+    atomic_int    *error_node;  /* set to the node index by a kernel that meets bad data */
+    int32_t        node_index;
+} pg_cparams;
+
+static inline void pg_sync(const pg_cparams *p) {
+    if (p->nth > 1) pg_threadpool_barrier(p->tp, p->nth);
+}
+
+/* [i0, i1) of n items for thread ith of nth: contiguous, balanced, deterministic. */
+static inline void pg_split(int64_t n, int ith, int nth, int64_t *i0, int64_t *i1) {
+    const int64_t per = (n + nth - 1) / nth;
+    *i0 = per * ith < n ? per * ith : n;
+    *i1 = *i0 + per < n ? *i0 + per : n;
+}
+
+static inline void pg_report_bad_data(const pg_cparams *p) {
+    int expected = -1;
+    atomic_compare_exchange_strong(p->error_node, &expected, p->node_index);
+}
+
+#define PG_SRC(all, t, k) ((t)->src[k] >= 0 ? &(all)[(t)->src[k]] : NULL)
+
+static inline void *pg_ptr(const pg_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    return (uint8_t *)t->data + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+}
+
+static inline int64_t pg_nrows(const pg_tensor *t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
+
+static inline float pg_op_f32(const pg_tensor *t, int i) {
+    float f;
+    memcpy(&f, &t->op_params[i], 4);
+    return f;
+}
+
+size_t pg_type_row_size(int32_t type, int64_t n);   /* bytes of n elements (n % block == 0) */
+int    pg_type_is_float(int32_t type);               /* F32, F16, BF16 */
+float  pg_gelu_f32(float x);                         /* ggml's fp16-table GELU */
+
+/* kernels */
+void pg_fwd_binary(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_unary(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_norm(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_soft_max(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_rope(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_diag_mask_inf(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_get_rows(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_set_rows(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_cpy(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_concat(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+
+size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth);
+size_t pg_flash_attn_work_size(const pg_tensor *all, const pg_tensor *t, int nth);
+
+#endif

@@ -1,0 +1,119 @@
+#include <sched.h>
+#include <stdlib.h>
+
+#include "threadpool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define PG_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define PG_CPU_RELAX() __asm__ volatile("yield")
+#else
+#define PG_CPU_RELAX() ((void)0)
+#endif
+
+/* Spin this many rounds before sleeping: long enough to bridge the gap between the graphs of
+ * consecutive tokens is not the goal (that sleeps); bridging nodes inside one graph is. */
+#define PG_SPIN_ROUNDS 200000
+
+typedef struct { pg_threadpool *tp; int ith; } worker_arg;
+
+static void *worker_main(void *p) {
+    worker_arg *wa = p;
+    pg_threadpool *tp = wa->tp;
+    const int ith = wa->ith;
+    free(wa);
+    int seen = 0;   /* generation at pool creation: a job published before this thread ran is still seen */
+    for (;;) {
+        int spins = 0;
+        while (atomic_load_explicit(&tp->generation, memory_order_acquire) == seen &&
+               !atomic_load(&tp->stop)) {
+            if (++spins < PG_SPIN_ROUNDS) { PG_CPU_RELAX(); continue; }
+            pthread_mutex_lock(&tp->mu);
+            while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop))
+                pthread_cond_wait(&tp->cv, &tp->mu);
+            pthread_mutex_unlock(&tp->mu);
+        }
+        if (atomic_load(&tp->stop)) break;
+        seen = atomic_load(&tp->generation);
+        if (ith < tp->nth) tp->fn(tp->arg, ith, tp->nth);
+        /* every worker acknowledges every job, taking part or not: the next job is published
+         * only when no worker can still be reading this one's fn/arg/nth */
+        atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+pg_threadpool *pg_threadpool_new(int32_t n_threads) {
+    if (n_threads < 1 || n_threads > PG_MAX_THREADS) return NULL;
+    pg_threadpool *tp = calloc(1, sizeof(*tp));
+    if (!tp) return NULL;
+    tp->n_max = n_threads;
+    pthread_mutex_init(&tp->mu, NULL);
+    pthread_cond_init(&tp->cv, NULL);
+    tp->threads = calloc((size_t)n_threads, sizeof(pthread_t));
+    if (!tp->threads) { free(tp); return NULL; }
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *wa = malloc(sizeof(*wa));
+        if (!wa) { tp->n_max = i; pg_threadpool_free(tp); return NULL; }
+        wa->tp = tp;
+        wa->ith = i;
+        if (pthread_create(&tp->threads[i - 1], NULL, worker_main, wa) != 0) {
+            free(wa);
+            tp->n_max = i;
+            pg_threadpool_free(tp);
+            return NULL;
+        }
+    }
+    return tp;
+}
+
+void pg_threadpool_free(pg_threadpool *tp) {
+    if (!tp) return;
+    pthread_mutex_lock(&tp->mu);
+    atomic_store(&tp->stop, 1);
+    pthread_cond_broadcast(&tp->cv);
+    pthread_mutex_unlock(&tp->mu);
+    for (int i = 1; i < tp->n_max; i++) pthread_join(tp->threads[i - 1], NULL);
+    pthread_mutex_destroy(&tp->mu);
+    pthread_cond_destroy(&tp->cv);
+    free(tp->threads);
+    free(tp);
+}
+
+int32_t pg_threadpool_n_threads(const pg_threadpool *tp) { return tp ? tp->n_max : 0; }
+
+void pg_threadpool_run(pg_threadpool *tp, pg_job_fn fn, void *arg, int nth) {
+    if (nth <= 1 || tp->n_max <= 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    if (nth > tp->n_max) nth = tp->n_max;
+    tp->fn = fn;
+    tp->arg = arg;
+    tp->nth = nth;
+    atomic_store(&tp->n_done, 0);
+    atomic_store(&tp->bar_count, 0);
+    pthread_mutex_lock(&tp->mu);
+    atomic_fetch_add_explicit(&tp->generation, 1, memory_order_release);
+    pthread_cond_broadcast(&tp->cv);
+    pthread_mutex_unlock(&tp->mu);
+    fn(arg, 0, nth);
+    while (atomic_load_explicit(&tp->n_done, memory_order_acquire) < tp->n_max - 1)
+        PG_CPU_RELAX();
+}
+
+void pg_threadpool_barrier(pg_threadpool *tp, int nth) {
+    if (nth <= 1) return;
+    const int gen = atomic_load_explicit(&tp->bar_gen, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&tp->bar_count, 1, memory_order_acq_rel) == nth - 1) {
+        atomic_store_explicit(&tp->bar_count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->bar_gen, 1, memory_order_release);
+        return;
+    }
+    int spins = 0;
+    while (atomic_load_explicit(&tp->bar_gen, memory_order_acquire) == gen) {
+        if (++spins < 1000000) PG_CPU_RELAX();
+        else sched_yield();
+    }
+}

@@ -1,0 +1,324 @@
+"""The CPU backend: host memory and the C graph executor of libpyggml.
+
+A graph is marshalled once into a numpy array laid out exactly like the C struct `pg_tensor`
+(leafs, nodes and any outside sources; src[] as indices) plus the order of nodes to run. Each
+compute is then a single ctypes call (`pg_graph_compute`, GIL released) with the C thread pool.
+The marshalled plan is cached per graph and reused while the graph's uid is unchanged (the
+scheduler gives a graph a new uid when it re-splits or re-allocates it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+
+import numpy as np
+
+from pyggml import _native
+from pyggml.backend.base import Backend, Buffer, BufferType, BufferUsage
+from pyggml.errors import BackendError, UnsupportedOpError
+from pyggml.graph import Graph
+from pyggml.tensor import Tensor
+from pyggml.types import VIEW_OPS, GGMLType, Op, traits
+
+# numpy mirror of `pg_tensor` (offsets as in pyggml.h; a test checks itemsize against C)
+PG_TENSOR_DTYPE = np.dtype([
+    ("type", "<i4"), ("op", "<i4"), ("ne", "<i8", (4,)), ("nb", "<i8", (4,)),
+    ("op_params", "<i4", (16,)), ("src", "<i4", (10,)), ("flags", "<i4"), ("pad_", "<i4"),
+    ("data", "<u8"), ("name", "S48"),
+])
+
+_P = ctypes.c_void_p
+_native.declare("pg_threadpool_new", _P, [ctypes.c_int32])
+_native.declare("pg_threadpool_free", None, [_P])
+_native.declare("pg_node_supported", ctypes.c_int32,
+                [_P, ctypes.c_int32, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t])
+_native.declare("pg_graph_validate", ctypes.c_int32,
+                [_P, ctypes.c_int32, _P, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)])
+_native.declare("pg_graph_work_size", ctypes.c_int32,
+                [_P, ctypes.c_int32, _P, ctypes.c_int32, ctypes.c_int32,
+                 ctypes.POINTER(ctypes.c_size_t)])
+EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, _P, _P)
+_native.declare("pg_graph_compute", ctypes.c_int32,
+                [_P, ctypes.c_int32, _P, ctypes.c_int32, _P, ctypes.c_int32, _P, ctypes.c_size_t,
+                 EVAL_CB, _P, ctypes.POINTER(ctypes.c_int32)])
+
+_NUMPY_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.I32: np.int32,
+                 GGMLType.BF16: np.uint16, GGMLType.I8: np.int8, GGMLType.I16: np.int16,
+                 GGMLType.I64: np.int64, GGMLType.F64: np.float64}
+
+
+def default_n_threads() -> int:
+    """Physical cores where known (hyper-threads do not help memory-bound decode), at least 1."""
+    try:
+        import psutil
+        n = psutil.cpu_count(logical=False)
+    except Exception:  # psutil can fail inside odd containers
+        n = None
+    return max(1, n or os.cpu_count() or 1)
+
+
+# ---- host memory ---------------------------------------------------------------------------------
+
+class HostBufferType(BufferType):
+    """Plain host memory (numpy-owned), 64-byte aligned."""
+
+    def __init__(self):
+        super().__init__("CPU", alignment=64, max_size=None, is_host=True)
+
+    def alloc_buffer(self, n_bytes: int, usage: BufferUsage = BufferUsage.ANY) -> "HostBuffer":
+        return HostBuffer(self, n_bytes, usage)
+
+
+class HostBuffer(Buffer):
+    def __init__(self, buft: BufferType, n_bytes: int, usage: BufferUsage = BufferUsage.ANY):
+        super().__init__(buft, n_bytes, usage)
+        # over-allocate so the base can be aligned
+        self._mem = np.zeros(max(n_bytes, 1) + buft.alignment, dtype=np.uint8)
+        addr = self._mem.ctypes.data
+        self._pad = (-addr) % buft.alignment
+        self.base = addr + self._pad
+        self.array = self._mem[self._pad: self._pad + n_bytes]
+
+    def set_tensor(self, tensor: Tensor, data, offset: int = 0) -> None:
+        raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        start = tensor.data - self.base + offset
+        if start < 0 or start + raw.size > self.n_bytes:
+            raise BackendError(f"set_tensor '{tensor.name}': bytes [{start}, {start + raw.size}) "
+                               f"outside the buffer of {self.n_bytes} bytes")
+        self.array[start: start + raw.size] = raw
+
+    def get_tensor(self, tensor: Tensor, offset: int = 0, n_bytes: int | None = None) -> bytes:
+        start = tensor.data - self.base + offset
+        n = tensor.nbytes() - offset if n_bytes is None else n_bytes
+        return self.array[start: start + n].tobytes()
+
+    def clear(self, value: int = 0) -> None:
+        self.array[:] = value
+
+
+def host_array(t: Tensor) -> np.ndarray:
+    """A numpy view of a host tensor's memory (writable), in numpy order (reversed ne).
+    Quantized tensors come back as uint8 with one row of blocks as the last axis."""
+    if t.data is None:
+        raise BackendError(f"tensor '{t.name}' has no data (not allocated)")
+    span = t.nbytes()
+    buf = (ctypes.c_uint8 * max(span, 1)).from_address(t.data)
+    if t.type in _NUMPY_DTYPES:
+        dt = np.dtype(_NUMPY_DTYPES[t.type])
+        return np.ndarray(tuple(reversed(t.ne)), dtype=dt, buffer=buf,
+                          strides=tuple(reversed(t.nb)))
+    ne, nb = t.ne, t.nb
+    return np.ndarray((ne[3], ne[2], ne[1], t.row_bytes()), dtype=np.uint8, buffer=buf,
+                      strides=(nb[3], nb[2], nb[1], 1))
+
+
+def set_host_data(t: Tensor, values) -> None:
+    """Write `values` (numpy-order shape of t, or raw bytes for quantized types) into t."""
+    dst = host_array(t)
+    if t.type in _NUMPY_DTYPES:
+        dst[...] = np.asarray(values).reshape(dst.shape)
+    else:
+        dst[...] = np.frombuffer(memoryview(values).cast("B"), dtype=np.uint8).reshape(dst.shape)
+
+
+# ---- marshalling ---------------------------------------------------------------------------------
+
+class CpuGraphPlan:
+    """A graph marshalled for pg_graph_compute: the pg_tensor array, the node order and a work
+    buffer. Recomputing reuses all three; `refresh_data` re-reads the tensors' addresses."""
+
+    def __init__(self, nodes: list[Tensor], leafs: list[Tensor], n_threads: int):
+        tensors: list[Tensor] = []
+        index: dict[int, int] = {}
+
+        def add(t: Tensor) -> int:
+            i = index.get(id(t))
+            if i is None:
+                i = index[id(t)] = len(tensors)
+                tensors.append(t)
+            return i
+
+        for t in leafs:
+            add(t)
+        for t in nodes:                 # sources outside the node/leaf lists (split inputs)
+            for s in t.src:
+                if s is not None:
+                    add(s)
+        order = [add(t) for t in nodes]
+        self.tensors = tensors
+        self.n_threads = n_threads
+        arr = np.zeros(len(tensors), dtype=PG_TENSOR_DTYPE)
+        arr["type"] = [int(t.type) for t in tensors]
+        arr["op"] = [int(t.op) for t in tensors]
+        arr["ne"] = [t.ne for t in tensors]
+        arr["nb"] = [t.nb for t in tensors]
+        arr["op_params"] = np.frombuffer(b"".join(bytes(t.op_params) for t in tensors),
+                                         dtype="<i4").reshape(len(tensors), 16)
+        src = np.full((len(tensors), 10), -1, dtype=np.int32)
+        for i, t in enumerate(tensors):
+            for k, s in enumerate(t.src):
+                if s is not None:
+                    src[i, k] = index[id(s)]
+        arr["src"] = src
+        arr["flags"] = [int(t.flags) for t in tensors]
+        arr["name"] = [t.name.encode("utf-8", "replace")[:47] for t in tensors]
+        self.arr = arr
+        self.order = np.asarray(order, dtype=np.int32)
+        self.refresh_data()
+        self._check_data()
+        self.work = np.zeros(0, dtype=np.uint8)
+        self._validate_and_size()
+
+    def refresh_data(self) -> None:
+        self.arr["data"] = [t.data or 0 for t in self.tensors]
+
+    def _check_data(self) -> None:
+        for i in self.order:
+            t = self.tensors[i]
+            if t.op in VIEW_OPS:
+                continue
+            for s in [t] + [x for x in t.src if x is not None]:
+                if s.data is None and s.nbytes() > 0:
+                    what = "its output" if s is t else f"its source '{s.name}'"
+                    raise BackendError(f"node '{t.name}' ({t.op.name}): {what} has no data "
+                                       f"address; allocate the graph before computing it")
+
+    def _validate_and_size(self) -> None:
+        bad = ctypes.c_int32(-1)
+        p = self.arr.ctypes.data
+        st = _native.fn("pg_graph_validate")(p, len(self.tensors), self.order.ctypes.data,
+                                             len(self.order), ctypes.byref(bad))
+        if st != _native.PG_OK:
+            raise _node_error(self.arr, self.tensors, bad.value, st)
+        size = ctypes.c_size_t(0)
+        _native.check(_native.fn("pg_graph_work_size")(p, len(self.tensors), self.order.ctypes.data,
+                                                       len(self.order), self.n_threads,
+                                                       ctypes.byref(size)), "pg_graph_work_size")
+        if size.value > self.work.size:
+            self.work = np.zeros(size.value, dtype=np.uint8)
+
+
+def _node_error(arr, tensors, i: int, status: int) -> Exception:
+    if i < 0:
+        return BackendError(f"graph rejected by the CPU executor: {_native.STATUS_NAMES.get(status)}")
+    reason = ctypes.create_string_buffer(160)
+    _native.fn("pg_node_supported")(arr.ctypes.data, len(tensors), i, reason, 160)
+    t = tensors[i]
+    srcs = ", ".join(f"{s.name}:{s.type.name}{list(s.ne)}" for s in t.src if s is not None)
+    cls = UnsupportedOpError if status == _native.PG_ERR_UNSUPPORTED else BackendError
+    return cls(f"CPU cannot compute node '{t.name}' ({t.op.name} -> {t.type.name}{list(t.ne)}"
+               f" from {srcs or 'nothing'}): {reason.value.decode()}")
+
+
+# ---- the backend ---------------------------------------------------------------------------------
+
+class CpuBackend(Backend):
+    """Computes graphs on host memory with the C executor.
+
+    n_threads: threads for single-token work; n_threads_batch: for batches (defaults to
+    n_threads). The thread pool is created once, sized for the larger of the two."""
+
+    name = "CPU"
+
+    def __init__(self, n_threads: int | None = None, n_threads_batch: int | None = None):
+        self.n_threads = n_threads or default_n_threads()
+        self.n_threads_batch = n_threads_batch or self.n_threads
+        if not 1 <= max(self.n_threads, self.n_threads_batch) <= 256:
+            raise ValueError(f"n_threads must be in 1..256, got {self.n_threads}")
+        self.buft = HostBufferType()
+        self._tp = _native.fn("pg_threadpool_new")(max(self.n_threads, self.n_threads_batch))
+        if not self._tp:
+            raise BackendError("could not create the CPU thread pool")
+        self._finalizer = weakref.finalize(self, _native.fn("pg_threadpool_free"), self._tp)
+        self._plans: "weakref.WeakKeyDictionary[Graph, tuple]" = weakref.WeakKeyDictionary()
+        self._eval_cb = None
+        self.n_plans_built = 0     # counters for tests and benchmarks
+        self.n_computes = 0
+
+    def close(self) -> None:
+        self._finalizer()
+
+    # -- capability queries --
+    def supports_buft(self, buft: BufferType) -> bool:
+        return buft.is_host
+
+    def supports_op(self, node: Tensor) -> bool:
+        return self.why_unsupported(node) is None
+
+    def why_unsupported(self, node: Tensor) -> str | None:
+        """None if the CPU can compute `node`, else the reason (layouts and types only: data
+        addresses are not needed)."""
+        if node.op in VIEW_OPS or node.op == Op.NONE:
+            return None
+        tensors = [node] + [s for s in node.src if s is not None]
+        arr = np.zeros(len(tensors), dtype=PG_TENSOR_DTYPE)
+        for i, t in enumerate(tensors):
+            arr[i]["type"], arr[i]["op"] = int(t.type), int(t.op)
+            arr[i]["ne"], arr[i]["nb"] = t.ne, t.nb
+            arr[i]["op_params"] = np.frombuffer(bytes(t.op_params), dtype="<i4")
+            arr[i]["data"] = 64        # any non-null address: only layouts are checked here
+            arr[i]["src"] = -1
+        k = 1
+        for j, s in enumerate(node.src):
+            if s is not None:
+                arr[0]["src"][j] = k
+                k += 1
+        reason = ctypes.create_string_buffer(160)
+        st = _native.fn("pg_node_supported")(arr.ctypes.data, len(tensors), 0, reason, 160)
+        return None if st == _native.PG_OK else reason.value.decode()
+
+    # -- compute --
+    def set_eval_callback(self, cb) -> None:
+        """cb(tensor, numpy view of its output) -> bool (False stops the graph), called after each
+        computed node; None to remove. Costs nothing when unset."""
+        self._eval_cb = cb
+
+    def plan(self, graph: Graph, n_threads: int | None = None) -> CpuGraphPlan:
+        """The marshalled form of `graph`, cached while graph.uid is unchanged."""
+        nt = n_threads or self._threads_for(graph)
+        cached = self._plans.get(graph)
+        if cached is not None and cached[0] == graph.uid and cached[1].n_threads >= nt:
+            return cached[1]
+        p = CpuGraphPlan(graph.nodes, graph.leafs, nt)
+        self._plans[graph] = (graph.uid, p)
+        self.n_plans_built += 1
+        return p
+
+    def _threads_for(self, graph: Graph) -> int:
+        # single-token work (every node has at most one row per sequence) uses n_threads
+        big = any(t.op == Op.MUL_MAT and t.ne[1] > 1 for t in graph.nodes[-8:])
+        return self.n_threads_batch if big else self.n_threads
+
+    def graph_compute(self, graph: Graph, n_threads: int | None = None) -> None:
+        """Compute every node of `graph` (tensors must have host data addresses)."""
+        self.plan_compute(self.plan(graph, n_threads), n_threads)
+
+    def plan_compute(self, plan: CpuGraphPlan, n_threads: int | None = None) -> None:
+        nt = min(n_threads or plan.n_threads, plan.n_threads)
+        bad = ctypes.c_int32(-1)
+        cb = EVAL_CB()
+        if self._eval_cb is not None:
+            user_cb, tensors = self._eval_cb, plan.tensors
+
+            def _trampoline(i, _t, _u):
+                t = tensors[i]
+                try:
+                    return 0 if user_cb(t, host_array(t)) is not False else 1
+                except Exception:   # an exception cannot cross C frames: stop the graph
+                    return 1
+            cb = EVAL_CB(_trampoline)
+        st = _native.fn("pg_graph_compute")(
+            plan.arr.ctypes.data, len(plan.tensors), plan.order.ctypes.data, len(plan.order),
+            self._tp, nt, plan.work.ctypes.data if plan.work.size else None, plan.work.size,
+            cb, None, ctypes.byref(bad))
+        self.n_computes += 1
+        if st != _native.PG_OK:
+            if st == _native.PG_ERR_INTERNAL:
+                raise BackendError("graph stopped by the evaluation callback")
+            if bad.value >= 0:
+                t = plan.tensors[bad.value]
+                raise BackendError(f"node '{t.name}' ({t.op.name}) met bad data while computing "
+                                   f"(e.g. a row index outside its source)")
+            raise _node_error(plan.arr, plan.tensors, bad.value, st)
