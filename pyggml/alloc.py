@@ -776,6 +776,8 @@ class GraphAllocator:
         st = self._last[3]
         s = st.get(id(t))
         if s is None or s.t is not t:
+            if t.data is not None or t.buffer is not None:
+                return None          # external memory outside the graph (e.g. a KV cache)
             raise AllocatorError(f"tensor '{t.name}' is not in the reserved graph")
         off = 0
         if t.view_src is not None:
