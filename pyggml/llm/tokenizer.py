@@ -207,6 +207,8 @@ def _get(kv: Mapping[str, Any], key: str, kind: str, default=_REQUIRED):
         if _is_int(v) and v >= 0:
             return int(v)
     elif kind == "str[]":
+        if isinstance(v, np.ndarray) and v.ndim == 1:
+            v = v.tolist()
         if isinstance(v, (list, tuple)):
             if set(map(type, v)) <= {str}:
                 return list(v)
