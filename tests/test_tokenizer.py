@@ -240,3 +240,11 @@ def test_spm_missing_byte_token():
     tok = Tokenizer.from_metadata(_spm_kv(["<unk>", "<s>", "</s>", "▁"]))
     with pytest.raises(TokenizerError, match="0x61"):
         tok.encode("a")
+
+
+def test_from_gguf_rejects_non_gguf(tmp_path):
+    from pyggml.errors import GGUFError
+    bad = tmp_path / "not.gguf"
+    bad.write_bytes(b"definitely not a GGUF file" * 4)
+    with pytest.raises(GGUFError):
+        Tokenizer.from_gguf(bad)

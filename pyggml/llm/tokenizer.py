@@ -29,7 +29,8 @@ import regex
 from pyggml.errors import TokenizerError
 
 SPACE_MARK = "\u2581"   # '▁', SentencePiece's escaped space
-_CACHE_MAX = 1 << 16    # entries kept per word/fragment cache before it is cleared
+_CACHE_MAX = 1 << 14    # entries kept per word/fragment cache before it is cleared
+_CACHE_LEN = 512        # longest word/fragment (characters) that is cached
 
 
 class TokenAttr(enum.IntFlag):
@@ -561,6 +562,8 @@ class Tokenizer:
         return frags
 
     def _spm(self, text: str) -> list[int]:
+        if len(text) > _CACHE_LEN:
+            return self._spm_merge(text)
         ids = self._frag_cache.get(text)
         if ids is None:
             ids = self._spm_merge(text)
@@ -646,9 +649,10 @@ class Tokenizer:
             ids = cache.get(word)
             if ids is None:
                 ids = self._bpe_word("".join([_B2U[b] for b in word.encode("utf-8")]))
-                if len(cache) >= _CACHE_MAX:
-                    cache.clear()
-                cache[word] = ids
+                if len(word) <= _CACHE_LEN:
+                    if len(cache) >= _CACHE_MAX:
+                        cache.clear()
+                    cache[word] = ids
             out += ids
         return out
 
