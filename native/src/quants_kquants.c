@@ -580,8 +580,12 @@ static void vec_dot_q2_K_q8_K(int64_t n, float *restrict s, const void *restrict
         int8_t q[PG_QK_K];
         int16_t sc[16];
         int32_t summs = 0;
-        for (int e = 0; e < PG_QK_K; e++) {
-            q[e] = (int8_t)((x[i].qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3);
+        for (int nn = 0; nn < 2; nn++) {
+            for (int j = 0; j < 4; j++) {
+                for (int l = 0; l < 32; l++) {
+                    q[128 * nn + 32 * j + l] = (int8_t)((x[i].qs[32 * nn + l] >> (2 * j)) & 3);
+                }
+            }
         }
         for (int k = 0; k < 16; k++) {
             sc[k] = x[i].scales[k] & 0xF;
@@ -603,11 +607,14 @@ static void vec_dot_q3_K_q8_K(int64_t n, float *restrict s, const void *restrict
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         int8_t q[PG_QK_K], sc8[16];
         int16_t sc[16];
-        for (int e = 0; e < PG_QK_K; e++) {
-            const int nn = e / 128, j = (e % 128) / 32, l = e % 32;
-            const int q2 = (x[i].qs[32 * nn + l] >> (2 * j)) & 3;
-            const int h = (x[i].hmask[l] >> (4 * nn + j)) & 1;
-            q[e] = (int8_t)(q2 - (h ? 0 : 4));
+        for (int nn = 0; nn < 2; nn++) {
+            for (int j = 0; j < 4; j++) {
+                for (int l = 0; l < 32; l++) {
+                    const int q2 = (x[i].qs[32 * nn + l] >> (2 * j)) & 3;
+                    const int h = (x[i].hmask[l] >> (4 * nn + j)) & 1;
+                    q[128 * nn + 32 * j + l] = (int8_t)(q2 - 4 + 4 * h);
+                }
+            }
         }
         pg_k3_unpack_scales(x[i].scales, sc8);
         for (int k = 0; k < 16; k++) sc[k] = sc8[k];
@@ -681,12 +688,15 @@ static void vec_dot_q6_K_q8_K(int64_t n, float *restrict s, const void *restrict
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         int8_t q[PG_QK_K];
         int16_t sc[16];
-        for (int e = 0; e < PG_QK_K; e++) {
-            const int nn = e / 128, g = (e % 128) / 32, l = e % 32;
-            const uint8_t b = x[i].ql[64 * nn + 32 * (g & 1) + l];
-            const int lo4 = g < 2 ? b & 0xF : b >> 4;
-            const int hi2 = (x[i].qh[32 * nn + l] >> (2 * g)) & 3;
-            q[e] = (int8_t)((lo4 | (hi2 << 4)) - 32);
+        for (int nn = 0; nn < 2; nn++) {
+            const uint8_t *ql = x[i].ql + 64 * nn, *qh = x[i].qh + 32 * nn;
+            int8_t *qq = q + 128 * nn;
+            for (int l = 0; l < 32; l++) {
+                qq[l] = (int8_t)(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
+                qq[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                qq[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                qq[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            }
         }
         for (int k = 0; k < 16; k++) sc[k] = x[i].scales[k];
         const int32_t isum = dot_groups16(q, y[i].qs, sc);
