@@ -11,9 +11,29 @@ static pg_type_traits g_tables[PG_N_PATHS][PG_TYPE_COUNT];
 static int g_built = 0;
 static const pg_type_traits *g_current = g_tables[PG_PATH_SCALAR];
 
+/* Sizes of every type GGUF files may hold, computable or not (values as pyggml/types.py). */
+static const struct { int32_t type, block_size, type_size; } k_sizes[] = {
+    {PG_TYPE_F32, 1, 4}, {PG_TYPE_F16, 1, 2}, {PG_TYPE_BF16, 1, 2}, {PG_TYPE_F64, 1, 8},
+    {PG_TYPE_I8, 1, 1}, {PG_TYPE_I16, 1, 2}, {PG_TYPE_I32, 1, 4}, {PG_TYPE_I64, 1, 8},
+    {PG_TYPE_Q4_0, 32, 18}, {PG_TYPE_Q4_1, 32, 20}, {PG_TYPE_Q5_0, 32, 22},
+    {PG_TYPE_Q5_1, 32, 24}, {PG_TYPE_Q8_0, 32, 34}, {PG_TYPE_Q8_1, 32, 36},
+    {PG_TYPE_Q2_K, 256, 84}, {PG_TYPE_Q3_K, 256, 110}, {PG_TYPE_Q4_K, 256, 144},
+    {PG_TYPE_Q5_K, 256, 176}, {PG_TYPE_Q6_K, 256, 210}, {PG_TYPE_Q8_K, 256, 292},
+    {PG_TYPE_IQ2_XXS, 256, 66}, {PG_TYPE_IQ2_XS, 256, 74}, {PG_TYPE_IQ3_XXS, 256, 98},
+    {PG_TYPE_IQ1_S, 256, 50}, {PG_TYPE_IQ4_NL, 32, 18}, {PG_TYPE_IQ3_S, 256, 110},
+    {PG_TYPE_IQ2_S, 256, 82}, {PG_TYPE_IQ4_XS, 256, 136}, {PG_TYPE_IQ1_M, 256, 56},
+    {PG_TYPE_TQ1_0, 256, 54}, {PG_TYPE_TQ2_0, 256, 66}, {PG_TYPE_MXFP4, 32, 17},
+    {PG_TYPE_NVFP4, 64, 36}, {PG_TYPE_Q1_0, 128, 18},
+};
+
 static void build_tables(void) {
     pg_type_traits *scalar = g_tables[PG_PATH_SCALAR];
     memset(g_tables, 0, sizeof(g_tables));
+    for (size_t i = 0; i < sizeof(k_sizes) / sizeof(k_sizes[0]); i++) {
+        scalar[k_sizes[i].type].block_size = k_sizes[i].block_size;
+        scalar[k_sizes[i].type].type_size = k_sizes[i].type_size;
+        scalar[k_sizes[i].type].vec_dot_type = -1;
+    }
     pg_fill_legacy_scalar(scalar);
     pg_fill_kquants_scalar(scalar);
 #if defined(__x86_64__)

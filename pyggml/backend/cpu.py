@@ -117,7 +117,10 @@ def host_array(t: Tensor) -> np.ndarray:
 def set_host_data(t: Tensor, values) -> None:
     """Write `values` (numpy-order shape of t, or raw bytes for quantized types) into t."""
     dst = host_array(t)
-    if t.type in _NUMPY_DTYPES:
+    if isinstance(values, (bytes, bytearray, memoryview)):
+        raw = np.frombuffer(memoryview(values).cast("B"), dtype=np.uint8)
+        dst[...] = raw.view(dst.dtype).reshape(dst.shape)
+    elif t.type in _NUMPY_DTYPES:
         dst[...] = np.asarray(values).reshape(dst.shape)
     else:
         dst[...] = np.frombuffer(memoryview(values).cast("B"), dtype=np.uint8).reshape(dst.shape)
