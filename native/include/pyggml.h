@@ -172,7 +172,7 @@ size_t pg_tensor_struct_size(void);
  * Every call returns PG_OK, PG_ERR_INVALID_ARG (NULL, n < 0, n not a multiple of the block
  * size) or PG_ERR_UNSUPPORTED (unknown type, or no kernel of that kind for the type). */
 
-/* Elements per block and bytes per block of a type whose kernels are filled; 0 otherwise. */
+/* Elements per block and bytes per block of a type id the library knows; 0 for unknown ids. */
 int32_t pg_type_block_size(int32_t type);
 int32_t pg_type_size(int32_t type);
 /* Reference quantizer (bit-exact with the gguf package / ggml's quantize_row_*_ref). */

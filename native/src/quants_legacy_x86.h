@@ -1,0 +1,185 @@
+/* x86 integer dot kernels of the legacy formats, shared by quants_legacy_avx2.c (maddubs) and
+ * quants_legacy_avx512.c (VNNI dpbusd). The includer defines
+ *   PG_X86_DOT_US(u, s)   8 int32 partial sums of Σ u_i·s_i over 32 bytes (u unsigned, s signed)
+ *   PG_X86_DOT_Q4_0(q, a) 8 int32 partial sums of Σ (q_i − 8)·a_i (q the nibbles 0..15)
+ * and gets static vec_dot_{q4_0,q5_0,q8_0}_q8_0 and vec_dot_{q4_1,q5_1}_q8_1 plus the helpers.
+ * Integer block sums are exact; see quants_legacy_avx2.c for the contract with the scalar code. */
+#ifndef PG_QUANTS_LEGACY_X86_H
+#define PG_QUANTS_LEGACY_X86_H
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "quants_legacy.h"
+
+static inline float h2f(pg_fp16 h) { return _cvtsh_ss(h); }
+
+static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* d_x·d_y of four consecutive blocks (fp16 `d` first in both block types): the eight fp16
+ * values go through one conversion. */
+static inline uint64_t fp16x4(const uint8_t *p, size_t stride) {
+    uint16_t h0, h1, h2, h3;
+    memcpy(&h0, p, 2);
+    memcpy(&h1, p + stride, 2);
+    memcpy(&h2, p + 2 * stride, 2);
+    memcpy(&h3, p + 3 * stride, 2);
+    return (uint64_t)h0 | (uint64_t)h1 << 16 | (uint64_t)h2 << 32 | (uint64_t)h3 << 48;
+}
+
+/* Built in general registers, not through memory: eight 2-byte stores read back as one 16-byte
+ * load would stall on store forwarding. */
+static inline __m128 scales4(const void *x, size_t xstride, const void *y, size_t ystride) {
+    const __m128i h = _mm_set_epi64x((long long)fp16x4(y, ystride), (long long)fp16x4(x, xstride));
+    const __m256 f = _mm256_cvtph_ps(h);
+    return _mm_mul_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
+}
+
+/* Lane k of v in all eight lanes. */
+#define PG_LANE(v, k) _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_set1_epi32(k))
+
+/* 16 packed bytes -> 32 bytes: low nibbles (elements 0..15) in the low lane, high nibbles
+ * (elements 16..31) in the high lane, each 0..15. */
+static inline __m256i unpack_nibbles(const uint8_t *qs) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* Bit j of the 32-bit qh -> byte j = 0xFF (set) or 0x00. */
+static inline __m256i bits_to_bytes(const uint8_t *qh4) {
+    const __m256i v = _mm256_set1_epi32((int)pg_load_qh(qh4));
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, pick), bit), bit);
+}
+
+static inline __m256i dot_us(__m256i u, __m256i s) { return PG_X86_DOT_US(u, s); }
+
+/* Σ a_i·b_i for signed a, b (a != -128): |a| times b with a's sign moved onto b. */
+static inline __m256i dot_ss(__m256i a, __m256i b) {
+    return dot_us(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+/* ---- dot products ------------------------------------------------------------------------ */
+
+static inline __m256i q4_0_block(const pg_block_q4_0 *x, const pg_block_q8_0 *y) {
+    const __m256i q = unpack_nibbles(x->qs);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
+    return PG_X86_DOT_Q4_0(q, a);
+}
+
+/* Four blocks per step, one FMA chain each; the scales of the four come from one conversion. */
+/* Four blocks per step: their 8-lane integer sums are folded with two levels of hadd into one
+ * vector [b0 b1 b2 b3 | b0 b1 b2 b3], converted once and scaled by [d0 d1 d2 d3 | d0 .. d3]. */
+static inline __m256i fold4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+}
+
+#define PG_DOT_Q8_0_KERNEL(name, XT, BLOCK)                                                     \
+    static void name(int64_t n, float *restrict s, const void *restrict vx,                     \
+                     const void *restrict vy) {                                                 \
+        const XT *x = vx;                                                                       \
+        const pg_block_q8_0 *y = vy;                                                            \
+        const int64_t nb = n / PG_QK32;                                                         \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;                                               \
+        int64_t b = 0;                                                                          \
+        for (; b + 8 <= nb; b += 8) {                                                           \
+            const __m128 d0 = scales4(&x[b], sizeof(XT), &y[b], sizeof(pg_block_q8_0));        \
+            const __m128 d1 = scales4(&x[b + 4], sizeof(XT), &y[b + 4], sizeof(pg_block_q8_0)); \
+            const __m256i p0 = fold4(BLOCK(&x[b], &y[b]), BLOCK(&x[b + 1], &y[b + 1]),          \
+                                     BLOCK(&x[b + 2], &y[b + 2]), BLOCK(&x[b + 3], &y[b + 3])); \
+            const __m256i p1 = fold4(BLOCK(&x[b + 4], &y[b + 4]), BLOCK(&x[b + 5], &y[b + 5]),  \
+                                     BLOCK(&x[b + 6], &y[b + 6]), BLOCK(&x[b + 7], &y[b + 7])); \
+            a0 = _mm256_fmadd_ps(_mm256_set_m128(d0, d0), _mm256_cvtepi32_ps(p0), a0);          \
+            a1 = _mm256_fmadd_ps(_mm256_set_m128(d1, d1), _mm256_cvtepi32_ps(p1), a1);          \
+        }                                                                                       \
+        for (; b < nb; b++)                                                                     \
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[b].d) * h2f(y[b].d)),                     \
+                                 _mm256_cvtepi32_ps(BLOCK(&x[b], &y[b])), a0);                  \
+        *s = hsum_ps(_mm256_add_ps(a0, a1));                                                    \
+    }
+
+PG_DOT_Q8_0_KERNEL(vec_dot_q4_0_q8_0, pg_block_q4_0, q4_0_block)
+
+/* Q5_0: q − 16 as a signed byte = nibble | (bit4 ? 0 : 0xF0). */
+static inline __m256i q5_0_block(const pg_block_q5_0 *x, const pg_block_q8_0 *y) {
+    const __m256i hi = _mm256_andnot_si256(bits_to_bytes(x->qh), _mm256_set1_epi8((char)0xF0));
+    const __m256i q = _mm256_or_si256(unpack_nibbles(x->qs), hi);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
+    return dot_ss(q, a);
+}
+
+PG_DOT_Q8_0_KERNEL(vec_dot_q5_0_q8_0, pg_block_q5_0, q5_0_block)
+
+static inline __m256i q8_0_block(const pg_block_q8_0 *x, const pg_block_q8_0 *y) {
+    const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
+    return dot_ss(q, a);
+}
+
+/* dot_ss is exact for any weight byte (|−128| reads as 128 through maddubs's unsigned side) and
+ * activations in −127..127, which is all any Q8 quantizer produces for finite input. */
+PG_DOT_Q8_0_KERNEL(vec_dot_q8_0_q8_0, pg_block_q8_0, q8_0_block)
+
+/* Q4_1 / Q5_1 · Q8_1: unsigned q straight into maddubs; the m·s terms of four blocks at a time
+ * in one 4-lane vector. */
+static inline __m256 q4_1_block(const pg_block_q4_1 *x, const pg_block_q8_1 *y) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
+    return _mm256_cvtepi32_ps(dot_us(unpack_nibbles(x->qs), a));
+}
+
+static inline __m256 q5_1_block(const pg_block_q5_1 *x, const pg_block_q8_1 *y) {
+    const __m256i hi = _mm256_and_si256(bits_to_bytes(x->qh), _mm256_set1_epi8(0x10));
+    const __m256i q = _mm256_or_si256(unpack_nibbles(x->qs), hi);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
+    return _mm256_cvtepi32_ps(dot_us(q, a));
+}
+
+#define PG_DOT_Q8_1_KERNEL(name, XT, BLOCK)                                                       \
+    static void name(int64_t n, float *restrict s, const void *restrict vx,                     \
+                     const void *restrict vy) {                                                 \
+        const XT *x = vx;                                                                       \
+        const pg_block_q8_1 *y = vy;                                                            \
+        const int64_t nb = n / PG_QK32;                                                         \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                             \
+        __m128 ms = _mm_setzero_ps();                                                           \
+        int64_t b = 0;                                                                          \
+        for (; b + 4 <= nb; b += 4) {                                                           \
+            const __m128 d = scales4(&x[b], sizeof(XT), &y[b], sizeof(pg_block_q8_1));          \
+            ms = _mm_add_ps(ms, scales4((const char *)&x[b] + 2, sizeof(XT),                    \
+                                        (const char *)&y[b] + 2, sizeof(pg_block_q8_1)));       \
+            a0 = _mm256_fmadd_ps(PG_LANE(d, 0), BLOCK(&x[b], &y[b]), a0);                       \
+            a1 = _mm256_fmadd_ps(PG_LANE(d, 1), BLOCK(&x[b + 1], &y[b + 1]), a1);               \
+            a2 = _mm256_fmadd_ps(PG_LANE(d, 2), BLOCK(&x[b + 2], &y[b + 2]), a2);               \
+            a3 = _mm256_fmadd_ps(PG_LANE(d, 3), BLOCK(&x[b + 3], &y[b + 3]), a3);               \
+        }                                                                                       \
+        float summs = 0.0f;                                                                     \
+        for (; b < nb; b++) {                                                                   \
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[b].d) * h2f(y[b].d)),                     \
+                                 BLOCK(&x[b], &y[b]), a0);                                      \
+            summs += h2f(x[b].m) * h2f(y[b].s);                                                 \
+        }                                                                                       \
+        ms = _mm_add_ps(ms, _mm_movehl_ps(ms, ms));                                             \
+        ms = _mm_add_ss(ms, _mm_movehdup_ps(ms));                                               \
+        *s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) +             \
+             (_mm_cvtss_f32(ms) + summs);                                                       \
+    }
+
+PG_DOT_Q8_1_KERNEL(vec_dot_q4_1_q8_1, pg_block_q4_1, q4_1_block)
+PG_DOT_Q8_1_KERNEL(vec_dot_q5_1_q8_1, pg_block_q5_1, q5_1_block)
+
+#endif
