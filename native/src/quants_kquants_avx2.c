@@ -17,20 +17,10 @@
 #include <string.h>
 
 #include "kquants.h"
+#include "kquants_x86.h"
 #include "quants.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
-
-static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-
-static inline float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
 /* vpshufb masks (memory order), loaded from tables so that loops need no constant folding.
  * k_bcast[k]: int16 k of each 128-bit lane over that lane (sub-block k of 32: Q4_K, Q5_K).
@@ -47,7 +37,9 @@ static const uint8_t k_bcast[8][32] __attribute__((aligned(32))) = {
 static const uint8_t k_pair[4][32] __attribute__((aligned(32))) = {
     {PG_B16(0), PG_B16(1)}, {PG_B16(2), PG_B16(3)}, {PG_B16(4), PG_B16(5)}, {PG_B16(6), PG_B16(7)},
 };
-static inline __m256i bcast16_mask(int k) { return _mm256_load_si256((const __m256i *)k_bcast[k]); }
+static inline __m256i bcast16_mask(int k) {
+    return _mm256_load_si256((const __m256i *)k_bcast[k]);
+}
 static inline __m256i pair16_mask(int g) { return _mm256_load_si256((const __m256i *)k_pair[g]); }
 
 /* Σ_k scale_k · (32 levels · 32 activations), for the 8 int32 lanes of one 32-byte row.
@@ -161,22 +153,6 @@ static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
 
 /* ---- Q3_K -------------------------------------------------------------------------------- */
 
-/* The 16 signed scales of a Q3_K block from the 12 bytes at p + 2 (p = 2 bytes before the
- * scales, so the 16-byte load stays inside the block). Dwords u0 u1 u2, see kquants.h:
- *   S0..3 = (u0 & 0f) | ((u2 << 4) & 30)      S4..7   = (u1 & 0f) | ((u2 << 2) & 30)
- *   S8..11 = ((u0 >> 4) & 0f) | (u2 & 30)     S12..15 = ((u1 >> 4) & 0f) | ((u2 >> 2) & 30) */
-static inline __m128i k3_scales(const uint8_t *p) {
-    const __m128i u = _mm_srli_si128(_mm_loadu_si128((const __m128i *)p), 2);
-    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(1, 0, 1, 0)),
-                                                    _mm_setr_epi32(0, 0, 4, 4)),
-                                     _mm_set1_epi32(0x0f0f0f0f));
-    const __m128i u2 = _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 2, 2, 2));
-    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_sllv_epi32(u2, _mm_setr_epi32(4, 2, 0, 0)),
-                                                    _mm_setr_epi32(0, 0, 0, 2)),
-                                     _mm_set1_epi32(0x30303030));
-    return _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
-}
-
 /* hmask bit b of each byte moved to bit 2 (the level's third bit: u = q2 + 4h, 0..7) */
 #define Q3_HBIT(hm, b) \
     ((b) >= 2 ? _mm256_and_si256(_mm256_srli_epi16(hm, (b) - 2), m4b) \
@@ -235,29 +211,6 @@ static void vec_dot_q3_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
 }
 
 /* ---- Q4_K / Q5_K ------------------------------------------------------------------------- */
-
-/* The 12 scale bytes as 16 bytes: sc0..7, m0..7 (see pg_k4_unpack_scales). The 16-byte load
- * reads 4 bytes past the scales, still inside the block (the quants follow). Dwords u0 u1 u2:
- *   sc0..3 = u0 & 3f                    sc4..7 = (u2 & 0f) | ((u0 >> 2) & 30)
- *   m0..3  = u1 & 3f                    m4..7  = ((u2 >> 4) & 0f) | ((u1 >> 2) & 30) */
-static inline __m128i k4_scales(const uint8_t *b) {
-    const __m128i u = _mm_loadu_si128((const __m128i *)b);
-    const __m128i a = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)),
-                                     _mm_setr_epi32(0, 0, 0, 4));                 /* u0 u2 u1 u2>>4 */
-    const __m128i h = _mm_srli_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)), 2);
-    const __m128i lo = _mm_and_si128(a, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f,
-                                                       0x0f0f0f0f));
-    const __m128i hi = _mm_and_si128(h, _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    const __m128i r = _mm_or_si128(lo, hi);                                   /* sc0..3 sc4..7 m0..3 m4..7 */
-    return r;
-}
-
-/* min term of one Q4_K/Q5_K block: 8 int32 lanes, lane j = m_j·(bsums_2j + bsums_2j+1) */
-static inline __m256i k4_mins(__m128i sm, const int16_t *bsums) {
-    const __m128i dup = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup));
-    return _mm256_madd_epi16(loadu(bsums), m16);
-}
 
 static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
                                    const void *restrict vy) {
