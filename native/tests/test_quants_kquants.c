@@ -127,7 +127,8 @@ static float deq_formula(int32_t type, const uint8_t *b, int e) {
         memcpy(&h0, b + 108, 2);
         const uint8_t *s = b + 96;
         const int i = e / 16;
-        const int low4 = (s[i % 8] >> (4 * (i / 8))) & 0xF, high2 = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        const int low4 = (s[i % 8] >> (4 * (i / 8))) & 0xF;
+        const int high2 = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
         const int S = (low4 | (high2 << 4)) - 32;
         const int q2 = (b[32 + 32 * n + l] >> (2 * j)) & 3, hb = (b[l] >> (4 * n + j)) & 1;
         return (pg_fp16_to_fp32(h0) * (float)S) * (float)(q2 - (hb ? 0 : 4));
@@ -280,7 +281,8 @@ static double dot_magnitude(int32_t type, const uint8_t *w, const pg_block_q8_K 
     for (int pass = 0; pass < (dmin_off >= 0 ? 2 : 1); pass++) {
         memcpy(tmp, w, (size_t)(nb * tr->type_size));
         if (dmin_off >= 0) {
-            for (int b = 0; b < nb; b++) set_h(tmp + b * tr->type_size + (pass ? d_off : dmin_off), 0);
+            const int off = pass ? d_off : dmin_off;
+            for (int b = 0; b < nb; b++) set_h(tmp + b * tr->type_size + off, 0);
         }
         tr->to_float(tmp, part, n);
         for (int i = 0; i < n; i++) s += fabs((double)part[i] * af[i]);
