@@ -1,0 +1,112 @@
+"""The KV cache: per layer one K and one V tensor of n_ctx cells, plus the cells' positions and
+sequence sets (llama.cpp's unified cache). Sliding-window layers share the cells; their mask hides
+what lies outside the window (llama.cpp's separate SWA cache only drops cells that mask hides).
+
+Layout per layer: K and V are [D·Hkv, n_ctx] (one row of all KV heads per cell), written by
+set_rows at the ubatch's cell indices and read through 3-D views [D, n_kv, Hkv].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyggml.context import Context
+from pyggml.errors import ModelError
+from pyggml.types import GGMLType, as_type
+
+KV_PAD = 256          # n_kv (cells the attention reads) is padded to this: graphs get reused
+KV_TYPES = (GGMLType.F16, GGMLType.F32, GGMLType.Q8_0)
+
+
+class KVCache:
+    """n_ctx cells × n_layer layers. `buffer_type` allocates the memory (host by default)."""
+
+    def __init__(self, hp, n_ctx: int, type_k="f16", type_v="f16", n_seq_max: int = 1,
+                 buffer_type=None):
+        self.type_k, self.type_v = as_type(type_k), as_type(type_v)
+        for what, t in (("type_k", self.type_k), ("type_v", self.type_v)):
+            if t not in KV_TYPES:
+                raise ModelError(f"KV cache {what} must be one of "
+                                 f"{', '.join(x.name.lower() for x in KV_TYPES)}, got {t.name}")
+        if not 1 <= n_seq_max <= 64:
+            raise ModelError(f"n_seq_max must be in 1..64, got {n_seq_max}")
+        self.n_ctx = n_ctx
+        self.n_seq_max = n_seq_max
+        self.pos = np.full(n_ctx, -1, dtype=np.int64)        # -1: empty cell
+        self.seqs = np.zeros(n_ctx, dtype=np.uint64)          # bit s: cell belongs to sequence s
+        self.k, self.v = [], []
+        ctx = Context(no_alloc=True, name="kv")
+        for il in range(hp.n_layer):
+            ne_k = hp.head_dim_k * hp.n_head_kv[il]
+            ne_v = hp.head_dim_v * hp.n_head_kv[il]
+            self.k.append(ctx.new_tensor(self.type_k, [ne_k, n_ctx], name=f"cache_k_l{il}"))
+            self.v.append(ctx.new_tensor(self.type_v, [ne_v, n_ctx], name=f"cache_v_l{il}"))
+        self.n_bytes = sum(t.nbytes() for t in self.k + self.v)
+        if buffer_type is None:
+            from pyggml.backend.cpu import HostBufferType
+            buffer_type = HostBufferType()
+        self.buffer = buffer_type.alloc_buffer(self.n_bytes)
+        off = 0
+        for t in self.k + self.v:
+            t.data, t.buffer = self.buffer.base + off, self.buffer
+            off += t.nbytes()
+
+    # ---- cells -------------------------------------------------------------------------------
+    def n_used(self) -> int:
+        return int((self.pos >= 0).sum())
+
+    def find_slot(self, n_tokens: int) -> np.ndarray:
+        """Indices of n_tokens free cells (lowest first); ModelError when the cache is full."""
+        free = np.flatnonzero(self.pos < 0)
+        if free.size < n_tokens:
+            raise ModelError(f"context overflow: {n_tokens} new tokens but only {free.size} of "
+                             f"{self.n_ctx} KV cells are free (n_ctx={self.n_ctx}); start a new "
+                             f"sequence, remove old tokens (seq_rm) or use a larger n_ctx")
+        return free[:n_tokens]
+
+    def apply(self, cells: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray) -> None:
+        self.pos[cells] = pos
+        self.seqs[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+
+    def n_kv(self) -> int:
+        """Cells the attention reads: up to the last used one, padded to KV_PAD."""
+        used = np.flatnonzero(self.pos >= 0)
+        last = int(used[-1]) + 1 if used.size else 1
+        return min(self.n_ctx, -(-last // KV_PAD) * KV_PAD)
+
+    def mask(self, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
+        """float16 (n_tokens, n_kv): 0 where token t may attend to cell j, -inf elsewhere:
+        same sequence, cell position <= token position, and within `window` if > 0."""
+        cpos = self.pos[:n_kv][None, :]
+        bits = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))[:, None]
+        ok = ((self.seqs[:n_kv][None, :] & bits) != 0) & (cpos >= 0) & (cpos <= pos[:, None])
+        if window > 0:
+            ok &= (pos[:, None] - cpos) < window
+        return np.where(ok, np.float16(0), np.float16(-np.inf)).astype(np.float16)
+
+    # ---- sequence operations (llama.cpp's memory API) -----------------------------------------
+    def clear(self) -> None:
+        self.pos[:] = -1
+        self.seqs[:] = 0
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> None:
+        """Forget sequence seq_id's tokens with positions in [p0, p1) (p1 None: to the end);
+        seq_id -1: all sequences."""
+        sel = (self.pos >= p0) & ((self.pos < p1) if p1 is not None else True)
+        if seq_id < 0:
+            self.seqs[sel] = 0
+        else:
+            self.seqs[sel] &= ~np.uint64(1 << seq_id)
+        self.pos[self.seqs == 0] = -1
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
+        """Make dst share src's cells with positions in [p0, p1) (no data is copied)."""
+        sel = ((self.seqs & np.uint64(1 << src)) != 0) & (self.pos >= p0)
+        if p1 is not None:
+            sel &= self.pos < p1
+        self.seqs[sel] |= np.uint64(1 << dst)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position of seq_id in the cache, -1 if it has none."""
+        sel = (self.seqs & np.uint64(1 << seq_id)) != 0
+        return int(self.pos[sel].max()) if sel.any() else -1

@@ -1,0 +1,282 @@
+"""`LLM`: load a GGUF model and run it — batches split into ubatches, a KV cache, graph reuse,
+sampling. The public entry point of pyggml for text generation.
+
+Per ubatch: find KV cells → GraphParams(n_tokens, n_outputs, n_kv). Equal to the last graph's
+params: the reuse path writes the inputs and computes the same graph again (no build, no
+allocator planning, the CPU backend replays its marshalled node array). Otherwise a new graph is
+built and placed with `alloc_graph` from the plan reserved at start-up for the worst case.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from pyggml.alloc import GraphAllocator
+from pyggml.backend.cpu import CpuBackend, HostBufferType, host_array
+from pyggml.errors import ModelError, PyggmlError
+from pyggml.gguf import GGUFModel
+from pyggml.llm.hparams import read_hparams
+from pyggml.llm.kv_cache import KVCache
+from pyggml.llm.models import GraphParams, build_graph, check_weights
+from pyggml.llm.sampler import Sampler, SamplingParams
+from pyggml.llm.tokenizer import Tokenizer
+
+
+@dataclass
+class RunStats:
+    """Counters and timings (seconds) since the LLM was created or stats were reset."""
+    graphs_built: int = 0
+    graphs_reused: int = 0
+    allocator_plans: int = 0          # reserve() calls (planning); the reuse path makes none
+    n_prompt_tokens: int = 0
+    n_gen_tokens: int = 0
+    t_load_s: float = 0.0
+    t_prompt_s: float = 0.0
+    t_gen_s: float = 0.0
+    ubatch_sizes: list = field(default_factory=list)
+
+
+@dataclass
+class Token:
+    id: int
+    text: str
+
+
+class LLM:
+    """A GGUF language model ready to run.
+
+    model_path: a GGUF file (None: the embedded default model, Gemma 3 270M Q4_K_M).
+    n_ctx: KV cells (shared by all sequences); n_batch: tokens per eval call chunk;
+    n_ubatch: tokens per graph; n_threads / n_threads_batch: decode / prompt threads;
+    n_seq_max: sequences decoded together; type_k/type_v: KV cache types (f16, f32, q8_0);
+    logits_all: keep logits for every position (else the last of each eval only);
+    flash_attn: fused attention (llama.cpp's default on CPU) or mul_mat + softmax.
+    """
+
+    def __init__(self, model_path: str | os.PathLike | None = None, config=None, *,
+                 n_ctx: int = 2048, n_batch: int = 2048, n_ubatch: int = 512,
+                 n_threads: int | None = None, n_threads_batch: int | None = None,
+                 n_seq_max: int = 1, type_k: str = "f16", type_v: str = "f16",
+                 logits_all: bool = False, flash_attn: bool = True, verbose: bool = False):
+        t0 = time.perf_counter()
+        if model_path is None:
+            from pyggml.models_default import ensure_default_model
+            model_path = ensure_default_model()
+        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
+            if not isinstance(v, int) or v < 1:
+                raise ModelError(f"{name} must be a positive integer, got {v!r}")
+        if config is not None:
+            raise ModelError("offload configs are not supported yet: pass config=None")
+        self.path = os.fspath(model_path)
+        self.model = GGUFModel.open(self.path)
+        self.weights = self.model.create_tensors()
+        self.hparams = read_hparams(self.model, self.model.tensors)
+        check_weights(self.hparams, self.weights, self.path)
+        self.tokenizer = Tokenizer.from_gguf(self.path)
+        self.n_ctx, self.n_ubatch = n_ctx, min(n_ubatch, n_batch)
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self.logits_all = logits_all
+        self.flash_attn = flash_attn
+        self.verbose = verbose
+        self.backend = CpuBackend(n_threads, n_threads_batch)
+        self.kv = KVCache(self.hparams, n_ctx, type_k, type_v, n_seq_max)
+        self.galloc = GraphAllocator([HostBufferType()])
+        self.stats = RunStats()
+        self._graph = None          # (params, graph, inputs, logits, input views)
+        self._seq_pos = [0] * n_seq_max
+        self._reserve()
+        self.stats.t_load_s = time.perf_counter() - t0
+
+    # ---- text ------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of `text` (BOS per the model; special-token texts parsed, as llama.cpp's
+        completion does)."""
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids, special: bool = False) -> str:
+        return self.tokenizer.decode(list(ids), special=special)
+
+    # ---- memory ----------------------------------------------------------------------------
+    def _worst_case_params(self) -> GraphParams:
+        n_out = self.n_ubatch if self.logits_all else min(self.n_seq_max, self.n_ubatch)
+        return GraphParams(self.n_ubatch, n_out, self.n_ctx)
+
+    def _reserve(self) -> None:
+        """Plan the compute buffer once for the largest ubatch graph (ggml's reserve)."""
+        g, _, _ = build_graph(self.hparams, self.weights, self.kv, self._worst_case_params(),
+                              self.flash_attn)
+        self.galloc.reserve(g)
+        self.stats.allocator_plans += 1
+
+    def compute_buffer_size(self) -> int:
+        """Bytes of the planned compute buffer (intermediate tensors of the worst-case graph)."""
+        return self.galloc.get_buffer_size(0)
+
+    def memory_report(self) -> dict:
+        return {"weights_bytes": sum(t.nbytes() for t in self.weights.values()),
+                "kv_cache_bytes": self.kv.n_bytes,
+                "compute_buffer_bytes": self.compute_buffer_size()}
+
+    # ---- evaluation ------------------------------------------------------------------------
+    def reset(self, seq_id: int | None = None) -> None:
+        """Forget a sequence's tokens (all sequences with None)."""
+        if seq_id is None:
+            self.kv.clear()
+            self._seq_pos = [0] * self.n_seq_max
+        else:
+            self._check_seq(seq_id)
+            self.kv.seq_rm(seq_id)
+            self._seq_pos[seq_id] = 0
+
+    def _check_seq(self, seq_id: int) -> None:
+        if not (isinstance(seq_id, (int, np.integer)) and 0 <= seq_id < self.n_seq_max):
+            raise ModelError(f"seq_id must be in [0, {self.n_seq_max}) (n_seq_max), got {seq_id!r}")
+
+    def eval(self, tokens, seq_id: int = 0) -> np.ndarray:
+        """Append `tokens` to sequence `seq_id` and return the logits: float32 [n_vocab] of the
+        last token, or [n_tokens, n_vocab] with logits_all."""
+        self._check_seq(seq_id)
+        out = self.decode_batch([(list(tokens), seq_id)])
+        return out[seq_id]
+
+    def decode_batch(self, seqs: list[tuple[list[int], int]]) -> dict[int, np.ndarray]:
+        """Append tokens to several sequences in one batch: [(tokens, seq_id), ...]. Returns
+        {seq_id: logits of its last token} ([n, n_vocab] per sequence with logits_all)."""
+        toks, pos, sids, want = [], [], [], []
+        V = self.hparams.n_vocab
+        for tokens, sid in seqs:
+            self._check_seq(sid)
+            tokens = [int(t) for t in tokens]
+            if not tokens:
+                raise ModelError("empty prompt: at least one token is needed")
+            bad = [t for t in tokens if not 0 <= t < V]
+            if bad:
+                raise ModelError(f"token ids outside the vocabulary [0, {V}): {bad[:5]}")
+            p0 = self._seq_pos[sid]
+            toks += tokens
+            pos += range(p0, p0 + len(tokens))
+            sids += [sid] * len(tokens)
+            want += [self.logits_all] * (len(tokens) - 1) + [True]
+        if len(toks) > self.n_ctx - self.kv.n_used():
+            raise ModelError(f"context overflow: {len(toks)} new tokens but {self.n_ctx - self.kv.n_used()} "
+                             f"of n_ctx={self.n_ctx} KV cells are free")
+        toks, pos = np.asarray(toks, np.int32), np.asarray(pos, np.int32)
+        sids, want = np.asarray(sids, np.int64), np.asarray(want, bool)
+        rows = []
+        snapshot = (self.kv.pos.copy(), self.kv.seqs.copy(), list(self._seq_pos))
+        try:
+            for i in range(0, len(toks), self.n_ubatch):
+                sl = slice(i, i + self.n_ubatch)
+                rows.append(self._decode_ubatch(toks[sl], pos[sl], sids[sl], want[sl]))
+        except BaseException:
+            # leave the cache as it was: the model stays usable after an error
+            self.kv.pos[:], self.kv.seqs[:], self._seq_pos = snapshot
+            raise
+        for tokens, sid in seqs:
+            self._seq_pos[sid] += len(tokens)
+        logits = np.concatenate(rows) if len(rows) > 1 else rows[0]
+        out_sids = sids[want]
+        result = {}
+        for _, sid in seqs:
+            sel = logits[out_sids == sid]
+            result[sid] = sel if self.logits_all else sel[-1]
+        return result
+
+    def _decode_ubatch(self, toks, pos, sids, want) -> np.ndarray:
+        T = len(toks)
+        cells = self.kv.find_slot(T)
+        self.kv.apply(cells, pos, sids)
+        n_kv = self.kv.n_kv()
+        out_ids = np.flatnonzero(want).astype(np.int32)
+        gp = GraphParams(T, len(out_ids), n_kv)
+        self.stats.ubatch_sizes.append(T)
+        if self._graph is not None and self._graph[0] == gp:
+            self.stats.graphs_reused += 1
+        else:
+            self._graph = None
+            g, inp, logits = build_graph(self.hparams, self.weights, self.kv, gp, self.flash_attn)
+            if self.galloc.needs_realloc(g):
+                self.stats.allocator_plans += 1
+            self.galloc.alloc_graph(g)
+            views = {name: host_array(getattr(inp, name)).reshape(-1)
+                     for name in ("tokens", "pos", "kv_idxs", "out_ids")}
+            views["mask"] = host_array(inp.mask).reshape(T, n_kv)
+            if inp.mask_swa is not None:
+                views["mask_swa"] = host_array(inp.mask_swa).reshape(T, n_kv)
+            self._graph = (gp, g, inp, logits, views)
+            self.stats.graphs_built += 1
+        _, g, inp, logits, views = self._graph
+        views["tokens"][:] = toks
+        views["pos"][:] = pos
+        views["kv_idxs"][:] = cells
+        views["out_ids"][:] = out_ids
+        views["mask"][:] = self.kv.mask(pos, sids, n_kv)
+        if "mask_swa" in views:
+            views["mask_swa"][:] = self.kv.mask(pos, sids, n_kv, self.hparams.sliding_window)
+        nt = self.backend.n_threads if T == 1 else self.backend.n_threads_batch
+        self.backend.graph_compute(g, nt)
+        out = host_array(logits).reshape(len(out_ids), self.hparams.n_vocab).copy()
+        if not np.all(np.isfinite(out)):
+            raise PyggmlError("the model produced non-finite logits")
+        return out
+
+    # ---- generation ------------------------------------------------------------------------
+    def generate(self, prompt: str | list[int], max_tokens: int = 128, *,
+                 temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int = 0xFFFFFFFF,
+                 seq_id: int = 0, stop_at_eog: bool = True) -> Iterator[Token]:
+        """Yield generated tokens one by one (a fresh completion of `prompt` in seq_id)."""
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, 64,
+                                seed).validate()
+        if not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ModelError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            raise ModelError("empty prompt: at least one token is needed")
+        sampler = Sampler(params)
+        for t in ids:
+            sampler.accept(t)
+        self.reset(seq_id)
+        return self._generate(ids, max_tokens, sampler, seq_id, stop_at_eog)
+
+    def _generate(self, ids, max_tokens, sampler, seq_id, stop_at_eog) -> Iterator[Token]:
+        t0 = time.perf_counter()
+        logits = self.eval(ids, seq_id)
+        if logits.ndim == 2:
+            logits = logits[-1]
+        self.stats.t_prompt_s += time.perf_counter() - t0
+        self.stats.n_prompt_tokens += len(ids)
+        t1 = time.perf_counter()
+        pending = b""
+        for _ in range(max_tokens):
+            tok = sampler.sample(logits)
+            sampler.accept(tok)
+            if stop_at_eog and self.tokenizer.is_eog(tok):
+                break
+            pending += self.tokenizer.token_to_piece(tok)
+            try:                      # a piece may end inside a UTF-8 character
+                text, pending = pending.decode("utf-8"), b""
+            except UnicodeDecodeError:
+                text = ""
+            self.stats.n_gen_tokens += 1
+            yield Token(tok, text)
+            logits = self.eval([tok], seq_id)
+            if logits.ndim == 2:
+                logits = logits[-1]
+        self.stats.t_gen_s += time.perf_counter() - t1
+
+    def close(self) -> None:
+        self.backend.close()
+        self.model.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

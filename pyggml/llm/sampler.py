@@ -1,0 +1,103 @@
+"""The sampling chain of llama.cpp's `common` defaults (formats-and-models.md §6):
+penalties → top_k → top_p → min_p → temperature → dist. Greedy when temperature <= 0.
+
+The random draw reproduces libstdc++'s std::mt19937 seeded with `seed` and
+uniform_real_distribution<double>(0, 1) (two 32-bit outputs per double), which is what llama.cpp's
+dist sampler uses; whether every draw matches llama.cpp bit for bit is unconfirmed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from pyggml.errors import ModelError
+
+DEFAULT_SEED = 0xFFFFFFFF       # llama.cpp: "random seed"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int = DEFAULT_SEED
+
+    def validate(self) -> "SamplingParams":
+        problems = []
+        if not np.isfinite(self.temperature):
+            problems.append(f"temperature must be finite, got {self.temperature}")
+        if self.top_k < 0:
+            problems.append(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 <= self.top_p <= 1.0:
+            problems.append(f"top_p must be in [0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            problems.append(f"min_p must be in [0, 1], got {self.min_p}")
+        if not self.repeat_penalty > 0.0:
+            problems.append(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            problems.append(f"repeat_last_n must be >= -1, got {self.repeat_last_n}")
+        if not 0 <= self.seed <= 0xFFFFFFFF:
+            problems.append(f"seed must be in [0, 2^32), got {self.seed}")
+        if problems:
+            raise ModelError("invalid sampling parameters: " + "; ".join(problems))
+        return self
+
+
+class Sampler:
+    """Stateful sampler for one sequence (keeps the recent tokens for the repetition penalty and
+    the random generator)."""
+
+    def __init__(self, params: SamplingParams | None = None):
+        self.params = (params or SamplingParams()).validate()
+        seed = self.params.seed
+        if seed == DEFAULT_SEED:
+            seed = int(np.random.SeedSequence().entropy % (1 << 32))
+        self._mt = np.random.MT19937(0)
+        self._mt._legacy_seeding(seed)      # init_genrand(seed), as std::mt19937(seed)
+        self.recent: deque[int] = deque(maxlen=max(self.params.repeat_last_n, 1) if
+                                        self.params.repeat_last_n >= 0 else None)
+
+    def accept(self, token: int) -> None:
+        self.recent.append(int(token))
+
+    def _uniform(self) -> float:
+        a, b = (int(x) & 0xFFFFFFFF for x in self._mt.random_raw(2))
+        return (a + b * 2.0 ** 32) / 2.0 ** 64
+
+    def sample(self, logits: np.ndarray) -> int:
+        """Pick the next token id from logits (float32 [n_vocab])."""
+        p = self.params
+        logits = np.asarray(logits, dtype=np.float32)
+        if p.repeat_penalty != 1.0 and self.recent:
+            logits = logits.copy()
+            ids = np.fromiter(set(self.recent), dtype=np.int64)
+            v = logits[ids]
+            logits[ids] = np.where(v <= 0, v * p.repeat_penalty, v / p.repeat_penalty)
+        if p.temperature <= 0.0:
+            return int(np.argmax(logits))            # first maximum in id order
+        ids = np.arange(logits.size)
+        vals = logits
+        if 0 < p.top_k < logits.size:
+            part = np.argpartition(-vals, p.top_k - 1)[: p.top_k]
+            ids, vals = part, vals[part]
+        order = np.argsort(-vals, kind="stable")
+        ids, vals = ids[order], vals[order]
+        if p.top_p < 1.0:
+            e = np.exp(vals - vals[0], dtype=np.float32)
+            cum = np.cumsum(e / e.sum(dtype=np.float32), dtype=np.float32)
+            keep = int(np.searchsorted(cum, np.float32(p.top_p))) + 1
+            ids, vals = ids[:keep], vals[:keep]
+        if p.min_p > 0.0:
+            keep = vals >= vals[0] + np.log(np.float32(p.min_p))
+            ids, vals = ids[keep], vals[keep]
+        vals = vals / np.float32(p.temperature)
+        w = np.exp((vals - vals[0]).astype(np.float64))
+        r = self._uniform() * w.sum()
+        i = int(np.searchsorted(np.cumsum(w), r))
+        return int(ids[min(i, ids.size - 1)])
