@@ -113,7 +113,7 @@ void pg_threadpool_barrier(pg_threadpool *tp, int nth) {
     }
     int spins = 0;
     while (atomic_load_explicit(&tp->bar_gen, memory_order_acquire) == gen) {
-        if (++spins < 1000000) PG_CPU_RELAX();
+        if (++spins < 20000) PG_CPU_RELAX();   /* then yield: a busy machine may have taken our partner's core */
         else sched_yield();
     }
 }
