@@ -168,11 +168,12 @@ recipes = st.fixed_dictionaries({
                        min_size=1, max_size=4),
     "ops": st.lists(st.tuples(st.sampled_from(OP_KINDS), st.integers(0, 10**6),
                               st.integers(0, 10**6), st.integers(0, 10**6)),
-                    min_size=1, max_size=45),
+                    min_size=12, max_size=80),
     "outputs": st.lists(st.integers(0, 10**6), min_size=1, max_size=3),
     "sinks": st.lists(st.integers(0, 10**6), max_size=2),
     "bits": st.lists(st.integers(0, 1), min_size=1, max_size=16),
     "max_size": st.sampled_from([None, 128, 256, 512, 2048]),
+    "expand_all": st.booleans(),
 })
 
 
@@ -200,21 +201,39 @@ def build(recipe):
             external(t)
         pool.append(t)
     for kind, i, j, k in recipe["ops"]:
-        a, b = pool[i % len(pool)], pool[j % len(pool)]
+        # mostly the newest tensor or one of the 4 newest, so that chains grow long
+        r = i % 8
+        a = (pool[-1] if r < 4 else pool[-1 - (i // 8) % min(4, len(pool))] if r < 7
+             else pool[(i // 8) % len(pool)])
+        want = _PARTNER.get(kind)
+        cands = [t for t in pool if want is None or want(a, t)] or pool
+        b = cands[j % len(cands)]
         try:
             t = _apply(ctx, kind, a, b, k, external)
         except (PyggmlError, ValueError):
             continue
         if t is not None:
             pool.append(t)
-    outs = [pool[o % len(pool)] for o in recipe["outputs"]]
+    outs = [pool[-1]] + [pool[o % len(pool)] for o in recipe["outputs"]]
     g = Graph()
     for o in outs:
         o.set_output()
         g.build_forward_expand(o)
     for s in recipe["sinks"]:
         g.build_forward_expand(pool[s % len(pool)])
+    if recipe["expand_all"]:            # every tensor made, dangling ones included
+        for t in pool:
+            g.build_forward_expand(t)
     return g
+
+
+_PARTNER = {   # which second operands make sense for an op
+    "binary": lambda a, b: all(a.ne[i] % b.ne[i] == 0 for i in range(4)),
+    "binary_ip": lambda a, b: all(a.ne[i] % b.ne[i] == 0 for i in range(4)),
+    "mul_mat": lambda a, b: a.ne[0] == b.ne[0] and b.ne[2] % a.ne[2] == 0,
+    "concat": lambda a, b: sum(a.ne[i] != b.ne[i] for i in range(4)) <= 1,
+    "cpy": lambda a, b: a.nelements() == b.nelements() and a is not b,
+}
 
 
 def _apply(ctx, kind, a, b, k, external):
@@ -280,7 +299,7 @@ def _apply(ctx, kind, a, b, k, external):
     raise AssertionError(kind)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recipes)
 def test_random_graphs_never_overlap_live_tensors(recipe):
     g = build(recipe)
@@ -311,7 +330,7 @@ def test_random_graphs_never_overlap_live_tensors(recipe):
     assert [t.data for t in (*g.leafs, *g.nodes)] == [t.data for t in (*g2.leafs, *g2.nodes)]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(recipes)
 def test_random_graphs_planning_only(recipe):
     """One buffer type without memory: the plan alone satisfies the checker."""
