@@ -289,9 +289,11 @@ class TensorPlan:
 class BufferPlan:
     """One buffer id. peak: bytes to allocate (sum of the chunks' high-water marks); naive: sum of
     the aligned sizes of every tensor placed in it, as if nothing were ever reused;
-    peak_no_inplace: the peak when no op runs in place (None if not computed). An id whose
-    buffer type appeared under an earlier id shares that id's memory: `shares` names it and the
-    numbers are counted there (0 here)."""
+    peak_no_inplace: the peak when no op runs in place (None if not computed);
+    live_bytes[i + 1]: aligned bytes held while node i runs ([0]: before the first node), and
+    max_live its maximum: a lower bound for any placement of these lifetimes (peak / max_live is
+    the cost of fragmentation). An id whose buffer type appeared under an earlier id shares that
+    id's memory: `shares` names it and the numbers are counted there (0 here)."""
     buffer_id: int
     name: str
     alignment: int
@@ -301,9 +303,11 @@ class BufferPlan:
     peak: int
     naive: int
     peak_no_inplace: int | None
+    max_live: int = 0
     n_fresh: int = 0
     n_inplace: int = 0
     n_view_parent: int = 0
+    live_bytes: list[int] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -345,7 +349,8 @@ class PlanReport:
             no_inp = "" if b.peak_no_inplace is None else \
                 f", {mib(b.peak_no_inplace)} without in-place reuse"
             lines.append(f"  buffer {b.buffer_id} '{b.name}': {mib(b.peak)} in "
-                         f"{len(b.chunk_sizes)} chunk(s), naive {mib(b.naive)} ({ratio}){no_inp}; "
+                         f"{len(b.chunk_sizes)} chunk(s) (lifetimes alone: {mib(b.max_live)}), "
+                         f"naive {mib(b.naive)} ({ratio}){no_inp}; "
                          f"{b.n_fresh} fresh, {b.n_inplace} in place, "
                          f"{b.n_view_parent} through a view")
         return "\n".join(lines)
@@ -356,7 +361,8 @@ class PlanReport:
 class _State:
     """Per-tensor planning state (ggml's hash_node) plus what the report needs."""
     __slots__ = ("t", "home", "n_children", "n_views", "bid", "chunk", "offset", "size",
-                 "allocated", "external", "pinned", "placed", "parent", "first", "last")
+                 "allocated", "external", "pinned", "placed", "parent", "first", "last",
+                 "handed")
 
     def __init__(self, t: Tensor, home: int, external: bool):
         self.t = t
@@ -374,6 +380,7 @@ class _State:
         self.parent = None
         self.first = -1
         self.last = None
+        self.handed = False         # its memory went to an in-place consumer at `last`
 
 
 class GraphAllocator:
@@ -508,6 +515,7 @@ class GraphAllocator:
                     s.parent = owner.t.name
                     owner.allocated = False
                     owner.last = step
+                    owner.handed = True
                     extra = _align(owner.size, talloc.alignment) - _align(size, talloc.alignment)
                     if extra > 0:                                 # free_extra_space
                         talloc.free(owner.chunk, owner.offset + _align(size, talloc.alignment),
@@ -801,8 +809,10 @@ class GraphAllocator:
             self._plan(graph, node_ids, leaf_ids, tallocs, inplace=False)
             no_inplace = [ta.size for ta in tallocs]
         tensors = []
+        n = len(graph.nodes)
         naive = [0] * len(self._tallocs)
         counts = [[0, 0, 0] for _ in self._tallocs]
+        delta = [[0] * (n + 2) for _ in self._tallocs]    # difference arrays of live bytes
         kinds = {FRESH: 0, INPLACE: 1, VIEW_PARENT: 2}
         for role, seq in (("leaf", graph.leafs), ("node", graph.nodes)):
             for i, t in enumerate(seq):
@@ -815,8 +825,13 @@ class GraphAllocator:
                         bid, chunk, off = o.bid, o.chunk, o.offset + t.view_offs
                 elif s.placed in kinds:
                     k = self._slot[bid]
-                    naive[k] += _align(size, self._tallocs[k].alignment)
+                    aligned = _align(size, self._tallocs[k].alignment)
+                    naive[k] += aligned
                     counts[k][kinds[s.placed]] += 1
+                    end = n - 1 if s.last is None else s.last - s.handed   # inclusive
+                    if end >= s.first:
+                        delta[k][s.first + 1] += aligned
+                        delta[k][end + 2] -= aligned
                 else:
                     size = t.nbytes()
                 tensors.append(TensorPlan(t.name, role, i, t.op.name, bid, chunk, off, size,
@@ -830,9 +845,13 @@ class GraphAllocator:
                                           0, 0, 0 if no_inplace else None))
                 continue
             ta = self._tallocs[k]
+            live, acc = [], 0
+            for d in delta[k][:n + 1]:
+                acc += d
+                live.append(acc)
             buffers.append(BufferPlan(b, bt.name, int(bt.alignment), bt.max_size, None,
                                       ta.chunk_sizes, ta.size, naive[k],
                                       None if no_inplace is None else no_inplace[k],
-                                      *counts[k]))
+                                      max(live), *counts[k], live_bytes=live))
         return PlanReport(len(graph.nodes), len(graph.leafs), self.plan_seconds, buffers, tensors)
 

@@ -193,6 +193,7 @@ def test_inplace_taken_when_the_node_is_the_last_consumer(ctx):
     assert rep.tensor("a").last == 1          # handed over at node 1
     assert al.get_buffer_size(0) == 256
     assert rep.buffers[0].peak_no_inplace == 512
+    assert rep.buffers[0].live_bytes == [0, 256, 256]     # before node 0, at node 0, at node 1
 
 
 def test_an_input_is_freed_after_its_last_consumer(ctx):
@@ -296,6 +297,8 @@ def test_view_parent_reuse_returns_the_tail(ctx):
     assert rep.tensor("b").placed == "view_parent" and rep.tensor("b").parent == "a"
     assert offset(al, d) == 384                            # the freed tail [384, 512)
     assert al.get_buffer_size(0) == 512
+    # x, then a, then b holds 128 of a's 256 bytes, then d takes 64 more
+    assert rep.buffers[0].live_bytes == [256, 512, 512, 384, 384, 448]
 
 
 def test_view_parent_refused_at_a_nonzero_view_offset(ctx):
@@ -360,6 +363,8 @@ def test_outputs_are_kept_to_the_end(ctx):
     assert [offset(al, t) for t in (x, a, b, c, d)] == [0, 256, 0, 512, 0]
     assert rep.tensor("a").last is None and rep.tensor("d").last is None
     assert rep.tensor("x").last == 0 and rep.tensor("b").last == 2
+    assert rep.buffers[0].live_bytes == [256, 512, 512, 768, 768]
+    assert rep.buffers[0].max_live == rep.buffers[0].peak == 768
 
 
 def test_inputs_are_allocated_before_any_node(ctx):
