@@ -238,7 +238,9 @@ class DynAllocator:
         ch = self._chunks[chunk]
         offs, sizes = ch.offs, ch.sizes
         i = bisect_left(offs, offset)
-        if (i < len(offs) and offs[i] < offset + size) or (i and offs[i - 1] + sizes[i - 1] > offset):
+        overlaps_next = i < len(offs) and offs[i] < offset + size
+        overlaps_prev = i > 0 and offs[i - 1] + sizes[i - 1] > offset
+        if overlaps_next or overlaps_prev:
             raise AllocatorError(f"freeing bytes [{offset}, {offset + size}) of chunk {chunk} "
                                  f"that are already free")
         joins_prev = i > 0 and offs[i - 1] + sizes[i - 1] == offset
@@ -413,7 +415,8 @@ class GraphAllocator:
         self._size_fns = [getattr(bt, "get_alloc_size", None) or Tensor.nbytes
                           for bt in self.buffer_types]
         self._tallocs = self._new_tallocs()
-        self._memory: list[list | None] = [None] * len(self._first_bid)  # per slot: [(mem, base, size)]
+        # per distinct buffer type: [(memory, base address, size)] per chunk, or None
+        self._memory: list[list | None] = [None] * len(self._first_bid)
         self._node_allocs: list = []
         self._node_src_allocs: list = []
         self._leaf_allocs: list = []
@@ -469,11 +472,14 @@ class GraphAllocator:
             st[id(t)] = _State(t, node_ids[i], is_external(t))
         for t in (*leafs, *nodes):
             vs = t.view_src
-            if vs is not None and id(vs) not in st:
-                if not is_external(vs):
+            if vs is not None:                      # count views (ggml: phase 2)
+                vss = st.get(id(vs))
+                if vss is not None:
+                    vss.n_views += 1
+                elif not is_external(vs):
                     raise AllocatorError(
                         f"view '{t.name}' ({t.op.name}) shares the memory of '{vs.name}', which "
-                        f"has no data and is not in this graph")
+                        f"is not in this graph and has no memory of its own")
             if t.flags & _OUTPUT:
                 owner = st.get(id(vs if vs is not None else t))
                 if owner is not None:
@@ -534,16 +540,8 @@ class GraphAllocator:
         # 1. leafs first (weights are external and skipped)
         for i, t in enumerate(leafs):
             allocate(st[id(t)], leaf_ids[i], -1)
-        # 2. count children and views; inputs next
-        for t in leafs:
-            if t.view_src is not None and id(t.view_src) in st:
-                st[id(t.view_src)].n_views += 1
+        # 2. count children (views are counted above); inputs next
         for i, t in enumerate(nodes):
-            vs = t.view_src
-            if vs is not None and t.op != Op.NONE:
-                vss = st.get(id(vs))
-                if vss is not None:
-                    vss.n_views += 1
             if t.flags & _INPUT:
                 allocate(st[id(t)], node_ids[i], -1)
             for p in t.src:
@@ -694,33 +692,40 @@ class GraphAllocator:
         return self._realloc_reason(graph) is not None
 
     def _chunk_memory(self, buffers) -> list[list | None]:
-        """Per buffer id: [(memory, base, size)] per chunk, or None (planning only)."""
-        per_bid = [self._memory[self._slot[b]] for b in range(self.n_buffers)]
-        if buffers is None:
-            return per_bid
-        buffers = list(buffers)
-        if len(buffers) != self.n_buffers:
-            raise AllocatorError(f"alloc_graph got memory for {len(buffers)} buffers, the "
-                                 f"allocator has {self.n_buffers}")
-        for b, given in enumerate(buffers):
-            if given is None:
-                continue
-            ta = self._tallocs[self._slot[b]]
-            mems = list(given) if isinstance(given, (list, tuple)) else [given]
-            if len(mems) < ta.n_chunks:
-                raise AllocatorError(f"buffer {b} '{self.buffer_types[b].name}' is planned in "
-                                     f"{ta.n_chunks} chunks, got memory for {len(mems)}")
-            chunks = []
-            for c, mem in enumerate(mems[:ta.n_chunks]):
-                base, size = _memory_span(mem)
-                need = ta.chunk_sizes[c]
-                if size < need or base % ta.alignment:
-                    raise AllocatorError(f"buffer {b} chunk {c}: {size} bytes at {base:#x}, the "
-                                         f"plan needs {need} bytes aligned to {ta.alignment}")
-                _register_compute(mem, self)
-                chunks.append((mem, base, size))
-            per_bid[b] = chunks
-        return per_bid
+        """Per buffer id: [(memory, base, size)] per chunk, or None (planning only). Ids that
+        share a buffer type share its memory."""
+        per_slot = list(self._memory)
+        if buffers is not None:
+            buffers = list(buffers)
+            if len(buffers) != self.n_buffers:
+                raise AllocatorError(f"alloc_graph got memory for {len(buffers)} buffers, the "
+                                     f"allocator has {self.n_buffers}")
+            given_for: dict[int, int] = {}
+            for b, given in enumerate(buffers):
+                if given is None:
+                    continue
+                k = self._slot[b]
+                if k in given_for and buffers[given_for[k]] is not given:
+                    raise AllocatorError(f"buffers {given_for[k]} and {b} share a buffer type "
+                                         f"but were given different memory")
+                given_for[k] = b
+                ta = self._tallocs[k]
+                mems = list(given) if isinstance(given, (list, tuple)) else [given]
+                if len(mems) < ta.n_chunks:
+                    raise AllocatorError(f"buffer {b} '{self.buffer_types[b].name}' is planned "
+                                         f"in {ta.n_chunks} chunks, got memory for {len(mems)}")
+                chunks = []
+                for c, mem in enumerate(mems[:ta.n_chunks]):
+                    base, size = _memory_span(mem)
+                    need = ta.chunk_sizes[c]
+                    if size < need or base % ta.alignment:
+                        raise AllocatorError(f"buffer {b} chunk {c}: {size} bytes at {base:#x}, "
+                                             f"the plan needs {need} bytes aligned to "
+                                             f"{ta.alignment}")
+                    _register_compute(mem, self)
+                    chunks.append((mem, base, size))
+                per_slot[k] = chunks
+        return [per_slot[self._slot[b]] for b in range(self.n_buffers)]
 
     def alloc_graph(self, graph, buffers=None) -> None:
         """Give the graph's tensors the addresses of the kept plan (see the module docstring).

@@ -490,6 +490,11 @@ def test_same_buffer_type_twice_shares_one_buffer():
     assert al.get_buffer_size(1) == 0 and al.get_buffer_size(0) > 0
     rep = al.report()
     assert rep.buffers[1].shares == 0 and rep.buffers[0].peak == al.get_buffer_size(0)
+    mem = aligned_array(al.get_buffer_size(0))
+    al.alloc_graph(g, buffers=[None, mem])     # memory given under either id serves both
+    assert all(t.buffer is mem for t in g.nodes if al.placement(t) is not None)
+    with pytest.raises(AllocatorError, match="share a buffer type"):
+        al.alloc_graph(g, buffers=[mem, aligned_array(al.get_buffer_size(0))])
 
 
 def test_planning_only_then_explicit_memory():

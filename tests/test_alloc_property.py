@@ -92,7 +92,7 @@ def check_plan(graph, al, buffer_types, node_ids=None, leaf_ids=None, memory=Tru
     for o, first, last in live_intervals(graph).values():
         p = al.placement(o)
         if p is None:
-            assert o.data is not None or o.buffer is not None, f"{o.name}: neither placed nor external"
+            assert o.data is not None or o.buffer is not None, f"{o.name}: not placed, no data"
             if external is not None and id(o) in external:
                 assert o.data == external[id(o)], f"external {o.name} was moved"
             continue
@@ -103,7 +103,7 @@ def check_plan(graph, al, buffer_types, node_ids=None, leaf_ids=None, memory=Tru
         size = o.nbytes()
         assert off % bt.alignment == 0, f"{o.name}: offset {off} not aligned to {bt.alignment}"
         chunk_size = al.chunk_sizes(bid)[chunk]
-        assert off + size <= chunk_size, f"{o.name}: [{off}, {off + size}) beyond chunk {chunk_size}"
+        assert off + size <= chunk_size, f"{o.name}: [{off}, {off + size}) past {chunk_size}"
         if memory:
             base = o.buffer.ctypes.data
             assert o.data == base + off, f"{o.name}: data is not the chunk base + offset"
