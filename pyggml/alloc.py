@@ -422,6 +422,7 @@ class GraphAllocator:
         self._leaf_allocs: list = []
         self._planned = False
         self._last: tuple | None = None      # (graph, node_ids, leaf_ids, states) of reserve
+        self._current: list | None = None    # [graph of the last alloc_graph, position index]
         self.plan_seconds = 0.0
 
     def _new_tallocs(self) -> list[DynAllocator]:
@@ -742,6 +743,7 @@ class GraphAllocator:
                                      f"call reserve(graph, node_buffer_ids, leaf_buffer_ids)")
             self.reserve(graph)
         mem = self._chunk_memory(buffers)
+        self._current = [graph, None]
         views = []
         for tensors, allocs in ((graph.leafs, self._leaf_allocs), (graph.nodes, self._node_allocs)):
             for t, a in zip(tensors, allocs):
@@ -782,16 +784,21 @@ class GraphAllocator:
         return self._tallocs[self._slot[buffer_id]].chunk_sizes
 
     def placement(self, t: Tensor) -> tuple[int, int, int] | None:
-        """(buffer_id, chunk, offset) of a tensor of the last reserved graph (a view: its
-        owner's place plus view_offs); None when it is not placed here (external data)."""
+        """(buffer_id, chunk, offset) of a tensor of the last reserved graph, or of the graph
+        last given to alloc_graph (same positions); a view: its owner's place plus view_offs.
+        None when it is not placed here (external data)."""
         if self._last is None:
             raise AllocatorError("no plan yet: call reserve first")
         st = self._last[3]
         s = st.get(id(t))
         if s is None or s.t is not t:
+            found = self._placement_by_position(t)
+            if found is not False:
+                return found
             if t.data is not None or t.buffer is not None:
                 return None          # external memory outside the graph (e.g. a KV cache)
-            raise AllocatorError(f"tensor '{t.name}' is not in the reserved graph")
+            raise AllocatorError(f"tensor '{t.name}' is in neither the reserved graph nor the "
+                                 f"one last allocated")
         off = 0
         if t.view_src is not None:
             off = t.view_offs
@@ -801,6 +808,24 @@ class GraphAllocator:
         if s.placed not in (FRESH, INPLACE, VIEW_PARENT):
             return None
         return (s.bid, s.chunk, s.offset + off)
+
+    def _placement_by_position(self, t: Tensor):
+        """placement() in the graph of the last alloc_graph; False if t is not in it."""
+        if self._current is None or self._current[0] is self._last[0]:
+            return False
+        graph, index = self._current
+        if index is None:
+            index = {id(x): (self._leaf_allocs, i) for i, x in enumerate(graph.leafs)}
+            index.update({id(x): (self._node_allocs, i) for i, x in enumerate(graph.nodes)})
+            self._current[1] = index
+        if id(t) not in index:
+            return False
+        off = 0
+        if t.view_src is not None:
+            off, t = t.view_offs, t.view_src
+        pos = index.get(id(t))
+        a = None if pos is None else pos[0][pos[1]]
+        return None if a is None else (a[0], a[1], a[2] + off)
 
     def report(self, with_no_inplace: bool = True) -> PlanReport:
         """The plan of the last reserve as a PlanReport. with_no_inplace: also plan the graph

@@ -508,6 +508,11 @@ def test_planning_only_then_explicit_memory():
     mem = aligned_array(al.get_buffer_size(0))
     al.alloc_graph(g, buffers=[mem])
     assert out.data == mem.ctypes.data + off and out.buffer is mem
+    g2 = _mlp(8)                               # plan reused: placements by position
+    al.alloc_graph(g2)
+    assert [al.placement(t) for t in g2.nodes] == [al.placement(t) for t in g.nodes]
+    assert all(al.placement(t) is not None for t in g2.nodes)
+    assert al.placement(g2.get_tensor("w")) is None
     with pytest.raises(AllocatorError, match="needs"):
         al.alloc_graph(_mlp(8), buffers=[aligned_array(64)])
 
