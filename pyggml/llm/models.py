@@ -36,9 +36,9 @@ class GraphInputs:
     tokens: Tensor        # I32 [T]
     pos: Tensor           # I32 [T]
     kv_idxs: Tensor       # I32 [T]: the cache cell of each token
-    mask: Tensor          # F16 [n_kv, T]
-    mask_swa: Tensor | None
-    out_ids: Tensor       # I32 [n_out]: ubatch rows whose logits are wanted
+    mask: Tensor | None       # F16 [n_kv, T] (None when every layer is sliding-window)
+    mask_swa: Tensor | None   # F16 [n_kv, T] (None without sliding-window layers)
+    out_ids: Tensor | None  # I32 [n_out]: ubatch rows whose logits are wanted (None: all rows)
 
 
 REQUIRED_LAYER_TENSORS = {
@@ -84,8 +84,11 @@ def _bias(ctx, x, weights, name):
     return ops.add(ctx, x, b) if b is not None else x
 
 
-def build_graph(hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True):
-    """The graph of one ubatch: (graph, inputs, logits F32 [V, n_out])."""
+def build_graph(hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True,
+                select_outputs: bool = True):
+    """The graph of one ubatch: (graph, inputs, logits F32 [V, n_out]). select_outputs: pick
+    the output rows with inp_out_ids (every graph of a model must agree on it, so that all ubatch
+    graphs share one topology and one allocation plan); False only when every row is wanted."""
     E, D, Dv = hp.n_embd, hp.head_dim_k, hp.head_dim_v
     T, n_kv = gp.n_tokens, gp.n_kv
     ctx = Context(no_alloc=True, name="graph")
@@ -94,10 +97,12 @@ def build_graph(hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True)
         tokens=ctx.new_tensor_1d(GGMLType.I32, T, name="inp_tokens").set_input(),
         pos=ctx.new_tensor_1d(GGMLType.I32, T, name="inp_pos").set_input(),
         kv_idxs=ctx.new_tensor_1d(GGMLType.I32, T, name="inp_kv_idxs").set_input(),
-        mask=ctx.new_tensor_2d(GGMLType.F16, n_kv, T, name="inp_kq_mask").set_input(),
+        mask=(ctx.new_tensor_2d(GGMLType.F16, n_kv, T, name="inp_kq_mask").set_input()
+              if not all(hp.layer_is_swa(il) for il in range(hp.n_layer)) else None),
         mask_swa=(ctx.new_tensor_2d(GGMLType.F16, n_kv, T, name="inp_kq_mask_swa").set_input()
-                  if hp.swa_layers and any(hp.swa_layers) else None),
-        out_ids=ctx.new_tensor_1d(GGMLType.I32, gp.n_outputs, name="inp_out_ids").set_input(),
+                  if any(hp.layer_is_swa(il) for il in range(hp.n_layer)) else None),
+        out_ids=(ctx.new_tensor_1d(GGMLType.I32, gp.n_outputs, name="inp_out_ids").set_input()
+                 if select_outputs else None),
     )
     gemma = hp.arch == "gemma3"
     x = ops.get_rows(ctx, weights["token_embd.weight"], inp.tokens, name="inp_embd")
@@ -160,7 +165,7 @@ def build_graph(hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True)
                     weights, f"blk.{il}.attn_output.bias")
         if gemma:
             cur = norm(cur, W("post_attention_norm"), f"attn_post_norm-{il}")
-        if il == hp.n_layer - 1:
+        if il == hp.n_layer - 1 and inp.out_ids is not None:
             # only the rows whose logits are wanted go on (llama.cpp's inp_out_ids)
             cur = ops.get_rows(ctx, cur, inp.out_ids)
             x = ops.get_rows(ctx, x, inp.out_ids)
@@ -172,7 +177,13 @@ def build_graph(hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True)
         cur = ops.mul_mat(ctx, W("ffn_down"), ops.mul(ctx, act, up), name=f"ffn_out-{il}")
         if gemma:
             cur = norm(cur, W("post_ffw_norm"), f"ffn_post_norm-{il}")
-        x = ops.add(ctx, x, cur, name=f"l_out-{il}")
+        if il == hp.n_layer - 1:
+            # the sum takes the memory of its first source in place: putting `cur` first moves
+            # the residual stream off its early offset, so the big logits tensor can sit low
+            # (2-4 MiB less compute buffer with logits for every position)
+            x = ops.add(ctx, cur, x, name=f"l_out-{il}")
+        else:
+            x = ops.add(ctx, x, cur, name=f"l_out-{il}")
 
     x = norm(x, weights["output_norm.weight"], "result_norm")
     out_w = weights["token_embd.weight"] if hp.tied_output else weights["output.weight"]

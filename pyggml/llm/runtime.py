@@ -110,7 +110,7 @@ class LLM:
     def _reserve(self) -> None:
         """Plan the compute buffer once for the largest ubatch graph (ggml's reserve)."""
         g, _, _ = build_graph(self.hparams, self.weights, self.kv, self._worst_case_params(),
-                              self.flash_attn)
+                              self.flash_attn, not self.logits_all)
         self.galloc.reserve(g)
         self.stats.allocator_plans += 1
 
@@ -194,19 +194,25 @@ class LLM:
         self.kv.apply(cells, pos, sids)
         n_kv = self.kv.n_kv()
         out_ids = np.flatnonzero(want).astype(np.int32)
+        n_wanted = len(out_ids)
+        if n_wanted == 0:       # keep the topology of a full ubatch: compute one row, drop it
+            out_ids = np.array([T - 1], np.int32)
         gp = GraphParams(T, len(out_ids), n_kv)
         self.stats.ubatch_sizes.append(T)
         if self._graph is not None and self._graph[0] == gp:
             self.stats.graphs_reused += 1
         else:
             self._graph = None
-            g, inp, logits = build_graph(self.hparams, self.weights, self.kv, gp, self.flash_attn)
+            g, inp, logits = build_graph(self.hparams, self.weights, self.kv, gp, self.flash_attn,
+                                         not self.logits_all)
             if self.galloc.needs_realloc(g):
                 self.stats.allocator_plans += 1
             self.galloc.alloc_graph(g)
             views = {name: host_array(getattr(inp, name)).reshape(-1)
-                     for name in ("tokens", "pos", "kv_idxs", "out_ids")}
-            views["mask"] = host_array(inp.mask).reshape(T, n_kv)
+                     for name in ("tokens", "pos", "kv_idxs", "out_ids")
+                     if getattr(inp, name) is not None}
+            if inp.mask is not None:
+                views["mask"] = host_array(inp.mask).reshape(T, n_kv)
             if inp.mask_swa is not None:
                 views["mask_swa"] = host_array(inp.mask_swa).reshape(T, n_kv)
             self._graph = (gp, g, inp, logits, views)
@@ -215,13 +221,15 @@ class LLM:
         views["tokens"][:] = toks
         views["pos"][:] = pos
         views["kv_idxs"][:] = cells
-        views["out_ids"][:] = out_ids
-        views["mask"][:] = self.kv.mask(pos, sids, n_kv)
+        if "out_ids" in views:
+            views["out_ids"][:] = out_ids
+        if "mask" in views:
+            views["mask"][:] = self.kv.mask(pos, sids, n_kv)
         if "mask_swa" in views:
             views["mask_swa"][:] = self.kv.mask(pos, sids, n_kv, self.hparams.sliding_window)
         nt = self.backend.n_threads if T == 1 else self.backend.n_threads_batch
         self.backend.graph_compute(g, nt)
-        out = host_array(logits).reshape(len(out_ids), self.hparams.n_vocab).copy()
+        out = host_array(logits).reshape(len(out_ids), self.hparams.n_vocab)[:n_wanted].copy()
         if not np.all(np.isfinite(out)):
             raise PyggmlError("the model produced non-finite logits")
         return out
