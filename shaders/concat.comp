@@ -1,0 +1,45 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// CONCAT along dim: d[i] = i[dim] < a_ne_dim ? a[i] : b[i - a_ne_dim along dim]. Elements of 4
+// bytes (F32, I32) or F16 (flags & 1), any strides (in elements).
+#include "common.glsl"
+
+layout(binding = 0) readonly buffer A { uint data_a[]; };
+layout(binding = 1) readonly buffer B { uint data_b[]; };
+layout(binding = 2) buffer D { uint data_d[]; };
+#define D16_BINDING 2
+#include "store16.glsl"
+
+layout(push_constant) uniform P {
+    uint ne0, ne1, ne2, ne3;
+    uint a_off, a_s0, a_s1, a_s2, a_s3;
+    uint b_off, b_s0, b_s1, b_s2, b_s3;
+    uint d_off, d_s0, d_s1, d_s2, d_s3;
+    uint dim, a_ne_dim, flags;
+} p;
+
+uint rd(bool from_a, uint e) {
+    if ((p.flags & 1u) != 0u) {
+        const uint w = from_a ? data_a[e >> 1] : data_b[e >> 1];
+        return (w >> ((e & 1u) << 4)) & 0xffffu;
+    }
+    return from_a ? data_a[e] : data_b[e];
+}
+
+void main() {
+    const uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
+    if (i >= p.ne0 * p.ne1 * p.ne2 * p.ne3) return;
+    uint ix[4];
+    ix[0] = i % p.ne0;
+    ix[1] = (i / p.ne0) % p.ne1;
+    ix[2] = (i / (p.ne0 * p.ne1)) % p.ne2;
+    ix[3] = i / (p.ne0 * p.ne1 * p.ne2);
+    const uint di = p.d_off + ix[0] * p.d_s0 + ix[1] * p.d_s1 + ix[2] * p.d_s2 + ix[3] * p.d_s3;
+    const bool from_a = ix[p.dim] < p.a_ne_dim;
+    if (!from_a) ix[p.dim] -= p.a_ne_dim;
+    const uint e = from_a ? p.a_off + ix[0] * p.a_s0 + ix[1] * p.a_s1 + ix[2] * p.a_s2 + ix[3] * p.a_s3
+                          : p.b_off + ix[0] * p.b_s0 + ix[1] * p.b_s1 + ix[2] * p.b_s2 + ix[3] * p.b_s3;
+    const uint v = rd(from_a, e);
+    if ((p.flags & 1u) != 0u) store_f16_bits(di, v);
+    else data_d[di] = v;
+}

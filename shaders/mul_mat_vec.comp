@@ -1,0 +1,70 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// MUL_MAT, matrix-vector form for up to MAX_COLS activation rows: d[n, m, i2, i3] =
+// sum_k a[k, n, i2/r2, i3/r3] * b[k, m, i2, i3]. One workgroup per weight row n (folded x/y grid),
+// z = plane i2 + i3 * B2; the row is dequantized once and used for every activation row.
+// a: TYPE_* with dense rows (offsets/strides in bytes when quantized, in elements for F32/F16);
+// b and d: F32 with dense rows (strides in elements). `row0` is the first output row of this
+// dispatch (a weight matrix larger than one binding is split by rows; a_off points at row0).
+#define NEED_REDUCE
+#include "common.glsl"
+
+layout(binding = 0) readonly buffer A { uint data_a[]; };
+layout(binding = 1) readonly buffer B { uint data_b[]; };
+layout(binding = 2) buffer D { uint data_d[]; };
+
+#include "dequant.glsl"
+
+#define MAX_COLS 8u
+
+layout(push_constant) uniform P {
+    uint K, N, M;
+    uint a_off, a_nb1, a_nb2, a_nb3;
+    uint r2, r3, B2;
+    uint b_off, b_s1, b_s2, b_s3;
+    uint d_off, d_s1, d_s2, d_s3;
+    uint row0;
+} p;
+
+void main() {
+    const uint n = wg_linear();
+    if (n >= p.N) return;                       // whole workgroup
+    const uint i2 = gl_WorkGroupID.z % p.B2, i3 = gl_WorkGroupID.z / p.B2;
+    const uint ab = p.a_off + n * p.a_nb1 + (i2 / p.r2) * p.a_nb2 + (i3 / p.r3) * p.a_nb3;
+    const uint bb = p.b_off + i2 * p.b_s2 + i3 * p.b_s3;
+    const uint t = gl_LocalInvocationID.x;
+    float acc[MAX_COLS];
+    [[unroll]] for (uint m = 0u; m < MAX_COLS; m++) acc[m] = 0.0;
+#ifdef IS_FLOAT_TYPE
+    for (uint k = t; k < p.K; k += WG_SIZE) {
+        const float w = load_a(ab + k);
+        [[unroll]] for (uint m = 0u; m < MAX_COLS; m++) {
+            if (m < p.M) acc[m] += w * uintBitsToFloat(data_b[bb + m * p.b_s1 + k]);
+        }
+    }
+#else
+    const uint n_units = p.K / 16u;             // 16 elements (4 x dequant4) per step
+    for (uint u = t; u < n_units; u += WG_SIZE) {
+        const uint e = 16u * u;
+        const uint blk = ab + (e / QK) * QBYTES;
+        const uint j = e % QK;
+        [[unroll]] for (uint q = 0u; q < 4u; q++) {
+            const vec4 w = dequant4(blk, j + 4u * q);
+            [[unroll]] for (uint m = 0u; m < MAX_COLS; m++) {
+                if (m < p.M) {
+                    const uint bi = bb + m * p.b_s1 + e + 4u * q;
+                    acc[m] += dot(w, vec4(uintBitsToFloat(data_b[bi]), uintBitsToFloat(data_b[bi + 1u]),
+                                          uintBitsToFloat(data_b[bi + 2u]), uintBitsToFloat(data_b[bi + 3u])));
+                }
+            }
+        }
+    }
+#endif
+    [[unroll]] for (uint m = 0u; m < MAX_COLS; m++) {
+        if (m >= p.M) break;                    // uniform
+        const float s = wg_sum(acc[m]);
+        if (t == 0u) {
+            data_d[p.d_off + p.row0 + n + m * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3] = floatBitsToUint(s);
+        }
+    }
+}
