@@ -12,7 +12,15 @@ from pyggml.types import GGMLType, Op, row_size
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # the model runtime pulls in GGUF, tokenizer and backends: import it on first use
+    if name == "LLM":
+        from pyggml.llm.runtime import LLM
+        return LLM
+    raise AttributeError(f"module 'pyggml' has no attribute {name!r}")
+
 __all__ = [
-    "Context", "EvalOrder", "GGMLType", "Graph", "Op", "PyggmlError", "Tensor", "TensorFlag",
+    "LLM", "Context", "EvalOrder", "GGMLType", "Graph", "Op", "PyggmlError", "Tensor", "TensorFlag",
     "ops", "row_size", "__version__",
 ]

@@ -1,0 +1,100 @@
+"""`pyggml bench`: llama-bench's table (pp = prompt processing of N tokens, tg = generating N
+tokens one by one; tokens/s as mean ± stddev over repetitions), optionally with llama.cpp run on
+the same model and settings in the same invocation (`--compare-llamacpp`) through
+llama-cpp-python, in this interpreter or another one (`--llamacpp-python`), for a ratio per row.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+WORKER = Path(__file__).resolve().parent.parent.parent / "tools" / "llamacpp_bench_worker.py"
+
+
+@dataclass
+class BenchRow:
+    test: str           # "pp512" / "tg128"
+    n_threads: int
+    tps: list[float]    # tokens/s per repetition
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.tps)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.tps) if len(self.tps) > 1 else 0.0
+
+
+def _tokens(n: int, n_vocab: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in rng.integers(100, min(n_vocab, 30000), n)]
+
+
+def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=512,
+                 flash_attn=True) -> list[BenchRow]:
+    from pyggml.llm.runtime import LLM
+    rows = []
+    need_ctx = n_ctx or max([*prompts, *gens, 1]) + 8
+    for t in threads:
+        with LLM(model_path, n_ctx=need_ctx, n_ubatch=n_ubatch, n_threads=t,
+                 n_threads_batch=t, flash_attn=flash_attn) as llm:
+            V = llm.hparams.n_vocab
+            llm.eval(_tokens(min(8, need_ctx), V, 0))          # warm-up (graphs, pages)
+            for n in prompts:
+                tps = []
+                for r in range(reps):
+                    llm.reset()
+                    toks = _tokens(n, V, r)
+                    t0 = time.perf_counter()
+                    llm.eval(toks)
+                    tps.append(n / (time.perf_counter() - t0))
+                rows.append(BenchRow(f"pp{n}", t, tps))
+            for n in gens:
+                tps = []
+                for r in range(reps):
+                    llm.reset()
+                    tok = _tokens(1, V, r)[0]
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        tok = int(np.argmax(llm.eval([tok])))
+                    tps.append(n / (time.perf_counter() - t0))
+                rows.append(BenchRow(f"tg{n}", t, tps))
+    return rows
+
+
+def bench_llamacpp(model_path, prompts, gens, threads, reps, python: str | None,
+                   flash_attn=True) -> list[BenchRow]:
+    """The same measurements through llama-cpp-python (WORKER script), in `python` or here."""
+    args = {"model": str(model_path), "prompts": prompts, "gens": gens, "threads": threads,
+            "reps": reps, "flash_attn": flash_attn}
+    exe = python or sys.executable
+    out = subprocess.run([exe, str(WORKER), json.dumps(args)], capture_output=True, text=True,
+                         timeout=3600)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama.cpp benchmark failed ({exe}): {out.stderr.strip()[-500:]}")
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    return [BenchRow(r["test"], r["n_threads"], r["tps"]) for r in data]
+
+
+def format_table(rows: list[BenchRow], ref: list[BenchRow] | None = None,
+                 model_name: str = "") -> str:
+    head = f"| model | test | t | pyggml t/s |" + (" llama.cpp t/s | ratio |" if ref else "")
+    sep = "|---|---|---|---|" + ("---|---|" if ref else "")
+    lines = [head, sep]
+    by_key = {(r.test, r.n_threads): r for r in (ref or [])}
+    for r in rows:
+        line = f"| {model_name} | {r.test} | {r.n_threads} | {r.mean:.2f} ± {r.std:.2f} |"
+        if ref:
+            o = by_key.get((r.test, r.n_threads))
+            line += (f" {o.mean:.2f} ± {o.std:.2f} | {r.mean / o.mean:.2f} |" if o else " - | - |")
+        lines.append(line)
+    return "\n".join(lines)

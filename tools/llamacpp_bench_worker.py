@@ -1,0 +1,50 @@
+"""Worker for `pyggml bench --compare-llamacpp`: runs llama.cpp (llama-cpp-python) with the
+same measurements as pyggml.llm.bench.bench_pyggml and prints one JSON line of rows.
+Run by that command in an interpreter that has llama-cpp-python (never a pyggml dependency)."""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def main() -> None:
+    from llama_cpp import Llama
+    a = json.loads(sys.argv[1])
+    rows = []
+    n_ctx = max([*a["prompts"], *a["gens"], 1]) + 8
+    for t in a["threads"]:
+        m = Llama(a["model"], n_ctx=n_ctx, n_batch=max(a["prompts"] + [512]), n_ubatch=512,
+                  n_threads=t, n_threads_batch=t, flash_attn=a["flash_attn"], verbose=False)
+        V = m.n_vocab()
+        m.eval([int(x) for x in np.random.default_rng(0).integers(100, min(V, 30000), 8)])
+        for n in a["prompts"]:
+            tps = []
+            for r in range(a["reps"]):
+                m.reset()
+                toks = [int(x) for x in np.random.default_rng(r).integers(100, min(V, 30000), n)]
+                t0 = time.perf_counter()
+                m.eval(toks)
+                tps.append(n / (time.perf_counter() - t0))
+            rows.append({"test": f"pp{n}", "n_threads": t, "tps": tps})
+        for n in a["gens"]:
+            tps = []
+            for r in range(a["reps"]):
+                m.reset()
+                tok = int(np.random.default_rng(r).integers(100, 30000))
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    m.eval([tok])
+                    tok = int(np.argmax(m.scores[m.n_tokens - 1]))
+                tps.append(n / (time.perf_counter() - t0))
+            rows.append({"test": f"tg{n}", "n_threads": t, "tps": tps})
+        del m
+    sys.stdout.flush()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
