@@ -1,5 +1,11 @@
+#include <limits.h>
 #include <sched.h>
 #include <stdlib.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "threadpool.h"
 
@@ -12,9 +18,29 @@
 #define PG_CPU_RELAX() ((void)0)
 #endif
 
-/* Spin this many rounds before sleeping: long enough to bridge the gap between the graphs of
- * consecutive tokens is not the goal (that sleeps); bridging nodes inside one graph is. */
-#define PG_SPIN_ROUNDS 200000
+/* Spin this many rounds before sleeping. Spinning bridges the short gaps between the nodes of one
+ * graph; beyond that a waiting thread sleeps, so that on a busy machine (more runnable threads
+ * than cores) it does not burn the time slice its partner needs. */
+#define PG_SPIN_ROUNDS     20000    /* between jobs (graphs)    */
+#define PG_BARRIER_SPINS    4000    /* inside a job, per barrier */
+
+/* Sleep while *addr == val / wake all sleepers on addr (Linux futex; elsewhere yield). */
+static void wait_on(atomic_int *addr, int val) {
+#if defined(__linux__)
+    syscall(SYS_futex, (int *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+#else
+    (void)addr; (void)val;
+    sched_yield();
+#endif
+}
+
+static void wake_all(atomic_int *addr) {
+#if defined(__linux__)
+    syscall(SYS_futex, (int *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#else
+    (void)addr;
+#endif
+}
 
 typedef struct { pg_threadpool *tp; int ith; } worker_arg;
 
@@ -105,15 +131,20 @@ void pg_threadpool_run(pg_threadpool *tp, pg_job_fn fn, void *arg, int nth) {
 
 void pg_threadpool_barrier(pg_threadpool *tp, int nth) {
     if (nth <= 1) return;
-    const int gen = atomic_load_explicit(&tp->bar_gen, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&tp->bar_count, 1, memory_order_acq_rel) == nth - 1) {
-        atomic_store_explicit(&tp->bar_count, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&tp->bar_gen, 1, memory_order_release);
+    const int gen = atomic_load(&tp->bar_gen);
+    if (atomic_fetch_add(&tp->bar_count, 1) == nth - 1) {
+        atomic_store(&tp->bar_count, 0);
+        atomic_fetch_add(&tp->bar_gen, 1);
+        /* seq_cst: a sleeper counted itself before re-checking bar_gen, so either it sees the
+         * new generation or we see it and wake it */
+        if (atomic_load(&tp->bar_sleepers)) wake_all(&tp->bar_gen);
         return;
     }
     int spins = 0;
     while (atomic_load_explicit(&tp->bar_gen, memory_order_acquire) == gen) {
-        if (++spins < 20000) PG_CPU_RELAX();   /* then yield: a busy machine may have taken our partner's core */
-        else sched_yield();
+        if (++spins < PG_BARRIER_SPINS) { PG_CPU_RELAX(); continue; }
+        atomic_fetch_add(&tp->bar_sleepers, 1);
+        if (atomic_load(&tp->bar_gen) == gen) wait_on(&tp->bar_gen, gen);
+        atomic_fetch_sub(&tp->bar_sleepers, 1);
     }
 }

@@ -24,6 +24,7 @@ struct pg_threadpool {
     /* barrier */
     atomic_int       bar_count;
     atomic_int       bar_gen;
+    atomic_int       bar_sleepers;   /* threads asleep in the barrier (futex on bar_gen) */
 };
 
 /* Runs fn(arg, ith, nth) on nth threads (caller is ith 0) and returns when all are done. */
