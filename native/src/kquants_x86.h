@@ -19,6 +19,13 @@ static inline float hsum_ps(__m256 v) {
 
 static inline __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
+/* [d·dy, dmin·dy, 0, 0] from the two fp16 fields at p (d, then dmin) and the activation scale */
+static inline __m128 k4_dmin(const uint16_t *p, float dy) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)u)), _mm_set1_ps(dy));
+}
+
 /* The 16 signed scales of a Q3_K block from the 12 bytes at p + 2 (p = 2 bytes before the
  * scales, so the 16-byte load stays inside the block). Dwords u0 u1 u2, see kquants.h:
  *   S0..3 = (u0 & 0f) | ((u2 << 4) & 30)      S4..7   = (u1 & 0f) | ((u2 << 2) & 30)

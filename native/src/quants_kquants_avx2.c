@@ -124,14 +124,14 @@ static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
     const __m128i m4 = _mm_set1_epi8(0xF);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const float dall = y[i].d * h2f(x[i].d);
-        const float dmin = -y[i].d * h2f(x[i].dmin);
+        const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
         const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
         const __m256i prodm = _mm256_madd_epi16(loadu(y[i].bsums), mn16);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prodm), accm);
+        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(prodm), accm);
         __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m256i sc = h ? _mm256_permute4x64_epi64(sc16, 0xEE)
                                  : _mm256_permute4x64_epi64(sc16, 0x44);
@@ -145,7 +145,7 @@ static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
             sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3),
                                                 a + 96, sc, pair16_mask(3)));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dall),
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd),
                               _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
     }
     *s = hsum_ps(_mm256_add_ps(acc, accm));
@@ -219,15 +219,15 @@ static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
     const __m256i m4 = _mm256_set1_epi8(0xF);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const float d = y[i].d * h2f(x[i].d);
-        const float dmin = -y[i].d * h2f(x[i].dmin);
+        const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
-                               accm);
+        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
+                                _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)), accm);
         const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         const uint8_t *q = x[i].qs;
         const int8_t *a = y[i].qs;
         __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             const __m256i b = loadu(q + 32 * c);
             sum0 = _mm256_add_epi32(sum0, dot32(_mm256_and_si256(b, m4), a + 64 * c, sc,
@@ -235,8 +235,8 @@ static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
             sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
                                                 a + 64 * c + 32, sc, bcast16_mask(2 * c + 1)));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
-                              acc);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd),
+                              _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
     }
     *s = hsum_ps(_mm256_add_ps(acc, accm));
 }
@@ -248,10 +248,9 @@ static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
     const __m256i m4 = _mm256_set1_epi8(0xF), m16 = _mm256_set1_epi8(0x10);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const float d = y[i].d * h2f(x[i].d);
-        const float dmin = -y[i].d * h2f(x[i].dmin);
+        const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
+        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
                                accm);
         const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         const uint8_t *q = x[i].qs;
@@ -260,6 +259,7 @@ static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
          * chunk (bits crossing into a byte from its neighbour only reach bits 6..7, never used) */
         __m256i h = loadu(x[i].qh);
         __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             const __m256i b = loadu(q + 32 * c);
             const __m256i lo = _mm256_or_si256(_mm256_and_si256(b, m4),
@@ -270,7 +270,7 @@ static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
             sum0 = _mm256_add_epi32(sum0, dot32(lo, a + 64 * c, sc, bcast16_mask(2 * c)));
             sum1 = _mm256_add_epi32(sum1, dot32(hi, a + 64 * c + 32, sc, bcast16_mask(2 * c + 1)));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
                               acc);
     }
     *s = hsum_ps(_mm256_add_ps(acc, accm));
@@ -291,6 +291,7 @@ static void vec_dot_q6_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
         __m256i sum0 = _mm256_slli_epi32(_mm256_madd_epi16(loadu(y[i].bsums), sc16), 5);
         sum0 = _mm256_sub_epi32(_mm256_setzero_si256(), sum0);
         __m256i sum1 = _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m256i sc = h ? _mm256_permute4x64_epi64(sc16, 0xEE)
                                  : _mm256_permute4x64_epi64(sc16, 0x44);

@@ -54,15 +54,15 @@ static void vec_dot_q2_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const float dall = y[i].d * h2f(x[i].d);
-        const float dmin = -y[i].d * h2f(x[i].dmin);
+        const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
         const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin),
+        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
                                _mm256_cvtepi32_ps(_mm256_madd_epi16(loadu(y[i].bsums), mn16)),
                                accm);
         __m512i sumi = _mm512_setzero_si512();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m256i q = loadu(x[i].qs + 32 * h);
             /* [q | q >> 2]: j = 0 and 1 in the two halves; >> 4 gives j = 2 and 3 */
@@ -74,7 +74,7 @@ static void vec_dot_q2_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
             sumi = dot64(sumi, KQ_LOW2(qq, 0), a, sc, 4);
             sumi = dot64(sumi, KQ_LOW2(qq, 1), a + 64, sc, 5);
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(dall), _mm512_cvtepi32_ps(sumi), acc);
+        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);
     }
     *s = hsum512(acc) + hsum_ps(accm);
 }
@@ -95,6 +95,7 @@ static void vec_dot_q3_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
         /* [hm | hm >> 1]: bit 4h + 2p of the low half and 4h + 2p + 1 of the high half line up */
         const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(hm),
                                               _mm256_srli_epi16(hm, 1), 1);
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m256i q = loadu(x[i].qs + 32 * h);
             const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q),
@@ -134,13 +135,13 @@ static void vec_dot_q4_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const float d = y[i].d * h2f(x[i].d);
-        const float dmin = -y[i].d * h2f(x[i].dmin);
+        const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
+        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
                                accm);
         const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
         __m512i sumi = _mm512_setzero_si512();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m512i b = loadu512(x[i].qs + 64 * h);
             const __m512i lo = _mm512_and_si512(b, m4);
@@ -149,7 +150,7 @@ static void vec_dot_q4_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
             sumi = dot64(sumi, k4_row(lo, hi, 0), a, sc, 2 * h);
             sumi = dot64(sumi, k4_row(lo, hi, 1), a + 64, sc, 2 * h + 1);
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);
     }
     *s = hsum512(acc) + hsum_ps(accm);
 }
@@ -167,14 +168,14 @@ static void vec_dot_q5_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const float d = y[i].d * h2f(x[i].d);
-        const float dmin = -y[i].d * h2f(x[i].dmin);
+        const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
+        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
                                accm);
         const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
         const __m512i qh = _mm512_broadcast_i64x4(loadu(x[i].qh));
         __m512i sumi = _mm512_setzero_si512();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m512i b = loadu512(x[i].qs + 64 * h);
             /* word shifts by <= 6: bits 0 and 1 of each byte still come from that byte */
@@ -187,7 +188,7 @@ static void vec_dot_q5_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
             sumi = dot64(sumi, k4_row(lo, hi, 0), a, sc, 2 * h);
             sumi = dot64(sumi, k4_row(lo, hi, 1), a + 64, sc, 2 * h + 1);
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);
     }
     *s = hsum512(acc) + hsum_ps(accm);
 }
@@ -208,6 +209,7 @@ static void vec_dot_q6_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
         __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(msum));
         /* per half h: [qh_h | qh_h >> 2], so that groups g and g+1 share one mask */
         const __m512i q = loadu512(x[i].qh), qs2 = _mm512_srli_epi16(q, 2);
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m512i hb = h ? _mm512_shuffle_i64x2(q, qs2, _MM_SHUFFLE(3, 2, 3, 2))
                                  : _mm512_shuffle_i64x2(q, qs2, _MM_SHUFFLE(1, 0, 1, 0));
