@@ -35,6 +35,7 @@ import numpy as np
 from gguf.constants import GGUFValueType
 from gguf.gguf_reader import GGUFReader, ReaderField
 
+from pyggml.backend.base import BufferUsage
 from pyggml.errors import GGUFError
 from pyggml.types import TYPE_TRAITS, GGMLType
 
@@ -128,6 +129,7 @@ class MappedBuffer:
     Read-only host memory (PROT_READ). Tensors created from it keep it (and the mapping) alive.
     """
     is_host = True
+    usage = BufferUsage.WEIGHTS     # the scheduler places ops next to their weights
 
     def __init__(self, path: Path, memmap: np.ndarray):
         self.path = path

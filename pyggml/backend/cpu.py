@@ -5,18 +5,32 @@ A graph is marshalled once into a numpy array laid out exactly like the C struct
 compute is then a single ctypes call (`pg_graph_compute`, GIL released) with the C thread pool.
 The marshalled plan is cached per graph and reused while the graph's uid is unchanged (the
 scheduler gives a graph a new uid when it re-splits or re-allocates it).
+
+Registry side (pyggml.backend.base): `backend_reg()` lists one `CpuDevice` (type CPU, host
+memory); its default buffer type is the process-wide `cpu_buffer_type()`. The CPU computes
+synchronously: its events are no-ops and `synchronize()` returns at once.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import weakref
 
 import numpy as np
 
 from pyggml import _native
-from pyggml.backend.base import Backend, Buffer, BufferType, BufferUsage
+from pyggml.backend.base import (
+    Backend,
+    BackendReg,
+    Buffer,
+    BufferType,
+    BufferUsage,
+    Device,
+    DeviceType,
+    Event,
+)
 from pyggml.errors import BackendError, UnsupportedOpError
 from pyggml.graph import Graph
 from pyggml.tensor import Tensor
@@ -62,10 +76,11 @@ def default_n_threads() -> int:
 # ---- host memory ---------------------------------------------------------------------------------
 
 class HostBufferType(BufferType):
-    """Plain host memory (numpy-owned), 64-byte aligned."""
+    """Plain host memory (numpy-owned), 64-byte aligned. Use `cpu_buffer_type()` for the CPU
+    device's own instance (the scheduler compares buffer types by identity)."""
 
-    def __init__(self):
-        super().__init__("CPU", alignment=64, max_size=None, is_host=True)
+    def __init__(self, device: "Device | None" = None):
+        super().__init__("CPU", alignment=64, max_size=None, is_host=True, device=device)
 
     def alloc_buffer(self, n_bytes: int, usage: BufferUsage = BufferUsage.ANY) -> "HostBuffer":
         return HostBuffer(self, n_bytes, usage)
@@ -93,6 +108,12 @@ class HostBuffer(Buffer):
         start = tensor.data - self.base + offset
         n = tensor.nbytes() - offset if n_bytes is None else n_bytes
         return self.array[start: start + n].tobytes()
+
+    def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0,
+                      n_bytes: int | None = None) -> None:
+        n = tensor.nbytes() - offset if n_bytes is None else n_bytes
+        start = self._range(tensor, offset, n, "memset_tensor")
+        self.array[start: start + n] = value & 0xFF
 
     def clear(self, value: int = 0) -> None:
         self.array[:] = value
@@ -215,6 +236,85 @@ def _node_error(arr, tensors, i: int, status: int) -> Exception:
                f" from {srcs or 'nothing'}): {reason.value.decode()}")
 
 
+# ---- device, registry entry, events --------------------------------------------------------------
+
+def _cpu_description() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+class CpuDevice(Device):
+    """The host processor and its memory."""
+
+    name = "CPU"
+    type = DeviceType.CPU
+
+    def __init__(self):
+        self._description: str | None = None
+        self._buft = HostBufferType(device=self)
+
+    @property
+    def description(self) -> str:   # read lazily: /proc/cpuinfo is not free
+        if self._description is None:
+            self._description = _cpu_description()
+        return self._description
+
+    def memory(self) -> tuple[int, int]:
+        import psutil
+        vm = psutil.virtual_memory()
+        return int(vm.available), int(vm.total)
+
+    def buffer_types(self) -> list[BufferType]:
+        return [self._buft]
+
+    def host_buffer_type(self) -> BufferType:
+        return self._buft
+
+    def has_events(self) -> bool:
+        return True
+
+    def init_backend(self, n_threads: int | None = None, n_threads_batch: int | None = None,
+                     **_ignored) -> "CpuBackend":
+        return CpuBackend(n_threads, n_threads_batch)
+
+
+_cpu_device: CpuDevice | None = None
+
+
+def cpu_device() -> CpuDevice:
+    """The process-wide CPU device."""
+    global _cpu_device
+    if _cpu_device is None:
+        _cpu_device = CpuDevice()
+    return _cpu_device
+
+
+def cpu_buffer_type() -> HostBufferType:
+    """The CPU device's host buffer type (one object per process)."""
+    return cpu_device().default_buffer_type()
+
+
+def backend_reg() -> BackendReg:
+    """The CPU backend module's registry entry: one CPU device."""
+    return BackendReg("CPU", [cpu_device()])
+
+
+class CpuEvent(Event):
+    """The CPU computes synchronously: recorded work is always done."""
+
+    def record(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 # ---- the backend ---------------------------------------------------------------------------------
 
 class CpuBackend(Backend):
@@ -230,13 +330,15 @@ class CpuBackend(Backend):
         self.n_threads_batch = n_threads_batch or self.n_threads
         if not 1 <= max(self.n_threads, self.n_threads_batch) <= 256:
             raise ValueError(f"n_threads must be in 1..256, got {self.n_threads}")
-        self.buft = HostBufferType()
+        self.device = cpu_device()
+        self.buft = cpu_buffer_type()
         self._tp = _native.fn("pg_threadpool_new")(max(self.n_threads, self.n_threads_batch))
         if not self._tp:
             raise BackendError("could not create the CPU thread pool")
         self._finalizer = weakref.finalize(self, _native.fn("pg_threadpool_free"), self._tp)
         self._plans: "weakref.WeakKeyDictionary[Graph, tuple]" = weakref.WeakKeyDictionary()
         self._eval_cb = None
+        self._support_cache: dict[tuple, str | None] = {}
         self.n_plans_built = 0     # counters for tests and benchmarks
         self.n_computes = 0
 
@@ -244,6 +346,9 @@ class CpuBackend(Backend):
         self._finalizer()
 
     # -- capability queries --
+    def get_default_buffer_type(self) -> BufferType:
+        return self.buft
+
     def supports_buft(self, buft: BufferType) -> bool:
         return buft.is_host
 
@@ -252,9 +357,21 @@ class CpuBackend(Backend):
 
     def why_unsupported(self, node: Tensor) -> str | None:
         """None if the CPU can compute `node`, else the reason (layouts and types only: data
-        addresses are not needed)."""
+        addresses are not needed). Answers are cached by op, types, shapes, strides and
+        op_params, so the scheduler can ask for every node of every graph."""
         if node.op in VIEW_OPS or node.op == Op.NONE:
             return None
+        key = (node.op, node.type, node.ne, node.nb, bytes(node.op_params),
+               tuple(None if s is None else (s.type, s.ne, s.nb) for s in node.src))
+        cache = self._support_cache
+        if key in cache:
+            return cache[key]
+        if len(cache) >= 1 << 16:
+            cache.clear()
+        reason = cache[key] = self._why_unsupported(node)
+        return reason
+
+    def _why_unsupported(self, node: Tensor) -> str | None:
         tensors = [node] + [s for s in node.src if s is not None]
         arr = np.zeros(len(tensors), dtype=PG_TENSOR_DTYPE)
         for i, t in enumerate(tensors):
@@ -271,6 +388,13 @@ class CpuBackend(Backend):
         reason = ctypes.create_string_buffer(160)
         st = _native.fn("pg_node_supported")(arr.ctypes.data, len(tensors), 0, reason, 160)
         return None if st == _native.PG_OK else reason.value.decode()
+
+    # -- events (no-ops: the CPU is synchronous) --
+    def event_new(self) -> CpuEvent:
+        return CpuEvent(self)
+
+    def event_wait(self, event: Event) -> None:
+        event.synchronize()
 
     # -- compute --
     def set_eval_callback(self, cb) -> None:

@@ -1,0 +1,1 @@
+"""Helpers importable only by tests (tests/ is on sys.path under pytest)."""
