@@ -26,6 +26,9 @@ static inline __m128 k4_dmin(const uint16_t *p, float dy) {
     return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)u)), _mm_set1_ps(dy));
 }
 
+/* dmin (lane 1 of k4_dmin's result) in all 8 lanes */
+static inline __m256 bcast_dmin(__m128 dd) { return _mm256_broadcastss_ps(_mm_movehdup_ps(dd)); }
+
 /* The 16 signed scales of a Q3_K block from the 12 bytes at p + 2 (p = 2 bytes before the
  * scales, so the 16-byte load stays inside the block). Dwords u0 u1 u2, see kquants.h:
  *   S0..3 = (u0 & 0f) | ((u2 << 4) & 30)      S4..7   = (u1 & 0f) | ((u2 << 2) & 30)

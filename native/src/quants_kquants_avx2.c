@@ -129,7 +129,7 @@ static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
         const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
         const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
         const __m256i prodm = _mm256_madd_epi16(loadu(y[i].bsums), mn16);
-        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(prodm), accm);
+        accm = _mm256_fnmadd_ps(bcast_dmin(dd), _mm256_cvtepi32_ps(prodm), accm);
         __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
@@ -250,8 +250,8 @@ static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
-                               accm);
+        accm = _mm256_fnmadd_ps(bcast_dmin(dd), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
+                                accm);
         const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         const uint8_t *q = x[i].qs;
         const int8_t *a = y[i].qs;
@@ -270,8 +270,8 @@ static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
             sum0 = _mm256_add_epi32(sum0, dot32(lo, a + 64 * c, sc, bcast16_mask(2 * c)));
             sum1 = _mm256_add_epi32(sum1, dot32(hi, a + 64 * c + 32, sc, bcast16_mask(2 * c + 1)));
         }
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
-                              acc);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd),
+                              _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
     }
     *s = hsum_ps(_mm256_add_ps(acc, accm));
 }

@@ -137,8 +137,8 @@ static void vec_dot_q4_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
-                               accm);
+        accm = _mm256_fnmadd_ps(bcast_dmin(dd), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
+                                accm);
         const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
         __m512i sumi = _mm512_setzero_si512();
 #pragma GCC unroll 2
@@ -170,8 +170,8 @@ static void vec_dot_q5_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
-                               accm);
+        accm = _mm256_fnmadd_ps(bcast_dmin(dd), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
+                                accm);
         const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
         const __m512i qh = _mm512_broadcast_i64x4(loadu(x[i].qh));
         __m512i sumi = _mm512_setzero_si512();
