@@ -500,3 +500,51 @@ PG_TEST(test_legacy_simd_tables_filled) {
               vtraits(&paths[np - 1], PG_TYPE_Q4_0)->vec_dot, "dotprod kernels not installed");
 #endif
 }
+
+/* No kernel reads past the end of its rows: each row ends exactly at a page followed by an
+ * inaccessible page, for 1, 2, 4, 7, 8 and 33 blocks (kernels that step 4 or 8 blocks at a
+ * time end a step exactly at the row's end for 4 and 8); a stray read crashes the test run. */
+#include <sys/mman.h>
+#include <unistd.h>
+
+static unsigned char *row_before_guard(size_t bytes, void **map, size_t *map_size) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t data_pages = (bytes + page - 1) / page;
+    *map_size = (data_pages + 1) * page;
+    unsigned char *m = mmap(NULL, *map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                            -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    mprotect(m + data_pages * page, page, PROT_NONE);
+    *map = m;
+    return m + data_pages * page - bytes;
+}
+
+PG_TEST(test_legacy_kernels_stay_inside_rows) {
+    variant paths[8];
+    const int np = variants(paths);
+    const int64_t nbs[] = {1, 2, 4, 7, 8, 33};
+    for (int ip = 0; ip < np; ip++) {
+        for (int it = 0; it < N_LEGACY; it++) {
+            const int32_t type = LEGACY_TYPES[it];
+            const pg_type_traits *v = vtraits(&paths[ip], type);
+            const int32_t vtype = pg_get_type_traits_for_path(type, PG_PATH_SCALAR)->vec_dot_type;
+            for (int in = 0; in < 6; in++) {
+                const int64_t n = nbs[in] * pg_get_type_traits_for_path(type, 0)->block_size;
+                void *mx, *my;
+                size_t sx, sy;
+                unsigned char *x = row_before_guard(row_size(type, n), &mx, &sx);
+                unsigned char *y = row_before_guard(row_size(vtype, n), &my, &sy);
+                CHECK(x && y, "mmap failed");
+                if (!x || !y) return;
+                make_row(type, n, x, 0);
+                make_row(vtype, n, y, 0);
+                float out[33 * 32], s = 0;
+                v->to_float(x, out, n);
+                if (v->vec_dot) v->vec_dot(n, &s, x, y);
+                CHECK(s == s, "%s %s: NaN", paths[ip].name, type_name(type));
+                munmap(mx, sx);
+                munmap(my, sy);
+            }
+        }
+    }
+}
