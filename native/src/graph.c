@@ -186,6 +186,8 @@ int32_t pg_node_supported(const pg_tensor *all, int32_t n, int32_t i, char *reas
         if (b->ne[0] != a->ne[0] || v->ne[1] != b->ne[1] || v->ne[2] != b->ne[2] || b->ne[2] <= 0 ||
             a->ne[2] % b->ne[2] || a->ne[3] != b->ne[3] || v->ne[3] != b->ne[3])
             BAD("q, k, v shapes do not fit");
+        if (a->ne[2] / b->ne[2] > 64) FAIL("more than 64 query heads per KV head");
+        if (v->type != F32 && !pg_get_type_traits(v->type)->to_float) FAIL("cannot convert v rows");
         if (t->ne[0] != v->ne[0] || t->ne[1] != a->ne[2] || t->ne[2] != a->ne[1] || t->ne[3] != a->ne[3])
             BAD("output shape is not [Dv, H, n_q, B]");
         if (m && ((m->type != F32 && m->type != PG_TYPE_F16) || m->ne[0] != b->ne[1] || m->ne[1] < a->ne[1] ||
