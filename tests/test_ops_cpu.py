@@ -10,6 +10,8 @@ Tolerances (relative to the largest reference magnitude of the output):
   2e-3, because their min term uses Q8_1's block sum, stored in fp16.
 - FLASH_ATTN_EXT with F16 K/V: q is rounded to fp16 for the K dots (as ggml): 2e-3.
 """
+import zlib
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,13 @@ from pyggml.errors import BackendError, UnsupportedOpError
 from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType
 
 RNG = np.random.default_rng(1234)
+
+
+@pytest.fixture(autouse=True)
+def _seed_per_test(request):
+    """Same data for a test however tests are ordered or distributed (pytest-xdist)."""
+    global RNG
+    RNG = np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture(scope="module")
