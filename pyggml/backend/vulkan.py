@@ -1,0 +1,550 @@
+"""The Vulkan backend: GPU memory and compute shaders through the `vulkan` binding.
+
+Use it:
+
+    from pyggml.backend import vulkan
+    dev = vulkan.devices()[0]                 # or default_registry().devices(), or backend_reg()
+    backend = vulkan.VulkanBackend(device_index=0)        # == dev.init_backend()
+    buft = backend.get_default_buffer_type()              # device-local memory
+    buf = base.alloc_tensors(buft, weights)               # place tensors; tensor_set/get move bytes
+    backend.graph_compute(graph); backend.synchronize()
+
+With the scheduler: `Scheduler([VulkanBackend(0), CpuBackend()])`; what `supports_op` refuses
+runs on the CPU. `vulkan.devices()` is empty when there is no loader, no device or the compiled
+shaders are missing; `vulkan.unavailable_reason()` says why (also logged once, logger
+"pyggml.vulkan").
+
+Devices: one per physical device, listed when `backend_reg()` first runs. PYGGML_VULKAN_DEVICES
+(read then) selects them by index: "0", "1,0"; "none" lists none. A device's `vk_type` is what
+Vulkan reports ("discrete GPU", "integrated GPU", "CPU" for lavapipe, ...); its scheduler-facing
+`type` is IGPU for integrated GPUs and GPU otherwise (DeviceType.CPU is reserved for the host
+backend, which the scheduler requires last).
+
+Memory: device-local; tensors have opaque addresses (`data = buffer.base + offset`, never
+dereferenced by the host). Allocations larger than one storage-buffer binding are read through
+overlapping windows (vulkan_device.py); the buffer type's max_size is one binding, so the graph
+allocator keeps compute buffers in one window. A weight larger than one binding is split by rows
+(MUL_MAT, GET_ROWS). Host access: memmove where the memory is host-visible, else a staging copy.
+
+Execution: a graph is recorded once into one command buffer (pipelines, descriptor sets, push
+constants, a barrier only where a dispatch touches memory an earlier one since the last barrier
+wrote, or writes memory one read); computing the same graph object again with the same uid and
+the same addresses resubmits it (`n_recordings` counts recordings). graph_compute returns once
+the work is queued; synchronize() (or reading a tensor) waits. Errors found by shaders (a row
+index outside its source) are raised by synchronize(), naming the node.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import os
+import weakref
+
+import numpy as np
+
+from pyggml.backend.base import (
+    Backend,
+    BackendReg,
+    Buffer,
+    BufferType,
+    BufferUsage,
+    Device,
+    DeviceType,
+    Event,
+)
+from pyggml.backend.vulkan_device import (
+    BUFFER_PAD,
+    N_BINDINGS,
+    DeviceMemory,
+    Instance,
+    KernelConfig,
+    VkContext,
+    VulkanMemoryError,
+    loader_error,
+    query_device,
+    shader_dir,
+    vk_module,
+)
+from pyggml.backend.vulkan_ops import Builder, why_unsupported
+from pyggml.errors import BackendError
+from pyggml.tensor import Tensor
+from pyggml.types import VIEW_OPS, Op
+
+__all__ = ["VulkanBackend", "VulkanDevice", "VulkanBuffer", "VulkanBufferType",
+           "VulkanMemoryError", "backend_reg", "devices", "unavailable_reason"]
+
+log = logging.getLogger("pyggml.vulkan")
+
+# every module a device may load (shaders/variants.mk builds them)
+_TYPES = ("f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+REQUIRED_SHADERS = (["binary", "unary", "rope", "norm", "norm_sg", "soft_max", "soft_max_sg",
+                     "flash_attn", "flash_attn_sg", "cpy", "cpy_s16", "set_rows", "set_rows_s16",
+                     "concat", "concat_s16"]
+                    + [f"{k}_{t}" for k in ("get_rows", "mul_mat", "mul_mat_vec") for t in _TYPES]
+                    + [f"mul_mat_vec_{t}_sg" for t in _TYPES])
+
+
+# ---- discovery -----------------------------------------------------------------------------------
+
+_reg: BackendReg | None = None
+_reason: str | None = None
+
+
+def _check_shaders() -> str | None:
+    d = shader_dir()
+    missing = []
+    for name in REQUIRED_SHADERS:
+        p = d / f"{name}.spv"
+        try:
+            with open(p, "rb") as f:
+                ok = f.read(4) == b"\x03\x02\x23\x07"
+        except OSError:
+            ok = False
+        if not ok:
+            missing.append(name)
+    if missing:
+        return (f"{len(missing)} compiled shader(s) missing or invalid in {d} "
+                f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}); run `make shaders`")
+    return None
+
+
+def _selection(n: int) -> list[int] | None:
+    raw = os.environ.get("PYGGML_VULKAN_DEVICES")
+    if raw is None or not raw.strip():
+        return list(range(n))
+    if raw.strip().lower() in ("none", "off", "-1"):
+        return None
+    try:
+        idx = [int(x) for x in raw.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise BackendError(f"PYGGML_VULKAN_DEVICES must be device indices like '0' or '1,0', "
+                           f"got {raw!r}") from None
+    bad = [i for i in idx if not 0 <= i < n]
+    if bad:
+        raise BackendError(f"PYGGML_VULKAN_DEVICES={raw!r}: no device {bad[0]} "
+                           f"({n} Vulkan device(s))")
+    return idx
+
+
+def _discover() -> tuple[list["VulkanDevice"], str | None]:
+    if vk_module() is None:
+        return [], loader_error()
+    why = _check_shaders()
+    if why:
+        return [], why
+    try:
+        pds = Instance.physical_devices()
+    except Exception as e:  # a broken ICD must not break the CPU
+        return [], f"Vulkan instance or device enumeration failed: {type(e).__name__}: {e}"
+    sel = _selection(len(pds))
+    if sel is None:
+        return [], "PYGGML_VULKAN_DEVICES disables Vulkan"
+    devs, skipped = [], []
+    for i in sel:
+        info = query_device(i, pds[i])
+        if info.api_version < (1, 1, 0):
+            skipped.append(f"{info.name}: Vulkan {info.api_version} < 1.1")
+            continue
+        devs.append(VulkanDevice(info, pds[i], name=f"Vulkan{len(devs)}"))
+    if not devs:
+        return [], "no Vulkan device" + (f" usable ({'; '.join(skipped)})" if skipped else " found")
+    return devs, None
+
+
+def backend_reg() -> BackendReg | None:
+    """The Vulkan module's registry entry (None when no device can be used; the reason is logged
+    once and kept in unavailable_reason())."""
+    global _reg, _reason
+    if _reg is None and _reason is None:
+        devs, why = _discover()
+        if devs:
+            _reg = BackendReg("Vulkan", devs)
+            for d in devs:
+                log.info("Vulkan device %s: %s", d.name, d.description)
+        else:
+            _reason = why
+            log.warning("Vulkan backend disabled: %s", why)
+    return _reg
+
+
+def devices() -> list["VulkanDevice"]:
+    reg = backend_reg()
+    return reg.devices() if reg is not None else []
+
+
+def unavailable_reason() -> str | None:
+    backend_reg()
+    return _reason
+
+
+def open_device(index: int = 0, **overrides) -> "VulkanDevice":
+    """A separate VulkanDevice (own logical device) for physical device `index` with kernel
+    settings overridden (KernelConfig fields: subgroup, store16, wg_reduce, storage_range,
+    host_mapped, ...). For tests and benchmarks of the other code paths."""
+    if not devices():
+        raise BackendError(f"no Vulkan device: {unavailable_reason()}")
+    pds = Instance.physical_devices()
+    info = query_device(index, pds[index])
+    return VulkanDevice(info, pds[index], name=f"Vulkan{index}*", overrides=overrides)
+
+
+# ---- device --------------------------------------------------------------------------------------
+
+class VulkanDevice(Device):
+    """One physical device. The logical device (VkContext) is created on first use and shared
+    by every backend and buffer of this device."""
+
+    def __init__(self, info, pd, name: str, overrides: dict | None = None):
+        self.info, self.pd, self.name = info, pd, name
+        self.vk_type = info.type_name
+        self.type = DeviceType.IGPU if info.type_name == "integrated GPU" else DeviceType.GPU
+        self.cfg = KernelConfig.for_device(info, **(overrides or {}))
+        self.description = f"Vulkan {info.describe()}"
+        self._ctx: VkContext | None = None
+        self._buft = VulkanBufferType(self)
+        self._buffers: list[tuple[int, "VulkanBuffer"]] = []     # sorted by base (weak refs)
+        self._gelu = None
+
+    @property
+    def ctx(self) -> VkContext:
+        if self._ctx is None:
+            self._ctx = VkContext(self.info, self.pd, self.cfg)
+            ctx = self._ctx
+            self.dummy = DeviceMemory(ctx, 256).window(0, 256)[0]
+            self.status_mem = DeviceMemory(ctx, 16, host_visible_only=True)
+            ctx.fill(self.status_mem, 0)
+            self.status = self.status_mem.window(0, 16)[0]
+        return self._ctx
+
+    def memory(self) -> tuple[int, int]:
+        total = max((s for s, local in self.info.heaps if local), default=0)
+        used = sum(self._ctx.heap_used) if self._ctx is not None else 0
+        return max(0, total - used), total
+
+    def buffer_types(self) -> list[BufferType]:
+        return [self._buft]
+
+    def has_events(self) -> bool:
+        return True
+
+    def init_backend(self, **params) -> "VulkanBackend":
+        return VulkanBackend(device=self)
+
+    # -- address space: opaque, unique, never reused --
+    def _register(self, buf: "VulkanBuffer") -> None:
+        self._buffers = [(b, r) for b, r in self._buffers if r() is not None]
+        bisect.insort(self._buffers, (buf.base, weakref.ref(buf)), key=lambda x: x[0])
+
+    def locate(self, addr: int, n: int) -> tuple["VulkanBuffer", int]:
+        """(buffer, offset) of the live buffer of this device holding [addr, addr + n)."""
+        i = bisect.bisect_right(self._buffers, addr, key=lambda x: x[0]) - 1
+        if i >= 0:
+            buf = self._buffers[i][1]()
+            if buf is not None and addr + n <= buf.base + buf.n_bytes and not buf.dm.released:
+                return buf, addr - buf.base
+        raise BackendError(f"address {addr:#x} (+{n} bytes) is not in a live buffer of {self.name}")
+
+    def gelu_table(self):
+        """The fp16 GELU table (65536 entries, ggml's): built once with the CPU backend's GELU."""
+        if self._gelu is None:
+            table = _gelu_table()
+            dm = DeviceMemory(self.ctx, table.nbytes)
+            self.ctx.write(dm, 0, table)
+            self._gelu = (dm, dm.window(0, table.nbytes)[0])
+        return self._gelu[1]
+
+
+def _gelu_table() -> np.ndarray:
+    """fp16 bits of gelu(x) for every fp16 x, exactly as the CPU backend computes it."""
+    from pyggml import ops
+    from pyggml.backend.cpu import CpuBackend, host_array, set_host_data
+    from pyggml.context import Context
+    from pyggml.graph import Graph
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    x = np.where(np.isfinite(x) & (np.abs(x) <= 10), x, 0).astype(np.float32)   # fp16(x) of x < 10 may be 10
+    ctx = Context(mem_size=(1 << 20) + 4096, no_alloc=False)
+    t = ctx.new_tensor_1d("f32", 1 << 16)
+    set_host_data(t, x)
+    y = ops.gelu(ctx, t)
+    g = Graph()
+    g.build_forward_expand(y)
+    cpu = CpuBackend(n_threads=1)
+    try:
+        cpu.graph_compute(g)
+        return host_array(y).astype(np.float16).view(np.uint16).copy()
+    finally:
+        cpu.close()
+
+
+# ---- memory --------------------------------------------------------------------------------------
+
+_BASE0 = 1 << 52          # opaque device addresses: far from any host mapping
+_space = [0]
+
+
+def _reserve_space(n_bytes: int) -> int:
+    """A fresh opaque address range of n_bytes, never reused, 1 MiB apart from the others."""
+    base = _BASE0 + _space[0]
+    _space[0] += ((n_bytes >> 20) + 2) << 20
+    return base
+
+
+class VulkanBufferType(BufferType):
+    """Device-local memory of one Vulkan device. max_size: one storage-buffer binding."""
+
+    def __init__(self, device: VulkanDevice):
+        info, cfg = device.info, device.cfg
+        rng = min(info.max_storage_range, cfg.storage_range or info.max_storage_range, 1 << 32)
+        super().__init__(device.name, alignment=64,
+                         max_size=max(64, (rng - 256 - BUFFER_PAD) // 64 * 64),
+                         is_host=False, device=device)
+
+    def alloc_buffer(self, n_bytes: int, usage: BufferUsage = BufferUsage.ANY) -> "VulkanBuffer":
+        return VulkanBuffer(self, n_bytes, usage)
+
+
+class VulkanBuffer(Buffer):
+    def __init__(self, buft: VulkanBufferType, n_bytes: int, usage: BufferUsage = BufferUsage.ANY):
+        if n_bytes < 0:
+            raise BackendError(f"cannot allocate {n_bytes} bytes")
+        super().__init__(buft, n_bytes, usage)
+        self.device: VulkanDevice = buft.device
+        self.dm = DeviceMemory(self.device.ctx, max(n_bytes, 4))
+        self.base = _reserve_space(n_bytes)
+        self.device._register(self)
+        self._finalizer = weakref.finalize(self, self.dm.release)
+
+    def set_tensor(self, tensor, data, offset: int = 0) -> None:
+        raw = memoryview(data).cast("B") if not isinstance(data, np.ndarray) \
+            else np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        n = raw.nbytes
+        start = self._range(tensor, offset, n, "set_tensor")
+        self.device.ctx.write(self.dm, start, raw)
+
+    def get_tensor(self, tensor, offset: int = 0, n_bytes: int | None = None) -> bytes:
+        n = tensor.nbytes() - offset if n_bytes is None else n_bytes
+        start = self._range(tensor, offset, n, "get_tensor")
+        return self.device.ctx.read(self.dm, start, n)
+
+    def cpy_tensor(self, src, dst) -> bool:
+        sb = src.buffer
+        if isinstance(sb, VulkanBuffer) and sb.device is self.device:
+            n = src.nbytes()
+            s0 = sb._range(src, 0, n, "cpy_tensor")
+            d0 = self._range(dst, 0, n, "cpy_tensor")
+            self.device.ctx.copy(sb.dm, s0, self.dm, d0, n)
+            return True
+        return super().cpy_tensor(src, dst)
+
+    def clear(self, value: int = 0) -> None:
+        self.device.ctx.fill(self.dm, value)
+
+    def release(self) -> None:
+        """Free the device memory now (the buffer must no longer be used)."""
+        self.device.ctx.wait()
+        self._finalizer()
+
+
+# ---- events --------------------------------------------------------------------------------------
+
+class VulkanEvent(Event):
+    """A submission serial on the device's queue."""
+
+    def __init__(self, backend: "VulkanBackend"):
+        super().__init__(backend)
+        self.serial = 0
+
+    def record(self) -> None:
+        self.serial = self.backend.device.ctx.serial
+
+    def synchronize(self) -> None:
+        self.backend.device.ctx.wait(self.serial)
+
+
+# ---- recorded graphs -----------------------------------------------------------------------------
+
+class _Record:
+    """One graph recorded into one command buffer."""
+
+    def __init__(self, uid: int, sig: list, cmd, submit, keep: list, n_dispatches: int,
+                 n_barriers: int):
+        self.uid, self.sig, self.cmd, self.submit = uid, sig, cmd, submit
+        self.keep = keep                  # buffers (and descriptor windows) the commands use
+        self.n_dispatches, self.n_barriers = n_dispatches, n_barriers
+        self.serial = 0
+
+
+def _signature(graph) -> list:
+    """Addresses a recording depends on: every node's and source's data."""
+    return [t.data if t is not None else None for n in graph.nodes for t in (n, *n.src)]
+
+
+def _overlaps(ranges, lo: int, hi: int) -> bool:
+    return any(a < hi and lo < b for a, b in ranges)
+
+
+class VulkanBackend(Backend):
+    """Computes graphs on one Vulkan device (see the module docstring)."""
+
+    def __init__(self, device_index: int = 0, device: VulkanDevice | None = None):
+        if device is None:
+            devs = devices()
+            if not devs:
+                raise BackendError(f"no Vulkan device: {unavailable_reason()}")
+            if not 0 <= device_index < len(devs):
+                raise BackendError(f"no Vulkan device {device_index} ({len(devs)} listed)")
+            device = devs[device_index]
+        self.device = device
+        self.name = device.name
+        self.ctx = device.ctx
+        self.cfg = device.cfg
+        self.max_bind = self.ctx.max_bind
+        self.max_wg_count = device.info.max_wg_count
+        self.builder = Builder(self)
+        self._records: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._tags: dict[int, str] = {}
+        self._next_tag = itertools.count(1)
+        self._pending = 0
+        self.n_recordings = 0       # counters for tests and benchmarks
+        self.n_computes = 0
+
+    # -- capabilities --
+    def supports_buft(self, buft: BufferType) -> bool:
+        return isinstance(buft, VulkanBufferType) and buft.device is self.device
+
+    def why_unsupported(self, node: Tensor) -> str | None:
+        return why_unsupported(node, self)
+
+    def supports_op(self, node: Tensor) -> bool:
+        return why_unsupported(node, self) is None
+
+    def offload_op(self, node: Tensor) -> bool:
+        """Worth copying a host weight here: matrix products over a batch of 32+ rows."""
+        return node.op == Op.MUL_MAT and node.ne[1] >= 32 and self.supports_op(node)
+
+    # -- environment the Builder uses --
+    @property
+    def dummy(self):
+        return self.device.dummy
+
+    @property
+    def status(self):
+        return self.device.status
+
+    def gelu_table(self):
+        return self.device.gelu_table()
+
+    def tag(self, node: Tensor) -> int:
+        t = next(self._next_tag)
+        self._tags[t] = f"'{node.name}' ({node.op.name})"
+        return t
+
+    def bind(self, addr: int, n: int):
+        buf, off = self.device.locate(addr, n)
+        self._keep.append(buf)
+        win, w0 = buf.dm.window(off, n)
+        return win, off - w0
+
+    # -- compute --
+    def graph_compute(self, graph) -> None:
+        rec = self._records.get(graph)
+        if rec is None or rec.uid != graph.uid or rec.sig != _signature(graph):
+            if rec is not None:
+                self.ctx.wait(rec.serial)
+                self.ctx.free_command_buffer(rec.cmd)
+            rec = self._record(graph)
+            self._records[graph] = rec
+        elif rec.serial:
+            self.ctx.wait(rec.serial)        # the same command buffer may not run twice at once
+        rec.serial = self.ctx.submit(rec.submit, self._check_status)
+        self.n_computes += 1
+
+    def graph_compute_sync(self, graph) -> None:
+        self.graph_compute(graph)
+        self.synchronize()
+
+    def _check_status(self) -> str | None:
+        import ctypes
+        word = ctypes.c_uint32.from_address(self.device.status_mem.mapped)
+        if word.value == 0:
+            return None
+        tag, word.value = word.value, 0
+        what = self._tags.get(tag, f"tag {tag}")
+        return f"{self.name}: node {what} met bad data (a row index outside its source)"
+
+    def _record(self, graph) -> _Record:
+        vk, ctx = self.ctx.vk, self.ctx
+        self._keep = []
+        dispatches = []
+        for node in graph.nodes:
+            if node.op in VIEW_OPS or node.op == Op.NONE:
+                continue
+            why = why_unsupported(node, self)
+            if why:
+                raise BackendError(f"{self.name} cannot compute node '{node.name}' "
+                                   f"({node.op.name}): {why}")
+            dispatches.extend(self.builder.build(node))
+        cmd = ctx.new_command_buffer()
+        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
+        comp, xfer = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        rw = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
+        ctx.barrier(cmd, comp | xfer, vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                    comp, rw)
+        written, read = [], []
+        last_pipe = last_ds = None
+        n_barriers = 0
+        bind_point = vk.VK_PIPELINE_BIND_POINT_COMPUTE
+        for d in dispatches:
+            hazard = any(_overlaps(written, lo, hi) for lo, hi in d.reads) or any(
+                _overlaps(written, lo, hi) or _overlaps(read, lo, hi) for lo, hi in d.writes)
+            if hazard:
+                ctx.barrier(cmd, comp, vk.VK_ACCESS_SHADER_WRITE_BIT, comp, rw)
+                n_barriers += 1
+                written, read = [], []
+            read.extend(d.reads)
+            written.extend(d.writes)
+            pipe = ctx.pipeline(d.pipeline, d.spec)
+            if pipe is not last_pipe:
+                vk.vkCmdBindPipeline(cmd, bind_point, pipe)
+                last_pipe = pipe
+            ds = ctx.descriptor_set(d.bindings)[0]
+            if ds is not last_ds:
+                vk.vkCmdBindDescriptorSets(cmd, bind_point, ctx.layout, 0, 1, [ds], 0, None)
+                last_ds = ds
+            push = ctx.ffi.from_buffer(d.push)
+            vk.vkCmdPushConstants(cmd, ctx.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                                  len(d.push), push)
+            vk.vkCmdDispatch(cmd, *d.grid)
+        ctx.barrier(cmd, comp, vk.VK_ACCESS_SHADER_WRITE_BIT, comp | xfer | vk.VK_PIPELINE_STAGE_HOST_BIT,
+                    rw | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_HOST_READ_BIT)
+        vk.vkEndCommandBuffer(cmd)
+        self.n_recordings += 1
+        keep, self._keep = self._keep, []
+        assert all(len(d.bindings) == N_BINDINGS for d in dispatches)
+        return _Record(graph.uid, _signature(graph), cmd, ctx.submit_info(cmd), keep,
+                       len(dispatches), n_barriers)
+
+    def record_stats(self, graph) -> tuple[int, int] | None:
+        """(dispatches, barriers) of the recording of `graph`, if it was recorded."""
+        rec = self._records.get(graph)
+        return None if rec is None else (rec.n_dispatches, rec.n_barriers)
+
+    def synchronize(self) -> None:
+        self.ctx.wait()
+
+    # -- events and copies --
+    def event_new(self) -> VulkanEvent:
+        return VulkanEvent(self)
+
+    def event_wait(self, event: Event) -> None:
+        if isinstance(event, VulkanEvent) and event.backend.device.ctx is self.ctx:
+            return          # one queue: later submissions start after earlier ones (barriers)
+        event.synchronize()
+
+    def close(self) -> None:
+        self.ctx.wait()
+        for rec in list(self._records.values()):
+            self.ctx.free_command_buffer(rec.cmd)
+        self._records = weakref.WeakKeyDictionary()
