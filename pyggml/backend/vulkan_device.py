@@ -219,7 +219,7 @@ class DeviceMemory:
         self.ctx = ctx
         self.n_bytes = n_bytes
         self.size = n_bytes + BUFFER_PAD
-        self.mem, self.type_index, self.mapped = ctx.allocate(self.size, host_visible_only)
+        self.mem, self.type_index, self.mapped = ctx.allocate(self.size, host_visible_only, n_bytes)
         self.windows: dict[int, tuple] = {}      # start -> (VkBuffer, size, key)
         self.released = False
 
@@ -350,13 +350,16 @@ class VkContext:
         return best
 
     # -- memory --
-    def allocate(self, size: int, host: bool) -> tuple:
+    def allocate(self, size: int, host: bool, requested: int | None = None) -> tuple:
+        """(VkDeviceMemory, memory type, mapped address or None) of `size` bytes; errors name
+        `requested` (the caller's size) and the heap."""
         vk = self.vk
+        requested = size if requested is None else requested
         ti = self.host_type if host else self.dev_type
         heap = self.info.memory_types[ti][1]
         heap_size = self.info.heaps[heap][0]
-        where = (f"Vulkan device '{self.info.name}': cannot allocate {size} bytes "
-                 f"({_human(size)}) in memory heap {heap} of {heap_size} bytes ({_human(heap_size)}"
+        where = (f"Vulkan device '{self.info.name}': cannot allocate a buffer of {requested} "
+                 f"bytes ({_human(requested)}) in memory heap {heap} of {heap_size} bytes ({_human(heap_size)}"
                  f", {self.heap_used[heap]} bytes already allocated by pyggml)")
         if size > self.info.max_allocation:
             raise VulkanMemoryError(f"{where}: larger than the device's largest allocation "
