@@ -192,8 +192,9 @@ size_t  pg_matvec_scratch_size(int32_t type, int64_t ne0);
  * bytes), then each weight row (row_stride bytes apart) is dotted with it. */
 int32_t pg_matvec(int32_t type, int64_t ne0, int64_t nrows, const void *w, size_t row_stride,
                   const float *x, float *out, void *scratch, size_t scratch_size);
-/* Reads nbytes at p as fast as the CPU allows and returns a checksum (memory-bandwidth probe
- * for benchmarks; the value only keeps the compiler from skipping the reads). */
+/* Memory-bandwidth probe for benchmarks (src/bench.c): reads nbytes at p with the widest loads
+ * of the current path and returns a checksum (the sum mod 2^64 of the 8-byte words of the
+ * 64-byte-aligned middle plus the bytes of the unaligned head and tail). */
 uint64_t pg_bench_read(const void *p, size_t nbytes);
 
 /* ---- CPU graph executor ------------------------------------------------------------------

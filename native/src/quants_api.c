@@ -100,27 +100,3 @@ int32_t pg_matvec(int32_t type, int64_t ne0, int64_t nrows, const void *w, size_
                                                    scratch);
     return PG_OK;
 }
-
-/* 64 bytes per step in four independent 16-byte lanes (plain vector extensions: baseline
- * SSE2 on x86-64, NEON on aarch64 — far above DRAM speed either way). */
-typedef uint64_t pg_u64x2 __attribute__((vector_size(16)));
-
-uint64_t pg_bench_read(const void *p, size_t nbytes) {
-    if (!p) return 0;
-    const unsigned char *c = p;
-    uint64_t tail = 0;
-    while (nbytes && ((uintptr_t)c & 15)) { tail += *c++; nbytes--; }
-    const pg_u64x2 *v = (const pg_u64x2 *)(const void *)c;
-    pg_u64x2 a0 = {0, 0}, a1 = {0, 0}, a2 = {0, 0}, a3 = {0, 0};
-    size_t i = 0, nv = nbytes / 16;
-    for (; i + 4 <= nv; i += 4) {
-        a0 += v[i];
-        a1 += v[i + 1];
-        a2 += v[i + 2];
-        a3 += v[i + 3];
-    }
-    for (; i < nv; i++) a0 += v[i];
-    for (size_t k = nv * 16; k < nbytes; k++) tail += c[k];
-    const pg_u64x2 a = a0 + a1 + a2 + a3;
-    return a[0] + a[1] + tail;
-}

@@ -30,19 +30,22 @@ static inline int hsum_epi32(__m256i v) {
 
 /* d_x·d_y of four consecutive blocks (fp16 `d` first in both block types): the eight fp16
  * values go through one conversion. */
-static inline uint64_t fp16x4(const uint8_t *p, size_t stride) {
-    uint16_t h0, h1, h2, h3;
-    memcpy(&h0, p, 2);
-    memcpy(&h1, p + stride, 2);
-    memcpy(&h2, p + 2 * stride, 2);
-    memcpy(&h3, p + 3 * stride, 2);
-    return (uint64_t)h0 | (uint64_t)h1 << 16 | (uint64_t)h2 << 32 | (uint64_t)h3 << 48;
+/* The 16-bit words at p, p + S, p + 2S, p + 3S (the fp16 field of four consecutive blocks of
+ * stride S) as words 0..3: load k starts at p + k·(S − 2), so its word k is the wanted one, and
+ * three word blends merge them. Loads stay inside the four blocks (reads end at p + 3S + 10).
+ * Vector loads and blends: no scalar shifts, no store-forwarding stalls. */
+static inline __m128i fp16x4(const uint8_t *p, size_t stride) {
+    const size_t step = stride - 2;
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + step)), 0x02);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 2 * step)), 0x04);
+    return _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 3 * step)), 0x08);
 }
 
-/* Built in general registers, not through memory: eight 2-byte stores read back as one 16-byte
- * load would stall on store forwarding. */
+/* Products of the fp16 fields at x (stride xstride) and y (ystride) of four consecutive blocks:
+ * d_x·d_y (or m_x·s_y when pointed at the second field); one conversion for all eight. */
 static inline __m128 scales4(const void *x, size_t xstride, const void *y, size_t ystride) {
-    const __m128i h = _mm_set_epi64x((long long)fp16x4(y, ystride), (long long)fp16x4(x, xstride));
+    const __m128i h = _mm_unpacklo_epi64(fp16x4(x, xstride), fp16x4(y, ystride));
     const __m256 f = _mm256_cvtph_ps(h);
     return _mm_mul_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
 }

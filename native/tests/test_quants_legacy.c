@@ -461,14 +461,35 @@ PG_TEST(test_quants_api_matvec_matches_vec_dot) {
 }
 
 PG_TEST(test_quants_api_bench_read) {
-    _Alignas(16) unsigned char buf[200];
+    _Alignas(64) unsigned char buf[4096 + 64];
     memset(buf, 0, sizeof buf);
     CHECK(pg_bench_read(buf, sizeof buf) == 0, "zeros");
     memset(buf, 1, sizeof buf);
-    /* 128 aligned bytes = 16 words of 0x0101010101010101 summed pairwise into 2 lanes */
+    /* 128 aligned bytes = 16 words of 0x0101010101010101 */
     CHECK(pg_bench_read(buf, 128) == 16 * 0x0101010101010101ULL, "aligned ones");
     CHECK(pg_bench_read(buf + 1, 15) == 15, "head bytes only");
     CHECK(pg_bench_read(NULL, 10) == 0, "NULL");
+    /* random contents, offsets and lengths against the documented checksum, on every path */
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)rnd();
+    const int32_t cur = pg_cpu_path();
+    for (int rep = 0; rep < 64 * 4; rep++) {
+        if (pg_set_cpu_path(rep % 4) != PG_OK) continue;
+        const size_t off = rnd() % 64, len = rnd() % (sizeof buf - off);
+        const unsigned char *p = buf + off;
+        const size_t head = (64 - off % 64) % 64 < len ? (64 - off % 64) % 64 : len;
+        const size_t mid = (len - head) / 64 * 64;
+        uint64_t want = 0;
+        for (size_t k = 0; k < head; k++) want += p[k];
+        for (size_t k = head; k < head + mid; k += 8) {
+            uint64_t w;
+            memcpy(&w, p + k, 8);
+            want += w;
+        }
+        for (size_t k = head + mid; k < len; k++) want += p[k];
+        CHECK(pg_bench_read(p, len) == want, "path %d: checksum off %zu len %zu", rep % 4, off,
+              len);
+    }
+    pg_set_cpu_path(cur);
 }
 
 /* Each variant really installs its own kernels (so the comparisons above test SIMD code). */
