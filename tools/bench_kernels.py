@@ -11,8 +11,13 @@ times this machine's 32 MiB L3), so every matvec streams its weights from DRAM r
 One timed run does one matvec (pg_matvec: the activation row is quantized once to the type's
 vec_dot_type, then one dot per weight row) over each copy in turn; GB/s = weight bytes / time.
 With 2 threads each Python thread calls pg_matvec on half of every matrix's rows (ctypes releases
-the GIL) and the run ends when both are done. Bandwidth: pg_bench_read sums a 512 MiB buffer
-with SIMD loads (halves in parallel for 2 threads). Every figure is the median of --runs runs.
+the GIL) and the run ends when both are done.
+
+Bandwidth: pg_bench_read sums the same weight buffer with the widest loads of the best path
+(each thread one half for 2 threads). Each kernel run is paired with a bandwidth run right before
+it, so both see the same memory and the same background load (this machine is shared: other
+processes come and go); "of bw" is the median over runs of (read time / kernel time). GB/s and
+bandwidth figures are medians of --runs runs. A standalone 512 MiB read is printed first.
 """
 
 from __future__ import annotations
@@ -114,15 +119,35 @@ class MatvecCase:
                     raise RuntimeError(f"pg_matvec({self.type.name}) failed with status {st}")
         return work
 
-    def measure(self, n_threads: int, runs: int) -> float:
-        """Median GB/s of weight bytes streamed by n_threads threads."""
-        work = self.work_fn(n_threads)
+    def read_fn(self, n_threads: int):
+        """Bandwidth probe over the same weight buffer: thread i reads its share of the bytes."""
+        read = _native.fn("pg_bench_read")
+        base, total = self.weights.ctypes.data, self.weights.nbytes
+        part = total // n_threads
+
+        def work(i):
+            read(base + i * part, part if i < n_threads - 1 else total - i * part)
+        return work
+
+    def measure(self, n_threads: int, runs: int, kernel_path: str, probe_path: str):
+        """Medians over runs of (kernel GB/s, paired bandwidth GB/s, bandwidth time / kernel
+        time) with n_threads threads."""
+        work, read = self.work_fn(n_threads), self.read_fn(n_threads)
         self.out[:] = 0
         _run_threads(n_threads, work)                       # warm-up (page faults, caches)
         if not np.array_equal(self.out[-1], self.reference):
             raise RuntimeError(f"{self.type.name}: threaded matvec differs from one thread")
-        times = [_run_threads(n_threads, work) for _ in range(runs)]
-        return self.matrix_bytes * self.n_copies / statistics.median(times) / 1e9
+        nbytes = self.weights.nbytes
+        gbs, bws, ratios = [], [], []
+        for _ in range(runs):
+            _native.set_cpu_path(probe_path)
+            t_read = _run_threads(n_threads, read)
+            _native.set_cpu_path(kernel_path)
+            t_kernel = _run_threads(n_threads, work)
+            gbs.append(nbytes / t_kernel / 1e9)
+            bws.append(nbytes / t_read / 1e9)
+            ratios.append(t_read / t_kernel)
+        return statistics.median(gbs), statistics.median(bws), statistics.median(ratios)
 
 
 def run(args) -> int:
@@ -136,10 +161,10 @@ def run(args) -> int:
     print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())} "
           f"({os.cpu_count()} CPUs; other processes skew the 2-thread figures)")
     bw = {n: measure_bandwidth(n, args.runs) for n in threads}
-    print("memory read bandwidth: " + ", ".join(f"{bw[n]:.1f} GB/s ({n} thread{'s' * (n > 1)})"
-                                               for n in threads))
-    head = f"{'path':7s} {'type':5s} {'MiB':>6s} {'->':>4s} "
-    head += " ".join(f"{f'{n}T GB/s':>9s} {'of bw':>6s}" for n in threads)
+    print("memory read bandwidth (512 MiB, best path's loads): " +
+          ", ".join(f"{bw[n]:.1f} GB/s ({n} thread{'s' * (n > 1)})" for n in threads))
+    head = f"{'path':7s} {'type':5s} {'MiB':>5s} {'act':>4s} "
+    head += " ".join(f"{f'{n}T GB/s':>8s} {'bw':>5s} {'of bw':>5s}" for n in threads)
     print(head)
     try:
         for path in paths:
@@ -151,11 +176,10 @@ def run(args) -> int:
                     print(f"{path:7s} {t.name:5s} skipped: {e}")
                     continue
                 vdt = quants.vec_dot_type(t).name.lower()
-                line = f"{path:7s} {t.name:5s} {case.matrix_bytes / MIB:6.1f} {vdt:>4s} "
-                res = {}
+                line = f"{path:7s} {t.name:5s} {case.matrix_bytes / MIB:5.1f} {vdt:>4s} "
                 for n in threads:
-                    res[n] = case.measure(n, args.runs)
-                    line += f"{res[n]:9.2f} {100 * res[n] / bw[n]:5.0f}% "
+                    g, b, r = case.measure(n, args.runs, path, start_path)
+                    line += f"{g:8.2f} {b:5.1f} {100 * r:4.0f}% "
                 print(line, flush=True)
                 del case
     finally:
