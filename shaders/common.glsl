@@ -24,17 +24,13 @@ uint wg_linear() {
 
 // ---- fp16 ------------------------------------------------------------------------------------
 
-// Exact fp16 -> fp32 (denormals kept, inf/nan mapped).
+// Exact fp16 -> fp32: the conversion instruction for normal numbers, inf and nan; denormals
+// (which a device may flush) from the integer mantissa.
 float f16_to_f32(uint h) {
-    const uint s = (h & 0x8000u) << 16;
-    const uint e = (h >> 10) & 0x1fu;
-    const uint m = h & 0x3ffu;
-    if (e == 0u) {
-        const float v = float(m) * 5.9604644775390625e-8;   // m * 2^-24, exact
-        return s != 0u ? -v : v;
-    }
-    if (e == 31u) return uintBitsToFloat(s | 0x7f800000u | (m << 13));
-    return uintBitsToFloat(s | ((e + 112u) << 23) | (m << 13));
+    const float v = unpackHalf2x16(h).x;
+    if ((h & 0x7c00u) != 0u || (h & 0x3ffu) == 0u) return v;
+    const float d = float(h & 0x3ffu) * 5.9604644775390625e-8;   // m * 2^-24, exact
+    return (h & 0x8000u) != 0u ? -d : d;
 }
 
 // fp32 -> fp16 bits, round to nearest even, overflow to inf, denormals produced.

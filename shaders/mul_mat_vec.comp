@@ -1,8 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// MUL_MAT, matrix-vector form for up to MAX_COLS activation rows: d[n, m, i2, i3] =
-// sum_k a[k, n, i2/r2, i3/r3] * b[k, m, i2, i3]. One workgroup per weight row n (folded x/y grid),
-// z = plane i2 + i3 * B2; the row is dequantized once and used for every activation row.
+// MUL_MAT, matrix-vector form for NUM_COLS (= p.M) activation rows: d[n, m, i2, i3] =
+// sum_k a[k, n, i2/r2, i3/r3] * b[k, m, i2, i3]. One workgroup per NUM_ROWS weight rows (folded
+// x/y grid), one row after the other; z = plane i2 + i3 * B2. A row is dequantized once and used
+// for every activation row.
 // a: TYPE_* with dense rows (offsets/strides in bytes when quantized, in elements for F32/F16);
 // b and d: F32 with dense rows (strides in elements). `row0` is the first output row of this
 // dispatch (a weight matrix larger than one binding is split by rows; a_off points at row0).
@@ -15,7 +16,8 @@ layout(binding = 2) buffer D { uint data_d[]; };
 
 #include "dequant.glsl"
 
-#define MAX_COLS 8u
+layout(constant_id = 1) const uint NUM_ROWS = 1;
+layout(constant_id = 2) const uint NUM_COLS = 1;   // activation rows (p.M), a compile-time loop
 
 layout(push_constant) uniform P {
     uint K, N, M;
@@ -26,20 +28,17 @@ layout(push_constant) uniform P {
     uint row0;
 } p;
 
-void main() {
-    const uint n = wg_linear();
-    if (n >= p.N) return;                       // whole workgroup
-    const uint i2 = gl_WorkGroupID.z % p.B2, i3 = gl_WorkGroupID.z / p.B2;
+void row(const uint n, const uint i2, const uint i3) {
     const uint ab = p.a_off + n * p.a_nb1 + (i2 / p.r2) * p.a_nb2 + (i3 / p.r3) * p.a_nb3;
     const uint bb = p.b_off + i2 * p.b_s2 + i3 * p.b_s3;
     const uint t = gl_LocalInvocationID.x;
-    float acc[MAX_COLS];
-    [[unroll]] for (uint m = 0u; m < MAX_COLS; m++) acc[m] = 0.0;
+    float acc[NUM_COLS];
+    [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) acc[m] = 0.0;
 #ifdef IS_FLOAT_TYPE
     for (uint k = t; k < p.K; k += WG_SIZE) {
         const float w = load_a(ab + k);
-        [[unroll]] for (uint m = 0u; m < MAX_COLS; m++) {
-            if (m < p.M) acc[m] += w * uintBitsToFloat(data_b[bb + m * p.b_s1 + k]);
+        [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) {
+            acc[m] += w * uintBitsToFloat(data_b[bb + m * p.b_s1 + k]);
         }
     }
 #else
@@ -50,21 +49,27 @@ void main() {
         const uint j = e % QK;
         [[unroll]] for (uint q = 0u; q < 4u; q++) {
             const vec4 w = dequant4(blk, j + 4u * q);
-            [[unroll]] for (uint m = 0u; m < MAX_COLS; m++) {
-                if (m < p.M) {
-                    const uint bi = bb + m * p.b_s1 + e + 4u * q;
-                    acc[m] += dot(w, vec4(uintBitsToFloat(data_b[bi]), uintBitsToFloat(data_b[bi + 1u]),
-                                          uintBitsToFloat(data_b[bi + 2u]), uintBitsToFloat(data_b[bi + 3u])));
-                }
+            [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) {
+                const uint bi = bb + m * p.b_s1 + e + 4u * q;
+                acc[m] += dot(w, vec4(uintBitsToFloat(data_b[bi]), uintBitsToFloat(data_b[bi + 1u]),
+                                      uintBitsToFloat(data_b[bi + 2u]), uintBitsToFloat(data_b[bi + 3u])));
             }
         }
     }
 #endif
-    [[unroll]] for (uint m = 0u; m < MAX_COLS; m++) {
-        if (m >= p.M) break;                    // uniform
+    [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) {
         const float s = wg_sum(acc[m]);
         if (t == 0u) {
             data_d[p.d_off + p.row0 + n + m * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3] = floatBitsToUint(s);
         }
+    }
+}
+
+void main() {
+    const uint i2 = gl_WorkGroupID.z % p.B2, i3 = gl_WorkGroupID.z / p.B2;
+    const uint n0 = wg_linear() * NUM_ROWS;
+    for (uint r = 0u; r < NUM_ROWS; r++) {
+        if (n0 + r >= p.N) return;              // whole workgroup
+        row(n0 + r, i2, i3);
     }
 }

@@ -22,8 +22,7 @@ instead of mapped memory). Skips only when there is no Vulkan device at all.
 """
 from __future__ import annotations
 
-import ctypes
-import os
+import fcntl
 import shutil
 import subprocess
 import sys
@@ -41,9 +40,13 @@ from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType, Op
 
 REPO = Path(__file__).resolve().parent.parent
 
-# build the shaders the tests load (cheap when up to date); without glslang the backend says so
+# build the shaders the tests load (cheap when up to date; locked: pytest-xdist workers import
+# this module at the same time); without glslang the backend says so
 if shutil.which("glslangValidator"):
-    subprocess.run(["make", "-s", "shaders"], cwd=REPO, check=True)
+    (REPO / "build").mkdir(exist_ok=True)
+    with open(REPO / "build" / ".shaders.lock", "w") as _lock:
+        fcntl.flock(_lock, fcntl.LOCK_EX)
+        subprocess.run(["make", "-s", "shaders"], cwd=REPO, check=True)
 
 from pyggml.backend import vulkan  # noqa: E402
 from pyggml.backend.vulkan_device import Instance, VulkanMemoryError, vk_module  # noqa: E402

@@ -137,6 +137,25 @@ def test_barriers_only_where_needed(vk):
     del buf, buf2
 
 
+def test_profile_timestamps_per_dispatch(vk):
+    ctx = Context(no_alloc=True)
+    x, w, out = _small_net(ctx)
+    g = Graph()
+    g.build_forward_expand(out)
+    buf = on_vk(vk, ctx)
+    vk.profile = True
+    try:
+        vk.graph_compute(g)
+        vk.synchronize()
+    finally:
+        vk.profile = False
+    prof = vk.profile_results(g)
+    assert [(n, op) for n, op, _s, _t in prof] == [("h", "MUL_MAT"), ("hn", "RMS_NORM"),
+                                                   ("hs", "SILU"), ("out", "SCALE")]
+    assert all(t >= 0 for *_x, t in prof) and prof[0][2].startswith("mul_mat_vec_f16")
+    del buf
+
+
 def test_async_compute_and_events(vk):
     ctx = Context(no_alloc=True)
     x, w, out = _small_net(ctx)

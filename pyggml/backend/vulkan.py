@@ -407,6 +407,7 @@ class VulkanBackend(Backend):
         self._tags: dict[int, str] = {}
         self._next_tag = itertools.count(1)
         self._pending = 0
+        self.profile = False        # record device timestamps per dispatch (profile_results)
         self.n_recordings = 0       # counters for tests and benchmarks
         self.n_computes = 0
 
@@ -477,7 +478,7 @@ class VulkanBackend(Backend):
     def _record(self, graph) -> _Record:
         vk, ctx = self.ctx.vk, self.ctx
         self._keep = []
-        dispatches = []
+        dispatches, labels = [], []
         for node in graph.nodes:
             if node.op in VIEW_OPS or node.op == Op.NONE:
                 continue
@@ -485,9 +486,16 @@ class VulkanBackend(Backend):
             if why:
                 raise BackendError(f"{self.name} cannot compute node '{node.name}' "
                                    f"({node.op.name}): {why}")
-            dispatches.extend(self.builder.build(node))
+            ds = self.builder.build(node)
+            dispatches.extend(ds)
+            labels.extend([(node.name, node.op.name, d.pipeline) for d in ds])
         cmd = ctx.new_command_buffer()
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
+        qpool = None
+        if self.profile:
+            qpool = vk.vkCreateQueryPool(ctx.device, vk.VkQueryPoolCreateInfo(
+                queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=len(dispatches) + 1), None)
+            vk.vkCmdResetQueryPool(cmd, qpool, 0, len(dispatches) + 1)
         comp, xfer = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         rw = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
         ctx.barrier(cmd, comp | xfer, vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
@@ -496,7 +504,9 @@ class VulkanBackend(Backend):
         last_pipe = last_ds = None
         n_barriers = 0
         bind_point = vk.VK_PIPELINE_BIND_POINT_COMPUTE
-        for d in dispatches:
+        if qpool is not None:
+            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qpool, 0)
+        for i, d in enumerate(dispatches):
             hazard = any(_overlaps(written, lo, hi) for lo, hi in d.reads) or any(
                 _overlaps(written, lo, hi) or _overlaps(read, lo, hi) for lo, hi in d.writes)
             if hazard:
@@ -517,14 +527,32 @@ class VulkanBackend(Backend):
             vk.vkCmdPushConstants(cmd, ctx.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
                                   len(d.push), push)
             vk.vkCmdDispatch(cmd, *d.grid)
+            if qpool is not None:
+                vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qpool, i + 1)
         ctx.barrier(cmd, comp, vk.VK_ACCESS_SHADER_WRITE_BIT, comp | xfer | vk.VK_PIPELINE_STAGE_HOST_BIT,
                     rw | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_HOST_READ_BIT)
         vk.vkEndCommandBuffer(cmd)
         self.n_recordings += 1
         keep, self._keep = self._keep, []
         assert all(len(d.bindings) == N_BINDINGS for d in dispatches)
-        return _Record(graph.uid, _signature(graph), cmd, ctx.submit_info(cmd), keep,
-                       len(dispatches), n_barriers)
+        rec = _Record(graph.uid, _signature(graph), cmd, ctx.submit_info(cmd), keep,
+                      len(dispatches), n_barriers)
+        rec.labels, rec.qpool = labels, qpool
+        return rec
+
+    def profile_results(self, graph) -> list[tuple[str, str, str, float]]:
+        """With `profile = True` set before the graph was recorded: (node, op, shader, seconds)
+        per dispatch of its last compute (device timestamps; call after synchronize())."""
+        rec = self._records.get(graph)
+        if rec is None or rec.qpool is None:
+            raise BackendError("graph not recorded with profile = True")
+        vk, ctx = self.ctx.vk, self.ctx
+        n = rec.n_dispatches + 1
+        data = ctx.ffi.new("uint64_t[]", n)
+        vk.vkGetQueryPoolResults(ctx.device, rec.qpool, 0, n, 8 * n, data, 8,
+                                 vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+        period = vk.vkGetPhysicalDeviceProperties(self.device.pd).limits.timestampPeriod * 1e-9
+        return [(*rec.labels[i], (data[i + 1] - data[i]) * period) for i in range(n - 1)]
 
     def record_stats(self, graph) -> tuple[int, int] | None:
         """(dispatches, barriers) of the recording of `graph`, if it was recorded."""

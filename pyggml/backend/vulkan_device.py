@@ -176,6 +176,7 @@ class KernelConfig:
     subgroup: bool        # reductions with subgroup arithmetic (else shared memory only)
     store16: bool         # fp16 stores through 16-bit storage (else word atomics)
     mm_tile: int          # tiled matmul: tile of mm_tile x mm_tile outputs, (mm_tile/4)^2 invocations
+    mmv_rows: int = 1         # matrix-vector kernel: weight rows per workgroup (a loop)
     mmv_max_cols: int = 8     # activation rows the matrix-vector kernel takes (else tiled)
     host_mapped: bool = True  # read/write host-visible device memory directly
     storage_range: int | None = None   # bytes one binding may cover (None: the device's limit)
@@ -184,7 +185,8 @@ class KernelConfig:
     def for_device(cls, info: DeviceInfo, **overrides) -> "KernelConfig":
         """Rules: a CPU device (lavapipe) runs a workgroup as SIMD chunks of the subgroup size and
         pays for every barrier between chunks, so row kernels use exactly one subgroup; GPUs get
-        64 invocations (two waves of 32, one of 64). Tiles: 64x64 (256 invocations) when the
+        64 invocations (two waves of 32, one of 64). The matrix-vector kernel takes one weight
+        row per workgroup (on lavapipe 16 rows per workgroup measured 1.5x slower). Tiles: 64x64 (256 invocations) when the
         device allows 256 invocations and 2 x 64 x 33 floats of shared memory, else 32x32."""
         cap = _pow2_floor(min(info.max_wg_invocations, info.max_wg_size[0]))
         sgs = info.subgroup_size

@@ -474,8 +474,10 @@ class Builder:
                          od, sd[1], sd[2], sd[3], r0)
             rd = (a.data + r0 * a.nb[1], a.data + r0 * a.nb[1] + n)
             if M <= cfg.mmv_max_cols:
-                out.append(self._mk(self._sg("mul_mat_vec_" + sfx), (cfg.wg_reduce,),
-                                    (wa, wb, wd), push, self.fold(N, B2 * B3), [rd, b], [t]))
+                nr = cfg.mmv_rows
+                out.append(self._mk(self._sg("mul_mat_vec_" + sfx), (cfg.wg_reduce, nr, M),
+                                    (wa, wb, wd), push, self.fold(-(-N // nr), B2 * B3),
+                                    [rd, b], [t]))
             else:
                 tile = cfg.mm_tile
                 grid = (-(-N // tile), -(-M // tile), B2 * B3)
