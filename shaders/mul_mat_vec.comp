@@ -42,18 +42,13 @@ void row(const uint n, const uint i2, const uint i3) {
         }
     }
 #else
-    const uint n_units = p.K / 16u;             // 16 elements (4 x dequant4) per step
-    for (uint u = t; u < n_units; u += WG_SIZE) {
-        const uint e = 16u * u;
-        const uint blk = ab + (e / QK) * QBYTES;
-        const uint j = e % QK;
-        [[unroll]] for (uint q = 0u; q < 4u; q++) {
-            const vec4 w = dequant4(blk, j + 4u * q);
-            [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) {
-                const uint bi = bb + m * p.b_s1 + e + 4u * q;
-                acc[m] += dot(w, vec4(uintBitsToFloat(data_b[bi]), uintBitsToFloat(data_b[bi + 1u]),
-                                      uintBitsToFloat(data_b[bi + 2u]), uintBitsToFloat(data_b[bi + 3u])));
-            }
+    // consecutive invocations take consecutive groups of 4 elements (coalesced reads)
+    for (uint e = 4u * t; e < p.K; e += 4u * WG_SIZE) {
+        const vec4 w = dequant4(ab + (e / QK) * QBYTES, e % QK);
+        [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) {
+            const uint bi = bb + m * p.b_s1 + e;
+            acc[m] += dot(w, vec4(uintBitsToFloat(data_b[bi]), uintBitsToFloat(data_b[bi + 1u]),
+                                  uintBitsToFloat(data_b[bi + 2u]), uintBitsToFloat(data_b[bi + 3u])));
         }
     }
 #endif

@@ -84,7 +84,8 @@ _backends: dict = {}
 def vk_backend(config: str = "native") -> vulkan.VulkanBackend:
     be = _backends.get(config)
     if be is None:
-        assert vulkan.devices(), f"a Vulkan device exists but is unusable: {vulkan.unavailable_reason()}"
+        assert vulkan.devices(), \
+            f"a Vulkan device exists but is unusable: {vulkan.unavailable_reason()}"
         if CONFIGS[config] is None:
             be = vulkan.VulkanBackend(device_index=0)
         else:
@@ -112,19 +113,23 @@ class Inputs:
         self.values.append((t, raw))
         return t
 
+    def _new(self, type_, v: np.ndarray, name: str):
+        return self._add(self.ctx.new_tensor(type_, list(reversed(v.shape)), name=name),
+                         v.tobytes())
+
     def f32(self, *shape, scale=1.0, offset=0.0, values=None, name=""):
         v = (self.rng.standard_normal(shape) * scale + offset).astype(np.float32) \
             if values is None else np.asarray(values, np.float32)
-        return self._add(self.ctx.new_tensor("f32", list(reversed(v.shape)), name=name), v.tobytes())
+        return self._new("f32", v, name)
 
     def f16(self, *shape, scale=1.0, values=None, name=""):
         v = (self.rng.standard_normal(shape) * scale).astype(np.float16) \
             if values is None else np.asarray(values, np.float16)
-        return self._add(self.ctx.new_tensor("f16", list(reversed(v.shape)), name=name), v.tobytes())
+        return self._new("f16", v, name)
 
     def i32(self, values, name=""):
         v = np.asarray(values, np.int32)
-        return self._add(self.ctx.new_tensor("i32", list(reversed(v.shape)), name=name), v.tobytes())
+        return self._new("i32", v, name)
 
     def weights(self, wtype: str, *shape, scale=0.5, name="w"):
         """Weights of any type: [K] innermost; quantized with pyggml.quants."""
@@ -233,9 +238,10 @@ for _op in ("add", "sub", "mul", "div"):
             return getattr(ops, op)(ctx, a, b)
         case(f"{_op}-{_bc}", 1e-12)(_single(_b))
     case(f"{_op}-permuted", 1e-12)(_single(
-        lambda ctx, I, op=_op: getattr(ops, op)(ctx, ops.permute(ctx, I.f32(2, 5, 3, 33), 0, 2, 1, 3),
-                                                I.f32(33, offset=2.0))))
-case("add-inplace", 1e-12)(_single(lambda ctx, I: ops.add(ctx, I.f32(3, 65), I.f32(65), inplace=True)))
+        lambda ctx, I, op=_op: getattr(ops, op)(
+            ctx, ops.permute(ctx, I.f32(2, 5, 3, 33), 0, 2, 1, 3), I.f32(33, offset=2.0))))
+case("add-inplace", 1e-12)(_single(
+    lambda ctx, I: ops.add(ctx, I.f32(3, 65), I.f32(65), inplace=True)))
 
 _UNARY = {
     "scale": (lambda ctx, a: ops.scale(ctx, a, 0.37, 0.5), 1e-12),
@@ -262,7 +268,8 @@ case("scale-inplace", 1e-12)(_single(lambda ctx, I: ops.scale(ctx, I.f32(5, 9), 
 for _name, _fn in (("rms_norm", ops.rms_norm), ("norm", ops.norm)):
     for _sh, _shape in SHAPES.items():
         case(f"{_name}-{_sh}", 1e-10)(_single(
-            lambda ctx, I, fn=_fn, shape=_shape: fn(ctx, I.f32(*shape, scale=2.0, offset=0.5), 1e-5)))
+            lambda ctx, I, fn=_fn, shape=_shape: fn(ctx, I.f32(*shape, scale=2.0, offset=0.5),
+                                                    1e-5)))
     case(f"{_name}-permuted", 1e-10)(_single(
         lambda ctx, I, fn=_fn: fn(ctx, ops.permute(ctx, I.f32(3, 5, 40), 0, 2, 1, 3), 1e-6)))
 
@@ -307,7 +314,8 @@ for _mode in (ROPE_MODE_NORMAL, ROPE_MODE_NEOX):
         for _ff in (False, True):
             case(f"rope-m{_mode}-d{_nd}-ff{int(_ff)}", 1e-7)(_single(
                 lambda ctx, I, m=_mode, nd=_nd, ff=_ff: _rope(ctx, I, m, nd, ff)))
-    case(f"rope-m{_mode}-yarn", 1e-7)(_single(lambda ctx, I, m=_mode: _rope(ctx, I, m, 16, False, ext=1.0)))
+    case(f"rope-m{_mode}-yarn", 1e-7)(_single(
+        lambda ctx, I, m=_mode: _rope(ctx, I, m, 16, False, ext=1.0)))
     case(f"rope-m{_mode}-permuted", 1e-7)(_single(
         lambda ctx, I, m=_mode: _rope(ctx, I, m, 16, False, permuted=True)))
 
@@ -320,7 +328,8 @@ def _K(wtype, small=64):
 
 for _wt in WTYPES + ["i32"]:
     case(f"get_rows-{_wt}", 1e-12)(_single(
-        lambda ctx, I, wt=_wt: ops.get_rows(ctx, I.weights(wt, 11, _K(wt)), I.i32([3, 0, 10, 3, 7]))))
+        lambda ctx, I, wt=_wt: ops.get_rows(ctx, I.weights(wt, 11, _K(wt)),
+                                            I.i32([3, 0, 10, 3, 7]))))
 case("get_rows-3d", 1e-12)(_single(
     lambda ctx, I: ops.get_rows(ctx, I.weights("q8_0", 3, 7, 64), I.i32([[1, 6], [0, 0], [5, 2]]))))
 case("get_rows-f32-odd", 1e-12)(_single(
@@ -378,7 +387,8 @@ for _dim in range(4):
         mk = I.f16 if t == "f16" else I.f32
         return ops.concat(ctx, mk(*sa), mk(*sb), dim)
     case(f"concat-dim{_dim}", 0.0)(_single(_cat))
-case("concat-f16-dim1", 0.0)(_single(lambda ctx, I: ops.concat(ctx, I.f16(3, 5, 7), I.f16(3, 2, 7), 1)))
+case("concat-f16-dim1", 0.0)(_single(
+    lambda ctx, I: ops.concat(ctx, I.f16(3, 5, 7), I.f16(3, 2, 7), 1)))
 
 for _wt in WTYPES:
     _tol = 1e-9 if _wt == "f32" else 5e-4
@@ -391,7 +401,8 @@ for _wt in WTYPES:
         lambda ctx, I, wt=_wt: ops.mul_mat(ctx, I.weights(wt, 1, 2, 7, _K(wt)),
                                            I.f32(3, 4, 10, _K(wt)))))
 case("mul_mat-f16-permuted-activations", 5e-4)(_single(
-    lambda ctx, I: ops.mul_mat(ctx, I.f16(2, 9, 32), ops.permute(ctx, I.f32(3, 4, 32), 0, 2, 1, 3))))
+    lambda ctx, I: ops.mul_mat(ctx, I.f16(2, 9, 32),
+                               ops.permute(ctx, I.f32(3, 4, 32), 0, 2, 1, 3))))
 case("mul_mat-f32-big-M", 1e-9)(_single(
     lambda ctx, I: ops.mul_mat(ctx, I.f32(70, 40), I.f32(2, 130, 40))))
 

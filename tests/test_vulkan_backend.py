@@ -55,7 +55,7 @@ def on_vk(vk, ctx, *extra):
                               base.BufferUsage.COMPUTE)
 
 
-# ---- replay ------------------------------------------------------------------------------------
+# ---- replay --------------------------------------------------------------------------------------
 
 def _small_net(ctx, K=64, M=3, N=32):
     x = ctx.new_tensor("f32", [K, M], name="x")
@@ -177,7 +177,7 @@ def test_async_compute_and_events(vk):
     del buf
 
 
-# ---- the scheduler: one graph over Vulkan and the CPU ---------------------------------------------
+# ---- the scheduler: one graph over Vulkan and the CPU --------------------------------------------
 
 def _block(ctx, where_vk, where_cpu, K=256, M=5):
     """Attention-free transformer-ish block; Q3_K has no Vulkan kernel, so its product runs on
@@ -233,7 +233,7 @@ def test_scheduler_split_between_vulkan_and_cpu_equals_cpu_alone(vk, cpu):
     assert vk.n_recordings - rec0 == vk_splits
 
 
-# ---- weights larger than one storage-buffer binding -------------------------------------------------
+# ---- weights larger than one storage-buffer binding ----------------------------------------------
 
 @pytest.mark.parametrize("wtype", ["f32", "q8_0", "q6_k"])
 def test_weights_split_across_windows(wtype, cpu):
@@ -266,7 +266,7 @@ def test_tensor_larger_than_a_binding_is_refused():
     assert "binding" in small.why_unsupported(act)
 
 
-# ---- transfers -------------------------------------------------------------------------------------
+# ---- transfers -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("config", ["native", "portable"])
 def test_transfers(config):
@@ -294,7 +294,7 @@ def test_transfers(config):
     assert not any(base.tensor_get(b, 0, 4096))
 
 
-# ---- bad input ---------------------------------------------------------------------------------------
+# ---- bad input -----------------------------------------------------------------------------------
 
 def test_unsupported_ops_and_types_are_refused(vk, cpu):
     ctx = Context(no_alloc=True)
@@ -381,7 +381,7 @@ def test_driver_out_of_memory_names_both_sizes(vk, monkeypatch):
         vk.get_default_buffer_type().alloc_buffer(12345678)
 
 
-# ---- discovery ---------------------------------------------------------------------------------------
+# ---- discovery -----------------------------------------------------------------------------------
 
 def test_devices_and_registry(monkeypatch, vk):
     dev = vulkan.devices()[0]
@@ -417,7 +417,8 @@ def test_no_vulkan_driver_means_cpu_only():
             "vulkan.backend_reg(); vulkan.backend_reg()\n"
             "print([d.name for d in r.devices()])\n"
             "print(r.load_errors.get('pyggml.backend.vulkan'))\n")
-    env = dict(os.environ, VK_ICD_FILENAMES="/nonexistent.json", VK_DRIVER_FILES="/nonexistent.json")
+    env = dict(os.environ, VK_ICD_FILENAMES="/nonexistent.json",
+               VK_DRIVER_FILES="/nonexistent.json")
     env.pop("PYGGML_VULKAN_DEVICES", None)
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=120)
@@ -427,7 +428,7 @@ def test_no_vulkan_driver_means_cpu_only():
     assert p.stderr.count("Vulkan backend disabled") == 1, p.stderr
 
 
-# ---- other kernel shapes on this device ------------------------------------------------------------
+# ---- other kernel shapes on this device ----------------------------------------------------------
 
 REDUCTION_CASES = [n for n in CASES if n.split("-")[0] in ("rms_norm", "norm", "soft_max",
                                                            "flash_attn")

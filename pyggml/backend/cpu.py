@@ -183,8 +183,8 @@ class CpuGraphPlan:
         src = np.full((len(tensors), 10), -1, dtype=np.int32)
         for i, t in enumerate(tensors):
             for k, s in enumerate(t.src):
-                if s is not None:
-                    src[i, k] = index[id(s)]
+                if s is not None:       # -1: a source of an outside tensor (computed elsewhere)
+                    src[i, k] = index.get(id(s), -1)
         arr["src"] = src
         arr["flags"] = [int(t.flags) for t in tensors]
         arr["name"] = [t.name.encode("utf-8", "replace")[:47] for t in tensors]

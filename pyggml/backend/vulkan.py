@@ -105,8 +105,9 @@ def _check_shaders() -> str | None:
         if not ok:
             missing.append(name)
     if missing:
+        more = ", ..." if len(missing) > 4 else ""
         return (f"{len(missing)} compiled shader(s) missing or invalid in {d} "
-                f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}); run `make shaders`")
+                f"({', '.join(missing[:4])}{more}); run `make shaders`")
     return None
 
 
@@ -263,7 +264,8 @@ def _gelu_table() -> np.ndarray:
     from pyggml.context import Context
     from pyggml.graph import Graph
     x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-    x = np.where(np.isfinite(x) & (np.abs(x) <= 10), x, 0).astype(np.float32)   # fp16(x) of x < 10 may be 10
+    # entries outside [-10, 10] are never read (the shader branches first); fp16(9.997) is 10
+    x = np.where(np.isfinite(x) & (np.abs(x) <= 10), x, 0).astype(np.float32)
     ctx = Context(mem_size=(1 << 20) + 4096, no_alloc=False)
     t = ctx.new_tensor_1d("f32", 1 << 16)
     set_host_data(t, x)
@@ -273,7 +275,7 @@ def _gelu_table() -> np.ndarray:
     cpu = CpuBackend(n_threads=1)
     try:
         cpu.graph_compute(g)
-        return host_array(y).astype(np.float16).view(np.uint16).copy()
+        return host_array(y).reshape(-1).astype(np.float16).view(np.uint16).copy()
     finally:
         cpu.close()
 
@@ -498,8 +500,8 @@ class VulkanBackend(Backend):
             vk.vkCmdResetQueryPool(cmd, qpool, 0, len(dispatches) + 1)
         comp, xfer = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         rw = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
-        ctx.barrier(cmd, comp | xfer, vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
-                    comp, rw)
+        ctx.barrier(cmd, comp | xfer,
+                    vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT, comp, rw)
         written, read = [], []
         last_pipe = last_ds = None
         n_barriers = 0
@@ -529,7 +531,8 @@ class VulkanBackend(Backend):
             vk.vkCmdDispatch(cmd, *d.grid)
             if qpool is not None:
                 vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qpool, i + 1)
-        ctx.barrier(cmd, comp, vk.VK_ACCESS_SHADER_WRITE_BIT, comp | xfer | vk.VK_PIPELINE_STAGE_HOST_BIT,
+        ctx.barrier(cmd, comp, vk.VK_ACCESS_SHADER_WRITE_BIT,
+                    comp | xfer | vk.VK_PIPELINE_STAGE_HOST_BIT,
                     rw | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_HOST_READ_BIT)
         vk.vkEndCommandBuffer(cmd)
         self.n_recordings += 1

@@ -214,15 +214,18 @@ def bench_model(vk: VulkanBackend, cpu: CpuBackend, reps: int, profile: bool = F
                         n, tot = by.get(k, (0, 0.0))
                         by[k] = (n + 1, tot + sec)
                     total = sum(v[1] for v in by.values())
-                    print(f"  T={T} device time by shader (timestamps, total {total * 1e3:.1f} ms):")
+                    print(f"  T={T} device time by shader (timestamps, total "
+                          f"{total * 1e3:.1f} ms):")
                     for k, (n, tot) in sorted(by.items(), key=lambda x: -x[1][1])[:12]:
-                        print(f"    {k:40} {n:4d} x  {tot * 1e3:8.1f} ms  {100 * tot / total:5.1f}%")
+                        print(f"    {k:40} {n:4d} x  {tot * 1e3:8.1f} ms  "
+                              f"{100 * tot / total:5.1f}%")
             else:
                 dt = _time(lambda: (set_inputs(), cpu.graph_compute(g)), reps)
                 stats = None
             out[where] = (dt, np.frombuffer(base.tensor_get(logits), np.float32).astype(np.float64))
             extra = f", {stats[0]} dispatches, {stats[1]} barriers" if stats else ""
-            print(f"  T={T:3d} {where:4}: {dt * 1e3:8.1f} ms per graph ({len(g.nodes)} nodes{extra})")
+            print(f"  T={T:3d} {where:4}: {dt * 1e3:8.1f} ms per graph ({len(g.nodes)} nodes"
+                  f"{extra})")
         a, b = out["vk"][1], out["cpu"][1]
         print(f"  T={T:3d} logits NMSE vk vs cpu: {np.sum((a - b) ** 2) / np.sum(b ** 2):.2e}, "
               f"same argmax: {int(np.argmax(a)) == int(np.argmax(b))}")

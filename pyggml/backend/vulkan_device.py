@@ -147,15 +147,18 @@ def query_device(index: int, pd) -> DeviceInfo:
         index=index, name=props.deviceName, type_name=DEVICE_TYPES.get(props.deviceType, "other"),
         api_version=(v >> 22, (v >> 12) & 0x3ff, v & 0xfff), driver=str(props.driverVersion),
         max_wg_invocations=lim.maxComputeWorkGroupInvocations,
-        max_wg_size=tuple(lim.maxComputeWorkGroupSize), max_wg_count=tuple(lim.maxComputeWorkGroupCount),
-        max_shared_memory=lim.maxComputeSharedMemorySize, max_storage_range=lim.maxStorageBufferRange,
+        max_wg_size=tuple(lim.maxComputeWorkGroupSize),
+        max_wg_count=tuple(lim.maxComputeWorkGroupCount),
+        max_shared_memory=lim.maxComputeSharedMemorySize,
+        max_storage_range=lim.maxStorageBufferRange,
         max_allocation=maint3.maxMemoryAllocationSize or (1 << 31),
         min_storage_offset_alignment=lim.minStorageBufferOffsetAlignment,
         max_push_constants=lim.maxPushConstantsSize, subgroup_size=max(1, sg.subgroupSize),
         subgroup_arithmetic=bool(sg.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT)
         and (sg.supportedOperations & arith) == arith,
         storage16=bool(f16.storageBuffer16BitAccess),
-        heaps=[(mp.memoryHeaps[i].size, bool(mp.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT))
+        heaps=[(mp.memoryHeaps[i].size,
+                bool(mp.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT))
                for i in range(mp.memoryHeapCount)],
         memory_types=[(mp.memoryTypes[i].propertyFlags, mp.memoryTypes[i].heapIndex)
                       for i in range(mp.memoryTypeCount)],
@@ -175,10 +178,10 @@ class KernelConfig:
     wg_reduce: int        # one-row-per-workgroup kernels (norms, softmax, matvec, attention)
     subgroup: bool        # reductions with subgroup arithmetic (else shared memory only)
     store16: bool         # fp16 stores through 16-bit storage (else word atomics)
-    mm_tile: int          # tiled matmul: tile of mm_tile x mm_tile outputs, (mm_tile/4)^2 invocations
-    mmv_rows: int = 1         # matrix-vector kernel: weight rows per workgroup (a loop)
-    mmv_max_cols: int = 8     # activation rows the matrix-vector kernel takes (else tiled)
-    host_mapped: bool = True  # read/write host-visible device memory directly
+    mm_tile: int          # tiled matmul: mm_tile x mm_tile outputs, (mm_tile/4)^2 invocations
+    mmv_rows: int = 1                  # matrix-vector kernel: weight rows per workgroup
+    mmv_max_cols: int = 8              # activation rows for the matrix-vector kernel (else tiled)
+    host_mapped: bool = True           # read/write host-visible device memory directly
     storage_range: int | None = None   # bytes one binding may cover (None: the device's limit)
 
     @classmethod
@@ -186,8 +189,9 @@ class KernelConfig:
         """Rules: a CPU device (lavapipe) runs a workgroup as SIMD chunks of the subgroup size and
         pays for every barrier between chunks, so row kernels use exactly one subgroup; GPUs get
         64 invocations (two waves of 32, one of 64). The matrix-vector kernel takes one weight
-        row per workgroup (on lavapipe 16 rows per workgroup measured 1.5x slower). Tiles: 64x64 (256 invocations) when the
-        device allows 256 invocations and 2 x 64 x 33 floats of shared memory, else 32x32."""
+        row per workgroup (on lavapipe, 16 rows per workgroup measured 1.5x slower). Tiles:
+        64x64 (256 invocations) on GPUs that allow 256 invocations and 2 x 64 x 33 floats of
+        shared memory, else 32x32. Overrides are checked against the same limits."""
         cap = _pow2_floor(min(info.max_wg_invocations, info.max_wg_size[0]))
         sgs = info.subgroup_size
         if not info.is_gpu and sgs >= 4 and sgs & (sgs - 1) == 0:
@@ -206,6 +210,15 @@ class KernelConfig:
             raise ValueError(f"{info.name} has no storageBuffer16BitAccess")
         if cfg.subgroup and not info.subgroup_arithmetic:
             raise ValueError(f"{info.name} has no subgroup arithmetic in compute shaders")
+        for k in ("wg_elem", "wg_reduce"):
+            v = getattr(cfg, k)
+            if v < 1 or v & (v - 1) or v > cap:
+                raise ValueError(f"{k}={v}: must be a power of two <= {cap} on {info.name}")
+        if cfg.mm_tile not in (32, 64) or (cfg.mm_tile // 4) ** 2 > cap or \
+                2 * cfg.mm_tile * 33 * 4 > info.max_shared_memory:
+            raise ValueError(f"mm_tile={cfg.mm_tile}: 32 or 64 within the device's limits")
+        if not 1 <= cfg.mmv_max_cols <= 64 or cfg.mmv_rows < 1:
+            raise ValueError("mmv_max_cols must be in 1..64 and mmv_rows >= 1")
         return cfg
 
 
@@ -361,8 +374,9 @@ class VkContext:
         heap = self.info.memory_types[ti][1]
         heap_size = self.info.heaps[heap][0]
         where = (f"Vulkan device '{self.info.name}': cannot allocate a buffer of {requested} "
-                 f"bytes ({_human(requested)}) in memory heap {heap} of {heap_size} bytes ({_human(heap_size)}"
-                 f", {self.heap_used[heap]} bytes already allocated by pyggml)")
+                 f"bytes ({_human(requested)}) in memory heap {heap} of {heap_size} bytes "
+                 f"({_human(heap_size)}, {self.heap_used[heap]} bytes already allocated by "
+                 f"pyggml)")
         if size > self.info.max_allocation:
             raise VulkanMemoryError(f"{where}: larger than the device's largest allocation "
                                     f"({self.info.max_allocation} bytes); use the buffer type's "
@@ -411,9 +425,10 @@ class VkContext:
             try:
                 code = path.read_bytes()
             except OSError as e:
-                raise BackendError(f"shader {path} cannot be read ({e}); run `make shaders`") from None
-            mod = self.modules[name] = vk.vkCreateShaderModule(self.device, vk.VkShaderModuleCreateInfo(
-                codeSize=len(code), pCode=code), None)
+                raise BackendError(f"shader {path} cannot be read ({e}); run `make shaders`") \
+                    from None
+            mod = self.modules[name] = vk.vkCreateShaderModule(
+                self.device, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
         entries = [vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4)
                    for i in range(len(spec))]
         data = ffi.new("uint32_t[]", list(spec) or [0])
@@ -427,7 +442,8 @@ class VkContext:
         try:
             p = vk.vkCreateComputePipelines(self.device, None, 1, [info], None)[0]
         except vk.VkError as e:
-            raise BackendError(f"pipeline {name} {spec} could not be created: {type(e).__name__}") from None
+            raise BackendError(f"pipeline {name} {spec} could not be created: "
+                               f"{type(e).__name__}") from None
         del entry_name, data, entries
         self.n_pipelines_created += 1
         return p
@@ -443,9 +459,10 @@ class VkContext:
         if not self.desc_pools or self.desc_pool_free == 0:
             size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                            descriptorCount=256 * N_BINDINGS)
-            self.desc_pools.append(vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
+            info = vk.VkDescriptorPoolCreateInfo(
                 flags=vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT, maxSets=256,
-                poolSizeCount=1, pPoolSizes=[size]), None))
+                poolSizeCount=1, pPoolSizes=[size])
+            self.desc_pools.append(vk.vkCreateDescriptorPool(self.device, info, None))
             self.desc_pool_free = 256
         pool = self.desc_pools[-1]
         ds = vk.vkAllocateDescriptorSets(self.device, vk.VkDescriptorSetAllocateInfo(
@@ -469,12 +486,15 @@ class VkContext:
     def new_command_buffer(self):
         vk = self.vk
         return vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
-            commandPool=self.pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+            commandPool=self.pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+            commandBufferCount=1))[0]
 
     def free_command_buffer(self, cmd) -> None:
         self.vk.vkFreeCommandBuffers(self.device, self.pool, 1, [cmd])
 
-    def barrier(self, cmd, src_stage: int, src_access: int, dst_stage: int, dst_access: int) -> None:
+    def barrier(self, cmd, src_stage: int, src_access: int, dst_stage: int,
+                dst_access: int) -> None:
+        """A global memory barrier (every buffer) between the two stage/access scopes."""
         vk = self.vk
         mb = vk.VkMemoryBarrier(srcAccessMask=src_access, dstAccessMask=dst_access)
         vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, [mb], 0, None, 0, None)
@@ -538,8 +558,8 @@ class VkContext:
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
             flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
         all_rw = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
-        self.barrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
-                     all_rw, vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+        comp_xfer = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        self.barrier(cmd, comp_xfer, all_rw, vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
                      vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
         record(cmd)
         self.barrier(cmd, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT,

@@ -378,7 +378,8 @@ class Builder:
         if ext != 0.0:
             corr0 = float(max(0.0, math.floor(_corr_dim(n_dims, n_ctx_orig, bfast, base))))
             corr1 = float(min(n_dims - 1, math.ceil(_corr_dim(n_dims, n_ctx_orig, bslow, base))))
-            mscale = float(f32(attn) * (f32(1.0) + f32(0.1) * f32(_libm.logf(float(f32(1.0) / f32(fscale))))))
+            ln = f32(_libm.logf(float(f32(1.0) / f32(fscale))))
+            mscale = float(f32(attn) * (f32(1.0) + f32(0.1) * ln))
         sa, sd = self.strides(a, 4), self.strides(t, 4)
         flags = (1 if mode == ROPE_MODE_NEOX else 0) | (2 if ff is not None else 0)
         push = _pack(*t.ne, oa, sa[1], sa[2], sa[3], od, sd[1], sd[2], sd[3], op_, of, n_dims,
@@ -525,5 +526,6 @@ def _alibi(max_bias: float, n_head: int) -> tuple[float, float, int]:
 
 
 def _corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float) -> float:
-    num = f32(n_dims) * f32(_libm.logf(float(f32(n_ctx_orig) / (f32(n_rot) * f32(2.0) * f32(math.pi)))))
+    ratio = f32(n_ctx_orig) / (f32(n_rot) * f32(2.0) * f32(math.pi))
+    num = f32(n_dims) * f32(_libm.logf(float(ratio)))
     return float(num / (f32(2.0) * f32(_libm.logf(base))))
