@@ -25,7 +25,6 @@ from __future__ import annotations
 import fcntl
 import shutil
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
@@ -35,8 +34,7 @@ import pytest
 from pyggml import Context, Graph, ops, quants
 from pyggml.backend import base
 from pyggml.backend.cpu import CpuBackend, host_array, set_host_data
-from pyggml.errors import BackendError
-from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType, Op
+from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,7 +47,7 @@ if shutil.which("glslangValidator"):
         subprocess.run(["make", "-s", "shaders"], cwd=REPO, check=True)
 
 from pyggml.backend import vulkan  # noqa: E402
-from pyggml.backend.vulkan_device import Instance, VulkanMemoryError, vk_module  # noqa: E402
+from pyggml.backend.vulkan_device import Instance, vk_module  # noqa: E402
 
 
 def _physical_devices() -> int:

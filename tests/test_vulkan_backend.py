@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import zlib
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ import pytest
 from test_backend_parity import (  # noqa: F401 - also skips this module without a device
     CASES,
     REPO,
-    Inputs,
     check_case,
     nmse,
     vk_backend,
@@ -27,7 +25,6 @@ from pyggml.backend.cpu import CpuBackend, cpu_buffer_type
 from pyggml.backend.vulkan_device import DEVICE_TYPES, VulkanMemoryError
 from pyggml.errors import BackendError
 from pyggml.sched import Scheduler
-from pyggml.types import GGMLType, Op
 
 RNG = np.random.default_rng(7)
 

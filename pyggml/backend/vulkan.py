@@ -56,7 +56,6 @@ from pyggml.backend.base import (
 )
 from pyggml.backend.vulkan_device import (
     BUFFER_PAD,
-    N_BINDINGS,
     DeviceMemory,
     Instance,
     KernelConfig,
@@ -368,14 +367,32 @@ class VulkanEvent(Event):
 # ---- recorded graphs -----------------------------------------------------------------------------
 
 class _Record:
-    """One graph recorded into one command buffer."""
+    """One graph recorded into one command buffer. Its Vulkan objects are freed with it (after
+    its last submission finished), or by release()."""
 
-    def __init__(self, uid: int, sig: list, cmd, submit, keep: list, n_dispatches: int,
-                 n_barriers: int):
-        self.uid, self.sig, self.cmd, self.submit = uid, sig, cmd, submit
-        self.keep = keep                  # buffers (and descriptor windows) the commands use
+    def __init__(self, ctx: VkContext, uid: int, sig: list, cmd, keep: list, n_dispatches: int,
+                 n_barriers: int, labels: list, qpool, tags: list, tag_names: dict):
+        self.uid, self.sig, self.cmd = uid, sig, cmd
+        self.submit = ctx.submit_info(cmd)
+        self.keep = keep                  # buffers the commands read and write: kept alive
         self.n_dispatches, self.n_barriers = n_dispatches, n_barriers
-        self.serial = 0
+        self.labels, self.qpool = labels, qpool
+        self.state = [0]                  # last submission's serial (shared with the finalizer)
+        self.release = weakref.finalize(self, _free_record, ctx, cmd, qpool, self.state, tags,
+                                        tag_names)
+
+    @property
+    def serial(self) -> int:
+        return self.state[0]
+
+
+def _free_record(ctx: VkContext, cmd, qpool, state, tags, tag_names) -> None:
+    ctx.wait(state[0])
+    ctx.free_command_buffer(cmd)
+    if qpool is not None:
+        ctx.vk.vkDestroyQueryPool(ctx.device, qpool, None)
+    for t in tags:
+        tag_names.pop(t, None)
 
 
 def _signature(graph) -> list:
@@ -406,9 +423,9 @@ class VulkanBackend(Backend):
         self.max_wg_count = device.info.max_wg_count
         self.builder = Builder(self)
         self._records: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-        self._tags: dict[int, str] = {}
+        self._tags: dict[int, str] = {}            # status tag -> node (of live recordings)
+        self._new_tags: list[int] = []
         self._next_tag = itertools.count(1)
-        self._pending = 0
         self.profile = False        # record device timestamps per dispatch (profile_results)
         self.n_recordings = 0       # counters for tests and benchmarks
         self.n_computes = 0
@@ -442,6 +459,7 @@ class VulkanBackend(Backend):
     def tag(self, node: Tensor) -> int:
         t = next(self._next_tag)
         self._tags[t] = f"'{node.name}' ({node.op.name})"
+        self._new_tags.append(t)
         return t
 
     def bind(self, addr: int, n: int):
@@ -455,13 +473,12 @@ class VulkanBackend(Backend):
         rec = self._records.get(graph)
         if rec is None or rec.uid != graph.uid or rec.sig != _signature(graph):
             if rec is not None:
-                self.ctx.wait(rec.serial)
-                self.ctx.free_command_buffer(rec.cmd)
+                rec.release()
             rec = self._record(graph)
             self._records[graph] = rec
         elif rec.serial:
             self.ctx.wait(rec.serial)        # the same command buffer may not run twice at once
-        rec.serial = self.ctx.submit(rec.submit, self._check_status)
+        rec.state[0] = self.ctx.submit(rec.submit, self._check_status)
         self.n_computes += 1
 
     def graph_compute_sync(self, graph) -> None:
@@ -479,7 +496,7 @@ class VulkanBackend(Backend):
 
     def _record(self, graph) -> _Record:
         vk, ctx = self.ctx.vk, self.ctx
-        self._keep = []
+        self._keep, self._new_tags = [], []
         dispatches, labels = [], []
         for node in graph.nodes:
             if node.op in VIEW_OPS or node.op == Op.NONE:
@@ -492,11 +509,32 @@ class VulkanBackend(Backend):
             dispatches.extend(ds)
             labels.extend([(node.name, node.op.name, d.pipeline) for d in ds])
         cmd = ctx.new_command_buffer()
+        qpool_box = [None]
+        try:
+            n_barriers = self._record_commands(cmd, dispatches, qpool_box)
+            qpool = qpool_box[0]
+        except BaseException:
+            ctx.free_command_buffer(cmd)
+            if qpool_box[0] is not None:
+                vk.vkDestroyQueryPool(ctx.device, qpool_box[0], None)
+            for t in self._new_tags:
+                self._tags.pop(t, None)
+            raise
+        self.n_recordings += 1
+        keep, self._keep = self._keep, []
+        tags, self._new_tags = self._new_tags, []
+        return _Record(ctx, graph.uid, _signature(graph), cmd, keep, len(dispatches), n_barriers,
+                       labels, qpool, tags, self._tags)
+
+    def _record_commands(self, cmd, dispatches, qpool_box) -> int:
+        """Record `dispatches` with barriers where needed; returns the number of barriers."""
+        vk, ctx = self.ctx.vk, self.ctx
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
         qpool = None
         if self.profile:
             qpool = vk.vkCreateQueryPool(ctx.device, vk.VkQueryPoolCreateInfo(
                 queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=len(dispatches) + 1), None)
+            qpool_box[0] = qpool
             vk.vkCmdResetQueryPool(cmd, qpool, 0, len(dispatches) + 1)
         comp, xfer = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         rw = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
@@ -535,13 +573,7 @@ class VulkanBackend(Backend):
                     comp | xfer | vk.VK_PIPELINE_STAGE_HOST_BIT,
                     rw | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_HOST_READ_BIT)
         vk.vkEndCommandBuffer(cmd)
-        self.n_recordings += 1
-        keep, self._keep = self._keep, []
-        assert all(len(d.bindings) == N_BINDINGS for d in dispatches)
-        rec = _Record(graph.uid, _signature(graph), cmd, ctx.submit_info(cmd), keep,
-                      len(dispatches), n_barriers)
-        rec.labels, rec.qpool = labels, qpool
-        return rec
+        return n_barriers
 
     def profile_results(self, graph) -> list[tuple[str, str, str, float]]:
         """With `profile = True` set before the graph was recorded: (node, op, shader, seconds)
@@ -577,5 +609,5 @@ class VulkanBackend(Backend):
     def close(self) -> None:
         self.ctx.wait()
         for rec in list(self._records.values()):
-            self.ctx.free_command_buffer(rec.cmd)
+            rec.release()
         self._records = weakref.WeakKeyDictionary()
