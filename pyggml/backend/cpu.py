@@ -341,6 +341,16 @@ class CpuBackend(Backend):
         self._support_cache: dict[tuple, str | None] = {}
         self.n_plans_built = 0     # counters for tests and benchmarks
         self.n_computes = 0
+        self.n_threads_active: int | None = None
+
+    def set_n_threads(self, n: int | None) -> None:
+        """Threads for the next computes (the model runtime sets n_threads for single tokens and
+        n_threads_batch for batches, like ggml_backend_cpu_set_n_threads); None: decide per
+        graph."""
+        if n is not None and not 1 <= n <= max(self.n_threads, self.n_threads_batch):
+            raise ValueError(f"n_threads must be in 1..{max(self.n_threads, self.n_threads_batch)}"
+                             f" (the pool size), got {n}")
+        self.n_threads_active = n
 
     def close(self) -> None:
         self._finalizer()
@@ -414,13 +424,16 @@ class CpuBackend(Backend):
         return p
 
     def _threads_for(self, graph: Graph) -> int:
+        if self.n_threads_active:
+            return self.n_threads_active
         # single-token work (every node has at most one row per sequence) uses n_threads
         big = any(t.op == Op.MUL_MAT and t.ne[1] > 1 for t in graph.nodes[-8:])
         return self.n_threads_batch if big else self.n_threads
 
     def graph_compute(self, graph: Graph, n_threads: int | None = None) -> None:
         """Compute every node of `graph` (tensors must have host data addresses)."""
-        self.plan_compute(self.plan(graph, n_threads), n_threads)
+        nt = n_threads or self._threads_for(graph)
+        self.plan_compute(self.plan(graph, nt), nt)
 
     def plan_compute(self, plan: CpuGraphPlan, n_threads: int | None = None) -> None:
         nt = min(n_threads or plan.n_threads, plan.n_threads)

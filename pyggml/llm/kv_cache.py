@@ -19,10 +19,11 @@ KV_TYPES = (GGMLType.F16, GGMLType.F32, GGMLType.Q8_0)
 
 
 class KVCache:
-    """n_ctx cells × n_layer layers. `buffer_type` allocates the memory (host by default)."""
+    """n_ctx cells × n_layer layers. `buffer_types`: per layer, the buffer type that holds its K
+    and V (host memory by default); one buffer is allocated per distinct buffer type."""
 
     def __init__(self, hp, n_ctx: int, type_k="f16", type_v="f16", n_seq_max: int = 1,
-                 buffer_type=None):
+                 buffer_types=None):
         self.type_k, self.type_v = as_type(type_k), as_type(type_v)
         for what, t in (("type_k", self.type_k), ("type_v", self.type_v)):
             if t not in KV_TYPES:
@@ -42,14 +43,25 @@ class KVCache:
             self.k.append(ctx.new_tensor(self.type_k, [ne_k, n_ctx], name=f"cache_k_l{il}"))
             self.v.append(ctx.new_tensor(self.type_v, [ne_v, n_ctx], name=f"cache_v_l{il}"))
         self.n_bytes = sum(t.nbytes() for t in self.k + self.v)
-        if buffer_type is None:
-            from pyggml.backend.cpu import HostBufferType
-            buffer_type = HostBufferType()
-        self.buffer = buffer_type.alloc_buffer(self.n_bytes)
-        off = 0
-        for t in self.k + self.v:
-            t.data, t.buffer = self.buffer.base + off, self.buffer
-            off += t.nbytes()
+        if buffer_types is None:
+            from pyggml.backend.cpu import cpu_buffer_type
+            buffer_types = [cpu_buffer_type()] * hp.n_layer
+        groups: dict[int, tuple] = {}           # id(buft) -> (buft, [layers])
+        for il, bt in enumerate(buffer_types):
+            groups.setdefault(id(bt), (bt, []))[1].append(il)
+        self.buffers = []
+        self.bytes_by_buffer_type: dict[str, int] = {}
+        for bt, layers in groups.values():
+            tensors = [t for il in layers for t in (self.k[il], self.v[il])]
+            align = getattr(bt, "alignment", 64)
+            sizes = [-(-t.nbytes() // align) * align for t in tensors]
+            buf = bt.alloc_buffer(sum(sizes))
+            off = 0
+            for t, n in zip(tensors, sizes):
+                t.data, t.buffer = buf.base + off, buf
+                off += n
+            self.buffers.append(buf)
+            self.bytes_by_buffer_type[bt.name] = self.bytes_by_buffer_type.get(bt.name, 0) + sum(sizes)
 
     # ---- cells -------------------------------------------------------------------------------
     def n_used(self) -> int:

@@ -186,7 +186,8 @@ def build_graph(hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True,
             x = ops.add(ctx, x, cur, name=f"l_out-{il}")
 
     x = norm(x, weights["output_norm.weight"], "result_norm")
-    out_w = weights["token_embd.weight"] if hp.tied_output else weights["output.weight"]
+    # a tied output matrix placed on a device gets its own copy there, named output.weight
+    out_w = weights.get("output.weight", weights["token_embd.weight"])
     logits = ops.mul_mat(ctx, out_w, x, name="result_output")
     if hp.final_softcap:
         logits = ops.scale(ctx, ops.tanh(ctx, ops.scale(ctx, logits, 1.0 / hp.final_softcap)),

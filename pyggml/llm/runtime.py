@@ -16,15 +16,18 @@ from typing import Iterator
 
 import numpy as np
 
-from pyggml.alloc import GraphAllocator
-from pyggml.backend.cpu import CpuBackend, HostBufferType, host_array
+from pyggml.backend.base import BufferUsage, DeviceType, default_registry, is_host_tensor, tensor_get
+from pyggml.backend.cpu import CpuBackend, host_array
+from pyggml.context import Context
 from pyggml.errors import ModelError, PyggmlError
 from pyggml.gguf import GGUFModel
 from pyggml.llm.hparams import read_hparams
 from pyggml.llm.kv_cache import KVCache
-from pyggml.llm.models import GraphParams, build_graph, check_weights
+from pyggml.llm.models import GraphParams, build_graph, check_weights, graph_size
 from pyggml.llm.sampler import Sampler, SamplingParams
 from pyggml.llm.tokenizer import Tokenizer
+from pyggml.offload import CPU, OffloadPlan, plan_from_args
+from pyggml.sched import Scheduler
 
 
 @dataclass
@@ -55,14 +58,19 @@ class LLM:
     n_ubatch: tokens per graph; n_threads / n_threads_batch: decode / prompt threads;
     n_seq_max: sequences decoded together; type_k/type_v: KV cache types (f16, f32, q8_0);
     logits_all: keep logits for every position (else the last of each eval only);
-    flash_attn: fused attention (llama.cpp's default on CPU) or mul_mat + softmax.
+    flash_attn: fused attention (llama.cpp's default on CPU) or mul_mat + softmax;
+    n_gpu_layers: the first N layers (with N > n_layer also the output) on the first GPU
+    device, as llama.cpp's -ngl; offload: an OffloadPlan (overrides n_gpu_layers);
+    progress: a progress bar while weights are copied to devices (None: on a terminal).
     """
 
     def __init__(self, model_path: str | os.PathLike | None = None, config=None, *,
                  n_ctx: int = 2048, n_batch: int = 2048, n_ubatch: int = 512,
                  n_threads: int | None = None, n_threads_batch: int | None = None,
                  n_seq_max: int = 1, type_k: str = "f16", type_v: str = "f16",
-                 logits_all: bool = False, flash_attn: bool = True, verbose: bool = False):
+                 logits_all: bool = False, flash_attn: bool = True, n_gpu_layers: int = 0,
+                 offload: OffloadPlan | None = None, progress: bool | None = None,
+                 verbose: bool = False):
         t0 = time.perf_counter()
         if model_path is None:
             from pyggml.models_default import ensure_default_model
@@ -84,9 +92,21 @@ class LLM:
         self.logits_all = logits_all
         self.flash_attn = flash_attn
         self.verbose = verbose
-        self.backend = CpuBackend(n_threads, n_threads_batch)
-        self.kv = KVCache(self.hparams, n_ctx, type_k, type_v, n_seq_max)
-        self.galloc = GraphAllocator([HostBufferType()])
+        self.offload = offload or self._plan_from_ngl(n_gpu_layers)
+        self._init_backends(n_threads, n_threads_batch)
+        self._place_weights(progress)
+        kv_bufts = [self._device_backend(p.device).get_default_buffer_type()
+                    for p in self.offload.kv]
+        self.kv = KVCache(self.hparams, n_ctx, type_k, type_v, n_seq_max, kv_bufts)
+        # one scheduler per phase when the phases differ in op offload (prefill may move big
+        # matmuls to a GPU while decode stays next to host weights)
+        oo = self.offload.op_offload
+        gs = graph_size(self.hparams.n_layer) * 2
+        self.sched = {"prefill": Scheduler(self.backends, n_copies=self.offload.n_copies,
+                                           op_offload=oo["prefill"], graph_size=gs)}
+        self.sched["decode"] = (self.sched["prefill"] if oo["decode"] == oo["prefill"] else
+                                Scheduler(self.backends, n_copies=self.offload.n_copies,
+                                          op_offload=oo["decode"], graph_size=gs))
         self.stats = RunStats()
         self._graph = None          # (params, graph, inputs, logits, input views)
         self._seq_pos = [0] * n_seq_max
@@ -102,6 +122,77 @@ class LLM:
     def detokenize(self, ids, special: bool = False) -> str:
         return self.tokenizer.decode(list(ids), special=special)
 
+    # ---- devices and weights ---------------------------------------------------------------
+    def _plan_from_ngl(self, n_gpu_layers: int) -> OffloadPlan:
+        gpu = None
+        if n_gpu_layers > 0:
+            devs = [d for d in default_registry().devices() if d.type != DeviceType.CPU]
+            if not devs:
+                reasons = "; ".join(f"{m}: {e}" for m, e in default_registry().load_errors.items())
+                raise ModelError(f"n_gpu_layers={n_gpu_layers} but no GPU device was found "
+                                 f"({reasons or 'no backend module reported one'})")
+            gpu = devs[0].name
+        return plan_from_args(self.model.tensors, self.hparams.n_layer, self.hparams.tied_output,
+                              n_gpu_layers, gpu)
+
+    def _init_backends(self, n_threads, n_threads_batch) -> None:
+        """One backend per device the plan uses, in its priority order, the CPU last."""
+        reg = default_registry()
+        self.backend = CpuBackend(n_threads, n_threads_batch)
+        self.backends = []
+        for name in self.offload.devices_used():
+            if name == CPU:
+                continue
+            dev = reg.device(name)
+            self.backends.append(dev.init_backend())
+        self.backends.append(self.backend)
+        self._by_device = {b.device.name: b for b in self.backends}
+        self._by_device[CPU] = self.backend
+
+    def _device_backend(self, name: str):
+        b = self._by_device.get(name)
+        if b is None:
+            raise ModelError(f"the offload plan names device '{name}', which has no backend here")
+        return b
+
+    def _place_weights(self, progress) -> None:
+        """Weights planned on a device other than the CPU get a WEIGHTS buffer there and their
+        bytes copied from the mapped file; the others stay mapped (zero copy)."""
+        by_dev: dict[str, list[str]] = {}
+        for name, p in self.offload.weights.items():
+            if p.device != CPU:
+                by_dev.setdefault(p.device, []).append(name)
+        self.weight_buffers = {}
+        if not by_dev:
+            return
+        ctx = Context(no_alloc=True, name="device-weights")
+        for dev, names in by_dev.items():
+            bt = self._device_backend(dev).get_default_buffer_type()
+            align = bt.alignment
+            src_names = {n: ("token_embd.weight" if n == "output.weight" and n not in
+                             self.model.tensors else n) for n in names}
+            sizes = {n: -(-self.model.tensor_info(src_names[n]).nbytes // align) * align
+                     for n in names}
+            buf = bt.alloc_buffer(sum(sizes.values()), BufferUsage.WEIGHTS)
+            off = 0
+            placed = {}
+            for n in names:
+                info = self.model.tensor_info(src_names[n])
+                t = ctx.new_tensor(info.type, info.ne[: max(info.n_dims, 1)], name=n)
+                t.data, t.buffer = buf.base + off, buf
+                off += sizes[n]
+                placed[src_names[n], n] = t
+            by_src: dict[str, list] = {}
+            for (src, _), t in placed.items():
+                by_src.setdefault(src, []).append(t)
+            self.model.copy_tensors_to(lambda info, data: [buf.set_tensor(t, data)
+                                                           for t in by_src[info.name]],
+                                       names=list(by_src), progress=progress,
+                                       desc=f"weights to {dev}")
+            for (_, n), t in placed.items():
+                self.weights[n] = t
+            self.weight_buffers[dev] = buf
+
     # ---- memory ----------------------------------------------------------------------------
     def _worst_case_params(self) -> GraphParams:
         n_out = self.n_ubatch if self.logits_all else min(self.n_seq_max, self.n_ubatch)
@@ -109,14 +200,28 @@ class LLM:
 
     def _reserve(self) -> None:
         """Plan the compute buffer once for the largest ubatch graph (ggml's reserve)."""
-        g, _, _ = build_graph(self.hparams, self.weights, self.kv, self._worst_case_params(),
-                              self.flash_attn, not self.logits_all)
-        self.galloc.reserve(g)
-        self.stats.allocator_plans += 1
+        for phase, sched in self._scheds():
+            g, _, _ = build_graph(self.hparams, self.weights, self.kv, self._worst_case_params(),
+                                  self.flash_attn, not self.logits_all)
+            sched.reserve(g)
+            self.stats.allocator_plans += 1
 
-    def compute_buffer_size(self) -> int:
-        """Bytes of the planned compute buffer (intermediate tensors of the worst-case graph)."""
-        return self.galloc.get_buffer_size(0)
+    def _scheds(self):
+        seen = []
+        for phase, s in self.sched.items():
+            if all(s is not o for o in seen):
+                seen.append(s)
+                yield phase, s
+
+    def compute_buffer_size(self, device: str | None = None) -> int:
+        """Bytes of the planned compute buffers (intermediate tensors of the worst-case graph),
+        of one device or all together."""
+        total = 0
+        for _, s in self._scheds():
+            for b in self.backends:
+                if device is None or b.device.name == device:
+                    total += s.get_buffer_size(b)
+        return total
 
     def memory_report(self) -> dict:
         return {"weights_bytes": sum(t.nbytes() for t in self.weights.values()),
@@ -199,15 +304,16 @@ class LLM:
             out_ids = np.array([T - 1], np.int32)
         gp = GraphParams(T, len(out_ids), n_kv)
         self.stats.ubatch_sizes.append(T)
-        if self._graph is not None and self._graph[0] == gp:
+        sched = self.sched["decode" if T == 1 else "prefill"]
+        if self._graph is not None and self._graph[0] == gp and self._graph[5] is sched:
             self.stats.graphs_reused += 1
         else:
             self._graph = None
             g, inp, logits = build_graph(self.hparams, self.weights, self.kv, gp, self.flash_attn,
                                          not self.logits_all)
-            if self.galloc.needs_realloc(g):
-                self.stats.allocator_plans += 1
-            self.galloc.alloc_graph(g)
+            before = sched.n_reserves
+            sched.alloc_graph(g)
+            self.stats.allocator_plans += sched.n_reserves - before
             views = {name: host_array(getattr(inp, name)).reshape(-1)
                      for name in ("tokens", "pos", "kv_idxs", "out_ids")
                      if getattr(inp, name) is not None}
@@ -215,9 +321,9 @@ class LLM:
                 views["mask"] = host_array(inp.mask).reshape(T, n_kv)
             if inp.mask_swa is not None:
                 views["mask_swa"] = host_array(inp.mask_swa).reshape(T, n_kv)
-            self._graph = (gp, g, inp, logits, views)
+            self._graph = (gp, g, inp, logits, views, sched)
             self.stats.graphs_built += 1
-        _, g, inp, logits, views = self._graph
+        _, g, inp, logits, views, sched = self._graph
         views["tokens"][:] = toks
         views["pos"][:] = pos
         views["kv_idxs"][:] = cells
@@ -227,9 +333,13 @@ class LLM:
             views["mask"][:] = self.kv.mask(pos, sids, n_kv)
         if "mask_swa" in views:
             views["mask_swa"][:] = self.kv.mask(pos, sids, n_kv, self.hparams.sliding_window)
-        nt = self.backend.n_threads if T == 1 else self.backend.n_threads_batch
-        self.backend.graph_compute(g, nt)
-        out = host_array(logits).reshape(len(out_ids), self.hparams.n_vocab)[:n_wanted].copy()
+        self.backend.set_n_threads(self.backend.n_threads if T == 1 else self.backend.n_threads_batch)
+        sched.graph_compute(g)
+        V = self.hparams.n_vocab
+        if is_host_tensor(logits):
+            out = host_array(logits).reshape(len(out_ids), V)[:n_wanted].copy()
+        else:
+            out = np.frombuffer(tensor_get(logits, 0, n_wanted * V * 4), np.float32).reshape(n_wanted, V)
         if not np.all(np.isfinite(out)):
             raise PyggmlError("the model produced non-finite logits")
         return out
@@ -280,7 +390,8 @@ class LLM:
         self.stats.t_gen_s += time.perf_counter() - t1
 
     def close(self) -> None:
-        self.backend.close()
+        for b in self.backends:
+            b.close()
         self.model.close()
 
     def __enter__(self):
