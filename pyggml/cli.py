@@ -71,7 +71,7 @@ def _cmd_run(args) -> int:
     llm = LLM(args.model, config=config, n_ctx=n_ctx or 4096, n_batch=args.batch_size,
               n_ubatch=args.ubatch_size, n_threads=args.threads,
               n_threads_batch=args.threads_batch, flash_attn=args.flash_attn != "off",
-              verbose=args.verbose)
+              n_gpu_layers=args.n_gpu_layers, verbose=args.verbose)
     t_load = time.perf_counter() - t0
     if args.verbose:
         hp = llm.hparams
@@ -117,11 +117,12 @@ def _cmd_bench(args) -> int:
         model = ensure_default_model()
     fa = args.flash_attn != "off"
     rows = bench.bench_pyggml(model, args.n_prompt, args.n_gen, args.threads, args.repetitions,
-                              flash_attn=fa)
+                              flash_attn=fa, n_gpu_layers=args.n_gpu_layers)
     ref = None
     if args.compare_llamacpp or args.llamacpp_python:
         ref = bench.bench_llamacpp(model, args.n_prompt, args.n_gen, args.threads,
-                                   args.repetitions, args.llamacpp_python, flash_attn=fa)
+                                   args.repetitions, args.llamacpp_python, flash_attn=fa,
+                                   n_gpu_layers=args.n_gpu_layers)
     print(bench.format_table(rows, ref, Path(model).name))
     return 0
 
@@ -161,6 +162,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat-penalty", type=float, default=1.0)
     r.add_argument("-s", "--seed", type=int, default=0xFFFFFFFF)
     r.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
+    r.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
+                   help="layers on the first GPU device (99: all, with the output)")
     r.add_argument("--ignore-eos", action="store_true")
     r.add_argument("--no-warmup", action="store_true")
     r.add_argument("-v", "--verbose", action="store_true")
@@ -173,6 +176,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-t", "--threads", type=_int_list, default=[1, 2])
     b.add_argument("-r", "--repetitions", type=int, default=3)
     b.add_argument("-fa", "--flash-attn", choices=("on", "off"), default="on")
+    b.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)
     b.add_argument("--compare-llamacpp", action="store_true",
                    help="also run llama.cpp (llama-cpp-python) with the same settings")
     b.add_argument("--llamacpp-python", default=None,

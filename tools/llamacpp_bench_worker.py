@@ -17,7 +17,8 @@ def main() -> None:
     n_ctx = max([*a["prompts"], *a["gens"], 1]) + 8
     for t in a["threads"]:
         m = Llama(a["model"], n_ctx=n_ctx, n_batch=max(a["prompts"] + [512]), n_ubatch=512,
-                  n_threads=t, n_threads_batch=t, flash_attn=a["flash_attn"], verbose=False)
+                  n_threads=t, n_threads_batch=t, flash_attn=a["flash_attn"],
+                  n_gpu_layers=a.get("n_gpu_layers", 0), verbose=False)
         V = m.n_vocab()
         m.eval([int(x) for x in np.random.default_rng(0).integers(100, min(V, 30000), 8)])
         for n in a["prompts"]:

@@ -40,13 +40,13 @@ def _tokens(n: int, n_vocab: int, seed: int) -> list[int]:
 
 
 def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=512,
-                 flash_attn=True) -> list[BenchRow]:
+                 flash_attn=True, n_gpu_layers=0) -> list[BenchRow]:
     from pyggml.llm.runtime import LLM
     rows = []
     need_ctx = n_ctx or max([*prompts, *gens, 1]) + 8
     for t in threads:
         with LLM(model_path, n_ctx=need_ctx, n_ubatch=n_ubatch, n_threads=t,
-                 n_threads_batch=t, flash_attn=flash_attn) as llm:
+                 n_threads_batch=t, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers) as llm:
             V = llm.hparams.n_vocab
             llm.eval(_tokens(min(8, need_ctx), V, 0))          # warm-up (graphs, pages)
             for n in prompts:
@@ -72,10 +72,10 @@ def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=
 
 
 def bench_llamacpp(model_path, prompts, gens, threads, reps, python: str | None,
-                   flash_attn=True) -> list[BenchRow]:
+                   flash_attn=True, n_gpu_layers=0) -> list[BenchRow]:
     """The same measurements through llama-cpp-python (WORKER script), in `python` or here."""
     args = {"model": str(model_path), "prompts": prompts, "gens": gens, "threads": threads,
-            "reps": reps, "flash_attn": flash_attn}
+            "reps": reps, "flash_attn": flash_attn, "n_gpu_layers": n_gpu_layers}
     exe = python or sys.executable
     out = subprocess.run([exe, str(WORKER), json.dumps(args)], capture_output=True, text=True,
                          timeout=3600)
