@@ -1,7 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // ADD, SUB, MUL, DIV: d = a op b, b broadcast over a (b.ne[i] divides a.ne[i]); F32, any strides
-// (in elements). One invocation per output element.
+// (in elements). Row grid (common.glsl): one invocation per output element.
+#define ROW_GRID
 #include "common.glsl"
 
 layout(binding = 0) readonly buffer A { uint data_a[]; };
@@ -18,19 +19,24 @@ layout(push_constant) uniform P {
 } p;
 
 void main() {
-    const uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
-    if (i >= p.ne0 * p.ne1 * p.ne2 * p.ne3) return;
-    const uint i0 = i % p.ne0;
-    const uint i1 = (i / p.ne0) % p.ne1;
-    const uint i2 = (i / (p.ne0 * p.ne1)) % p.ne2;
-    const uint i3 = i / (p.ne0 * p.ne1 * p.ne2);
-    const float x = uintBitsToFloat(data_a[p.a_off + i0 * p.a_s0 + i1 * p.a_s1 + i2 * p.a_s2 + i3 * p.a_s3]);
-    const float y = uintBitsToFloat(data_b[p.b_off + (i0 % p.b_ne0) * p.b_s0 + (i1 % p.b_ne1) * p.b_s1
-                                           + (i2 % p.b_ne2) * p.b_s2 + (i3 % p.b_ne3) * p.b_s3]);
-    float r;
-    if (p.op == 0u) r = x + y;
-    else if (p.op == 1u) r = x - y;
-    else if (p.op == 2u) r = x * y;
-    else r = x / y;
-    data_d[p.d_off + i0 * p.d_s0 + i1 * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3] = floatBitsToUint(r);
+    const uint row = grid_row();
+    if (row >= p.ne1 * p.ne2 * p.ne3) return;
+    const uint i1 = row % p.ne1, i2 = (row / p.ne1) % p.ne2, i3 = row / (p.ne1 * p.ne2);
+    const uint ab = p.a_off + i1 * p.a_s1 + i2 * p.a_s2 + i3 * p.a_s3;
+    const uint bb = p.b_off + (i1 % p.b_ne1) * p.b_s1 + (i2 % p.b_ne2) * p.b_s2 + (i3 % p.b_ne3) * p.b_s3;
+    const uint db = p.d_off + i1 * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3;
+    for (uint e = 0u; e < EPT; e++) {
+        const uint i0 = grid_col(e);
+        if (i0 >= p.ne0) return;
+        uint j0 = i0;
+        if (p.b_ne0 != p.ne0) j0 = i0 % p.b_ne0;      // uniform: no division when not repeated
+        const float x = uintBitsToFloat(data_a[ab + i0 * p.a_s0]);
+        const float y = uintBitsToFloat(data_b[bb + j0 * p.b_s0]);
+        float r;
+        if (p.op == 0u) r = x + y;
+        else if (p.op == 1u) r = x - y;
+        else if (p.op == 2u) r = x * y;
+        else r = x / y;
+        data_d[db + i0 * p.d_s0] = floatBitsToUint(r);
+    }
 }

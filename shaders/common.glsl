@@ -22,6 +22,23 @@ uint wg_linear() {
     return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
 }
 
+// Row grids of element-wise kernels (define ROW_GRID): x walks along a row, each invocation
+// taking EPT elements (specialization constant 1) WG_SIZE apart, so neighbouring invocations
+// touch neighbouring elements; y and z fold the row index. Splitting a row index into
+// (i1, i2, i3) then costs a few divisions per workgroup instead of several per element (integer
+// division has no SIMD form on CPUs), and per-invocation costs spread over EPT elements.
+#ifdef ROW_GRID
+layout(constant_id = 1) const uint EPT = 1;
+
+uint grid_row() {
+    return gl_WorkGroupID.z * gl_NumWorkGroups.y + gl_WorkGroupID.y;
+}
+
+uint grid_col(uint e) {
+    return (gl_WorkGroupID.x * EPT + e) * WG_SIZE + gl_LocalInvocationID.x;
+}
+#endif
+
 // ---- fp16 ------------------------------------------------------------------------------------
 
 // Exact fp16 -> fp32: the conversion instruction for normal numbers, inf and nan; denormals

@@ -1,7 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // CONCAT along dim: d[i] = i[dim] < a_ne_dim ? a[i] : b[i - a_ne_dim along dim]. Elements of 4
-// bytes (F32, I32) or F16 (flags & 1), any strides (in elements).
+// bytes (F32, I32) or F16 (flags & 1), any strides (in elements). Row grid over d (common.glsl).
+#define ROW_GRID
 #include "common.glsl"
 
 layout(binding = 0) readonly buffer A { uint data_a[]; };
@@ -27,19 +28,23 @@ uint rd(bool from_a, uint e) {
 }
 
 void main() {
-    const uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
-    if (i >= p.ne0 * p.ne1 * p.ne2 * p.ne3) return;
+    const uint row = grid_row();
+    if (row >= p.ne1 * p.ne2 * p.ne3) return;
     uint ix[4];
-    ix[0] = i % p.ne0;
-    ix[1] = (i / p.ne0) % p.ne1;
-    ix[2] = (i / (p.ne0 * p.ne1)) % p.ne2;
-    ix[3] = i / (p.ne0 * p.ne1 * p.ne2);
-    const uint di = p.d_off + ix[0] * p.d_s0 + ix[1] * p.d_s1 + ix[2] * p.d_s2 + ix[3] * p.d_s3;
-    const bool from_a = ix[p.dim] < p.a_ne_dim;
-    if (!from_a) ix[p.dim] -= p.a_ne_dim;
-    const uint e = from_a ? p.a_off + ix[0] * p.a_s0 + ix[1] * p.a_s1 + ix[2] * p.a_s2 + ix[3] * p.a_s3
-                          : p.b_off + ix[0] * p.b_s0 + ix[1] * p.b_s1 + ix[2] * p.b_s2 + ix[3] * p.b_s3;
-    const uint v = rd(from_a, e);
-    if ((p.flags & 1u) != 0u) store_f16_bits(di, v);
-    else data_d[di] = v;
+    ix[1] = row % p.ne1;
+    ix[2] = (row / p.ne1) % p.ne2;
+    ix[3] = row / (p.ne1 * p.ne2);
+    for (uint e = 0u; e < EPT; e++) {
+        ix[0] = grid_col(e);
+        if (ix[0] >= p.ne0) return;
+        uint j[4] = ix;
+        const uint di = p.d_off + j[0] * p.d_s0 + j[1] * p.d_s1 + j[2] * p.d_s2 + j[3] * p.d_s3;
+        const bool from_a = j[p.dim] < p.a_ne_dim;
+        if (!from_a) j[p.dim] -= p.a_ne_dim;
+        const uint s = from_a ? p.a_off + j[0] * p.a_s0 + j[1] * p.a_s1 + j[2] * p.a_s2 + j[3] * p.a_s3
+                              : p.b_off + j[0] * p.b_s0 + j[1] * p.b_s1 + j[2] * p.b_s2 + j[3] * p.b_s3;
+        const uint v = rd(from_a, s);
+        if ((p.flags & 1u) != 0u) store_f16_bits(di, v);
+        else data_d[di] = v;
+    }
 }

@@ -5,6 +5,8 @@
 // Rows of a outside [row0, row1) are left to another dispatch (a matrix larger than one storage
 // buffer binding is split by rows; a_off is then the offset of row0). An index outside a gives a
 // zero row and sets `status` to `tag` (the backend raises after the graph, naming the node).
+// Row grid (common.glsl) over output rows; x walks elements (groups of 4 when quantized).
+#define ROW_GRID
 #include "common.glsl"
 
 layout(binding = 0) readonly buffer A { uint data_a[]; };
@@ -30,36 +32,37 @@ void main() {
 #else
     const uint per_row = p.ne0 / 4u;
 #endif
-    const uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
-    if (i >= per_row * p.n_idx) return;
-    const uint u = i % per_row;
-    const uint r = i / per_row;
+    const uint r = grid_row();
+    if (r >= p.n_idx) return;
     const uint i10 = r % p.b_ne0, i11 = (r / p.b_ne0) % p.b_ne1, i12 = r / (p.b_ne0 * p.b_ne1);
     const int row = data_b[p.b_off + i10 * p.b_s0 + i11 * p.b_s1 + i12 * p.b_s2];
     const uint db = p.d_off + i10 * p.d_s1 + i11 * p.d_s2 + i12 * p.d_s3;
-    if (row < 0 || uint(row) >= p.a_ne1) {
-        if (p.row0 == 0u) {
-#ifdef IS_FLOAT_TYPE
-            data_d[db + u] = 0u;
-#else
-            for (uint c = 0u; c < 4u; c++) data_d[db + 4u * u + c] = 0u;
-#endif
-            atomicCompSwap(status[0], 0u, p.tag);
-        }
-        return;
+    const bool bad = row < 0 || uint(row) >= p.a_ne1;
+    if (bad) {
+        if (p.row0 != 0u) return;
+        if (gl_LocalInvocationID.x == 0u) atomicCompSwap(status[0], 0u, p.tag);
+    } else if (uint(row) < p.row0 || uint(row) >= p.row1) {
+        return;                                  // another dispatch has this row
     }
-    if (uint(row) < p.row0 || uint(row) >= p.row1) return;
     const uint ab = p.a_off + (uint(row) - p.row0) * p.a_nb1 + i11 * p.a_nb2 + i12 * p.a_nb3;
+    for (uint e = 0u; e < EPT; e++) {
+        const uint u = grid_col(e);
+        if (u >= per_row) return;
+#if defined(IS_FLOAT_TYPE)
+        if (bad) { data_d[db + u] = 0u; continue; }
 #if defined(TYPE_F32)
-    data_d[db + u] = data_a[ab + u];             // bit copy (also I32)
-#elif defined(TYPE_F16)
-    data_d[db + u] = floatBitsToUint(load_a(ab + u));
+        data_d[db + u] = data_a[ab + u];         // bit copy (also I32)
 #else
-    const uint e = 4u * u;
-    const vec4 v = dequant4(ab + (e / QK) * QBYTES, e % QK);
-    data_d[db + e] = floatBitsToUint(v.x);
-    data_d[db + e + 1u] = floatBitsToUint(v.y);
-    data_d[db + e + 2u] = floatBitsToUint(v.z);
-    data_d[db + e + 3u] = floatBitsToUint(v.w);
+        data_d[db + u] = floatBitsToUint(load_a(ab + u));
 #endif
+#else
+        const uint c = 4u * u;
+        vec4 v = vec4(0.0);
+        if (!bad) v = dequant4(ab + (c / QK) * QBYTES, c % QK);
+        data_d[db + c] = floatBitsToUint(v.x);
+        data_d[db + c + 1u] = floatBitsToUint(v.y);
+        data_d[db + c + 2u] = floatBitsToUint(v.z);
+        data_d[db + c + 3u] = floatBitsToUint(v.w);
+#endif
+    }
 }

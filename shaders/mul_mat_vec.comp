@@ -2,8 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 // MUL_MAT, matrix-vector form for NUM_COLS (= p.M) activation rows: d[n, m, i2, i3] =
 // sum_k a[k, n, i2/r2, i3/r3] * b[k, m, i2, i3]. One workgroup per NUM_ROWS weight rows (folded
-// x/y grid), one row after the other; z = plane i2 + i3 * B2. A row is dequantized once and used
-// for every activation row.
+// x/y grid), computed together so each activation value is loaded once for all of them;
+// z = plane i2 + i3 * B2. A row is dequantized once and used for every activation row.
 // a: TYPE_* with dense rows (offsets/strides in bytes when quantized, in elements for F32/F16);
 // b and d: F32 with dense rows (strides in elements). `row0` is the first output row of this
 // dispatch (a weight matrix larger than one binding is split by rows; a_off points at row0).
@@ -28,43 +28,51 @@ layout(push_constant) uniform P {
     uint row0;
 } p;
 
-void row(const uint n, const uint i2, const uint i3) {
-    const uint ab = p.a_off + n * p.a_nb1 + (i2 / p.r2) * p.a_nb2 + (i3 / p.r3) * p.a_nb3;
+void main() {
+    const uint n0 = wg_linear() * NUM_ROWS;
+    if (n0 >= p.N) return;                              // whole workgroup
+    const uint i2 = gl_WorkGroupID.z % p.B2, i3 = gl_WorkGroupID.z / p.B2;
+    const uint nr = min(NUM_ROWS, p.N - n0);            // rows of this workgroup (uniform)
+    const uint ab = p.a_off + n0 * p.a_nb1 + (i2 / p.r2) * p.a_nb2 + (i3 / p.r3) * p.a_nb3;
     const uint bb = p.b_off + i2 * p.b_s2 + i3 * p.b_s3;
     const uint t = gl_LocalInvocationID.x;
-    float acc[NUM_COLS];
-    [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) acc[m] = 0.0;
+    float acc[NUM_ROWS][NUM_COLS];
+    [[unroll]] for (uint r = 0u; r < NUM_ROWS; r++) {
+        [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) acc[r][m] = 0.0;
+    }
 #ifdef IS_FLOAT_TYPE
     for (uint k = t; k < p.K; k += WG_SIZE) {
-        const float w = load_a(ab + k);
-        [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) {
-            acc[m] += w * uintBitsToFloat(data_b[bb + m * p.b_s1 + k]);
+        float x[NUM_COLS];
+        [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) x[m] = uintBitsToFloat(data_b[bb + m * p.b_s1 + k]);
+        [[unroll]] for (uint r = 0u; r < NUM_ROWS; r++) {
+            // a row past the end re-reads the last row (its result is not written)
+            const float w = load_a(ab + min(r, nr - 1u) * p.a_nb1 + k);
+            [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) acc[r][m] += w * x[m];
         }
     }
 #else
     // consecutive invocations take consecutive groups of 4 elements (coalesced reads)
     for (uint e = 4u * t; e < p.K; e += 4u * WG_SIZE) {
-        const vec4 w = dequant4(ab + (e / QK) * QBYTES, e % QK);
+        vec4 x[NUM_COLS];
         [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) {
             const uint bi = bb + m * p.b_s1 + e;
-            acc[m] += dot(w, vec4(uintBitsToFloat(data_b[bi]), uintBitsToFloat(data_b[bi + 1u]),
-                                  uintBitsToFloat(data_b[bi + 2u]), uintBitsToFloat(data_b[bi + 3u])));
+            x[m] = vec4(uintBitsToFloat(data_b[bi]), uintBitsToFloat(data_b[bi + 1u]),
+                        uintBitsToFloat(data_b[bi + 2u]), uintBitsToFloat(data_b[bi + 3u]));
+        }
+        const uint boff = (e / QK) * QBYTES;
+        [[unroll]] for (uint r = 0u; r < NUM_ROWS; r++) {
+            const vec4 w = dequant4(ab + min(r, nr - 1u) * p.a_nb1 + boff, e % QK);
+            [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) acc[r][m] += dot(w, x[m]);
         }
     }
 #endif
-    [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) {
-        const float s = wg_sum(acc[m]);
-        if (t == 0u) {
-            data_d[p.d_off + p.row0 + n + m * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3] = floatBitsToUint(s);
+    [[unroll]] for (uint r = 0u; r < NUM_ROWS; r++) {
+        [[unroll]] for (uint m = 0u; m < NUM_COLS; m++) {
+            const float s = wg_sum(acc[r][m]);
+            if (t == 0u && r < nr) {
+                data_d[p.d_off + p.row0 + n0 + r + m * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3] =
+                    floatBitsToUint(s);
+            }
         }
-    }
-}
-
-void main() {
-    const uint i2 = gl_WorkGroupID.z % p.B2, i3 = gl_WorkGroupID.z / p.B2;
-    const uint n0 = wg_linear() * NUM_ROWS;
-    for (uint r = 0u; r < NUM_ROWS; r++) {
-        if (n0 + r >= p.N) return;              // whole workgroup
-        row(n0 + r, i2, i3);
     }
 }

@@ -3,7 +3,9 @@
 // ROPE, modes NORMAL (pairs 2k, 2k+1) and NEOX (pairs k, k + n_dims/2), as ggml's CPU code:
 // theta_k = pos[i2] * theta_scale^k by iterated fp32 products, divided by freq_factors[k] when
 // given, YaRN blend when ext_factor != 0; elements from n_dims on are copied. F32, dense rows.
-// One invocation per pair (and per copied tail element), so it may run in place.
+// One invocation per pair (and per copied tail element), so it may run in place. Row grid
+// (common.glsl): x walks the n_dims/2 + (ne0 - n_dims) slots of a row.
+#define ROW_GRID
 #include "common.glsl"
 
 layout(binding = 0) readonly buffer A { uint data_a[]; };
@@ -20,15 +22,7 @@ layout(push_constant) uniform P {
     float theta_scale, freq_scale, ext_factor, attn_factor, mscale_ext, corr0, corr1;
 } p;
 
-void main() {
-    const uint slots = p.n_dims / 2u + (p.ne0 - p.n_dims);
-    const uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
-    if (i >= slots * p.ne1 * p.ne2 * p.ne3) return;
-    const uint k = i % slots;
-    const uint row = i / slots;
-    const uint i1 = row % p.ne1, i2 = (row / p.ne1) % p.ne2, i3 = row / (p.ne1 * p.ne2);
-    const uint ab = p.a_off + i1 * p.a_s1 + i2 * p.a_s2 + i3 * p.a_s3;
-    const uint db = p.d_off + i1 * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3;
+void slot(const uint k, const uint ab, const uint db, const uint i2) {
     if (k >= p.n_dims / 2u) {
         const uint e = p.n_dims + (k - p.n_dims / 2u);
         data_d[db + e] = data_a[ab + e];
@@ -55,4 +49,18 @@ void main() {
     const float x1 = uintBitsToFloat(data_a[ab + j1]);
     data_d[db + j0] = floatBitsToUint(x0 * c - x1 * s);
     data_d[db + j1] = floatBitsToUint(x0 * s + x1 * c);
+}
+
+void main() {
+    const uint slots = p.n_dims / 2u + (p.ne0 - p.n_dims);
+    const uint row = grid_row();
+    if (row >= p.ne1 * p.ne2 * p.ne3) return;
+    const uint i1 = row % p.ne1, i2 = (row / p.ne1) % p.ne2, i3 = row / (p.ne1 * p.ne2);
+    const uint ab = p.a_off + i1 * p.a_s1 + i2 * p.a_s2 + i3 * p.a_s3;
+    const uint db = p.d_off + i1 * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3;
+    for (uint e = 0u; e < EPT; e++) {
+        const uint k = grid_col(e);
+        if (k >= slots) return;
+        slot(k, ab, db, i2);
+    }
 }

@@ -1,8 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // SET_ROWS (KV-cache writes): d[:, c[i1, i2 % c_ne1, i3 % c_ne2], i2, i3] = b[:, i1, i2, i3].
-// b: F32 dense rows; c: I32; d: F32 or F16 (flags & 1), dense rows. One invocation per element
-// of b. An index outside d writes nothing and sets `status` to `tag`.
+// b: F32 dense rows; c: I32; d: F32 or F16 (flags & 1), dense rows. Row grid over b (common.glsl),
+// one invocation per element. An index outside d writes nothing and sets `status` to `tag`.
+#define ROW_GRID
 #include "common.glsl"
 
 layout(binding = 0) readonly buffer B { uint data_b[]; };
@@ -21,19 +22,21 @@ layout(push_constant) uniform P {
 } p;
 
 void main() {
-    const uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
-    if (i >= p.ne0 * p.ne1 * p.ne2 * p.ne3) return;
-    const uint i0 = i % p.ne0;
-    const uint i1 = (i / p.ne0) % p.ne1;
-    const uint i2 = (i / (p.ne0 * p.ne1)) % p.ne2;
-    const uint i3 = i / (p.ne0 * p.ne1 * p.ne2);
-    const int row = data_c[p.c_off + i1 * p.c_s0 + (i2 % p.c_ne1) * p.c_s1 + (i3 % p.c_ne2) * p.c_s2];
-    if (row < 0 || uint(row) >= p.d_ne1) {
+    const uint row = grid_row();
+    if (row >= p.ne1 * p.ne2 * p.ne3) return;
+    const uint i1 = row % p.ne1, i2 = (row / p.ne1) % p.ne2, i3 = row / (p.ne1 * p.ne2);
+    const int dst = data_c[p.c_off + i1 * p.c_s0 + (i2 % p.c_ne1) * p.c_s1 + (i3 % p.c_ne2) * p.c_s2];
+    if (dst < 0 || uint(dst) >= p.d_ne1) {
         atomicCompSwap(status[0], 0u, p.tag);
         return;
     }
-    const uint v = data_b[p.b_off + i1 * p.b_s1 + i2 * p.b_s2 + i3 * p.b_s3 + i0];
-    const uint di = p.d_off + uint(row) * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3 + i0;
-    if ((p.flags & 1u) != 0u) store_f16_bits(di, f32_to_f16(uintBitsToFloat(v)));
-    else data_d[di] = v;
+    const uint bb = p.b_off + i1 * p.b_s1 + i2 * p.b_s2 + i3 * p.b_s3;
+    const uint db = p.d_off + uint(dst) * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3;
+    for (uint e = 0u; e < EPT; e++) {
+        const uint i0 = grid_col(e);
+        if (i0 >= p.ne0) return;
+        const uint v = data_b[bb + i0];
+        if ((p.flags & 1u) != 0u) store_f16_bits(db + i0, f32_to_f16(uintBitsToFloat(v)));
+        else data_d[db + i0] = v;
+    }
 }

@@ -3,7 +3,8 @@
 // Element-wise F32 ops, any strides (in elements), one invocation per element:
 // 0 SCALE (x*f0 + f1), 1 SILU, 2 GELU (ggml's fp16 table: input and output rounded to fp16,
 // 0 / x outside (-10, 10)), 3 SQR, 4 SQRT, 5 TANH, 6 DIAG_MASK_INF (-inf where i0 > n_past + i1,
-// n_past = floatBitsToInt(f0)).
+// n_past = floatBitsToInt(f0)). Row grid (common.glsl).
+#define ROW_GRID
 #include "common.glsl"
 
 layout(binding = 0) readonly buffer A { uint data_a[]; };
@@ -18,30 +19,34 @@ layout(push_constant) uniform P {
     float f0, f1;
 } p;
 
-void main() {
-    const uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
-    if (i >= p.ne0 * p.ne1 * p.ne2 * p.ne3) return;
-    const uint i0 = i % p.ne0;
-    const uint i1 = (i / p.ne0) % p.ne1;
-    const uint i2 = (i / (p.ne0 * p.ne1)) % p.ne2;
-    const uint i3 = i / (p.ne0 * p.ne1 * p.ne2);
-    const float x = uintBitsToFloat(data_a[p.a_off + i0 * p.a_s0 + i1 * p.a_s1 + i2 * p.a_s2 + i3 * p.a_s3]);
-    float r;
+float op(const float x, const uint i0, const uint i1) {
     switch (p.op) {
-    case 0u: r = x * p.f0 + p.f1; break;
-    case 1u: r = x / (1.0 + exp(-x)); break;
+    case 0u: return x * p.f0 + p.f1;
+    case 1u: return x / (1.0 + exp(-x));
     case 2u:
-        if (x <= -10.0) r = 0.0;
-        else if (x >= 10.0) r = x;
-        else {
+        if (x <= -10.0) return 0.0;
+        if (x >= 10.0) return x;
+        {
             const uint h = f32_to_f16(x);
-            r = f16_to_f32((gelu_table[h >> 1] >> ((h & 1u) << 4)) & 0xffffu);
+            return f16_to_f32((gelu_table[h >> 1] >> ((h & 1u) << 4)) & 0xffffu);
         }
-        break;
-    case 3u: r = x * x; break;
-    case 4u: r = sqrt(x); break;
-    case 5u: r = tanh(clamp(x, -15.0, 15.0)); break;
-    default: r = int(i0) > floatBitsToInt(p.f0) + int(i1) ? -INF_F32 : x; break;
+    case 3u: return x * x;
+    case 4u: return sqrt(x);
+    case 5u: return tanh(clamp(x, -15.0, 15.0));
+    default: return int(i0) > floatBitsToInt(p.f0) + int(i1) ? -INF_F32 : x;
     }
-    data_d[p.d_off + i0 * p.d_s0 + i1 * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3] = floatBitsToUint(r);
+}
+
+void main() {
+    const uint row = grid_row();
+    if (row >= p.ne1 * p.ne2 * p.ne3) return;
+    const uint i1 = row % p.ne1, i2 = (row / p.ne1) % p.ne2, i3 = row / (p.ne1 * p.ne2);
+    const uint ab = p.a_off + i1 * p.a_s1 + i2 * p.a_s2 + i3 * p.a_s3;
+    const uint db = p.d_off + i1 * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3;
+    for (uint e = 0u; e < EPT; e++) {
+        const uint i0 = grid_col(e);
+        if (i0 >= p.ne0) return;
+        const float x = uintBitsToFloat(data_a[ab + i0 * p.a_s0]);
+        data_d[db + i0 * p.d_s0] = floatBitsToUint(op(x, i0, i1));
+    }
 }

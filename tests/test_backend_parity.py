@@ -16,9 +16,10 @@ Each case also fills guard tensors between all tensors of the graph and checks a
 that neither the guards nor the inputs changed (out-of-bounds writes).
 
 Two device configurations run the whole list: the device's own choice (on lavapipe: one 8-wide
-subgroup per row, subgroup arithmetic, 16-bit stores) and a portable one (64-wide workgroups,
-shared-memory reductions, fp16 stores with word atomics, 64x64 matmul tiles, staging copies
-instead of mapped memory). Skips only when there is no Vulkan device at all.
+subgroup per row, subgroup arithmetic, 16-bit stores, 8 elements per invocation, 8 matvec rows
+per workgroup) and a portable one (64-wide workgroups, shared-memory reductions, fp16 stores
+with word atomics, one element per invocation, one matvec row, 64x64 matmul tiles, staging
+copies instead of mapped memory). Skips only when there is no Vulkan device at all.
 """
 from __future__ import annotations
 
@@ -73,8 +74,8 @@ def cpu():
 
 CONFIGS = {
     "native": None,
-    "portable": dict(subgroup=False, store16=False, wg_reduce=64, wg_elem=128, mm_tile=64,
-                     host_mapped=False),
+    "portable": dict(subgroup=False, store16=False, wg_reduce=64, wg_elem=128, ept=1,
+                     mm_tile=64, mmv_rows=1, host_mapped=False),
 }
 _backends: dict = {}
 

@@ -164,6 +164,14 @@ def bench_overhead(vk: VulkanBackend, n: int, reps: int) -> None:
     del buf
 
 
+def _kv_cache(R, hp, buft):
+    """A 512-cell F16 KV cache in `buft` (the runtime's KVCache, either signature)."""
+    try:
+        return R.KVCache(hp, 512, "f16", "f16", 1, buffer_types=[buft] * hp.n_layer)
+    except TypeError:
+        return R.KVCache(hp, 512, "f16", "f16", 1, buffer_type=buft)
+
+
 def bench_model(vk: VulkanBackend, cpu: CpuBackend, reps: int, profile: bool = False) -> None:
     """Whole Gemma 3 270M graphs with every weight and the KV cache in Vulkan memory."""
     from pyggml.alloc import GraphAllocator
@@ -182,11 +190,12 @@ def bench_model(vk: VulkanBackend, cpu: CpuBackend, reps: int, profile: bool = F
         out = {}
         for where, weights, be in (("vk", w_vk, vk), ("cpu", w_host, cpu)):
             buft = vk.get_default_buffer_type() if where == "vk" else cpu_buffer_type()
-            kv = R.KVCache(hp, 512, "f16", "f16", 1, buffer_type=buft)
+            kv = _kv_cache(R, hp, buft)
             g, inp, logits = R.build_graph(hp, weights, kv, R.GraphParams(T, 1, 256), True, True)
             ga = GraphAllocator([buft])
             ga.alloc_graph(g)
-            kv.buffer.clear(0)
+            for kb in getattr(kv, "buffers", None) or [kv.buffer]:
+                kb.clear(0)
             mask = np.where(np.arange(256)[None, :] <= np.arange(T)[:, None], 0, -np.inf)
 
             def set_inputs(inp=inp):          # inputs' memory is reused after their last use

@@ -281,6 +281,17 @@ class Builder:
             raise BackendError(f"grid of {total} x {z} workgroups exceeds the device's limits")
         return (x, y, z)
 
+    def rows_grid(self, n_cols: int, n_rows: int) -> tuple:
+        """Row grid (common.glsl grid_row/grid_col): x covers n_cols invocations, y and z the
+        rows."""
+        mx, my, mz = self.env.max_wg_count
+        x = -(-n_cols // (self.cfg.wg_elem * self.cfg.ept))
+        y = min(n_rows, my)
+        z = -(-n_rows // y) if y else 0
+        if x > mx or z > mz:
+            raise BackendError(f"row grid of {n_cols} x {n_rows} exceeds the device's limits")
+        return (x, y, z)
+
     def loc(self, t: Tensor, unit: int, off: int = 0, n: int | None = None):
         """(window, offset in `unit`s) of t's bytes [off, off + n)."""
         if t.data is None:
@@ -311,9 +322,8 @@ class Builder:
         (wa, oa), (wb, ob), (wd, od) = self.loc(a, 4), self.loc(b, 4), self.loc(t, 4)
         push = _pack(*t.ne, oa, *self.strides(a, 4), *b.ne, ob, *self.strides(b, 4),
                      od, *self.strides(t, 4), BINARY[t.op])
-        wg = self.cfg.wg_elem
-        return [self._mk("binary", (wg,), (wa, wb, wd), push, self.fold(-(-t.nelements() // wg)),
-                         [a, b], [t])]
+        return [self._mk("binary", self._elem_spec(), (wa, wb, wd), push,
+                         self.rows_grid(t.ne[0], t.nrows()), [a, b], [t])]
 
     _sub = _mul = _div = _add
 
@@ -325,11 +335,14 @@ class Builder:
             f0 = t.op_param_i32(0)
         table = self.env.gelu_table() if t.op == Op.GELU else self.env.dummy
         push = _pack(*t.ne, oa, *self.strides(a, 4), od, *self.strides(t, 4), UNARY[t.op], f0, f1)
-        wg = self.cfg.wg_elem
-        return [self._mk("unary", (wg,), (wa, wd, table), push,
-                         self.fold(-(-t.nelements() // wg)), [a], [t])]
+        return [self._mk("unary", self._elem_spec(), (wa, wd, table), push,
+                         self.rows_grid(t.ne[0], t.nrows()), [a], [t])]
 
     _silu = _gelu = _sqr = _sqrt = _tanh = _diag_mask_inf = _scale
+
+    def _elem_spec(self) -> tuple:
+        """Specialization of the row-grid kernels: workgroup size, elements per invocation."""
+        return (self.cfg.wg_elem, self.cfg.ept)
 
     def _sg(self, name: str) -> str:
         return name + "_sg" if self.cfg.subgroup else name
@@ -385,10 +398,9 @@ class Builder:
         push = _pack(*t.ne, oa, sa[1], sa[2], sa[3], od, sd[1], sd[2], sd[3], op_, of, n_dims,
                      flags, theta_scale, fscale, ext, attn, mscale, corr0, corr1)
         slots = n_dims // 2 + (t.ne[0] - n_dims)
-        wg = self.cfg.wg_elem
         reads = [a, pos] + ([ff] if ff is not None else [])
-        return [self._mk("rope", (wg,), (wa, wp, wf, wd), push,
-                         self.fold(-(-slots * t.nrows() // wg)), reads, [t])]
+        return [self._mk("rope", self._elem_spec(), (wa, wp, wf, wd), push,
+                         self.rows_grid(slots, t.nrows()), reads, [t])]
 
     # -- rows and copies --
     def _row_pieces(self, a: Tensor):
@@ -405,7 +417,7 @@ class Builder:
         sb, sd = self.strides(b, 4), self.strides(t, 4)
         n_idx = b.ne[0] * b.ne[1] * b.ne[2]
         per_row = a.ne[0] if u > 1 else a.ne[0] // 4
-        wg = self.cfg.wg_elem
+        grid = self.rows_grid(per_row, n_idx)
         out = []
         for r0, r1 in self._row_pieces(a):
             n = a.nbytes() if (r0, r1) == (0, a.ne[1]) else (r1 - r0) * a.nb[1]
@@ -414,9 +426,8 @@ class Builder:
                          a.nb[3] // u, a.ne[1], r0, r1, ob, sb[0], sb[1], sb[2],
                          od, sd[1], sd[2], sd[3], self.env.tag(t))
             rd = (a.data + r0 * a.nb[1], a.data + r0 * a.nb[1] + n)
-            out.append(self._mk("get_rows_" + type_suffix(a.type), (wg,),
-                                (wa, wb, wd, self.env.status), push,
-                                self.fold(-(-per_row * n_idx // wg)), [rd, b], [t]))
+            out.append(self._mk("get_rows_" + type_suffix(a.type), self._elem_spec(),
+                                (wa, wb, wd, self.env.status), push, grid, [rd, b], [t]))
         return out
 
     def _set_rows(self, t):
@@ -427,20 +438,19 @@ class Builder:
         push = _pack(*b.ne, ob, sb[1], sb[2], sb[3], oc, c.ne[1], c.ne[2], sc[0], sc[1], sc[2],
                      od, sd[1], sd[2], sd[3], t.ne[1], 1 if t.type == F16 else 0, self.env.tag(t))
         name = "set_rows_s16" if t.type == F16 and self.cfg.store16 else "set_rows"
-        wg = self.cfg.wg_elem
-        return [self._mk(name, (wg,), (wb, wc, wd, self.env.status), push,
-                         self.fold(-(-b.nelements() // wg)), [b, c], [t])]
+        return [self._mk(name, self._elem_spec(), (wb, wc, wd, self.env.status), push,
+                         self.rows_grid(b.ne[0], b.nrows()), [b, c], [t])]
 
     def _cpy(self, t):
         a = t.src[0]
         ua, ud = ESIZE[a.type], ESIZE[t.type]
         (wa, oa), (wd, od) = self.loc(a, ua), self.loc(t, ud)
-        flags = (1 if a.type == F16 else 0) | (2 if t.type == F16 else 0)
+        flags = ((1 if a.type == F16 else 0) | (2 if t.type == F16 else 0)
+                 | (4 if a.ne != t.ne else 0))
         push = _pack(*a.ne, oa, *self.strides(a, ua), *t.ne, od, *self.strides(t, ud), flags)
         name = "cpy_s16" if t.type == F16 and self.cfg.store16 else "cpy"
-        wg = self.cfg.wg_elem
-        return [self._mk(name, (wg,), (wa, wd), push, self.fold(-(-a.nelements() // wg)),
-                         [a], [t])]
+        return [self._mk(name, self._elem_spec(), (wa, wd), push,
+                         self.rows_grid(a.ne[0], a.nrows()), [a], [t])]
 
     _cont = _dup = _cpy
 
@@ -452,9 +462,8 @@ class Builder:
         push = _pack(*t.ne, oa, *self.strides(a, u), ob, *self.strides(b, u), od,
                      *self.strides(t, u), dim, a.ne[dim], 1 if t.type == F16 else 0)
         name = "concat_s16" if t.type == F16 and self.cfg.store16 else "concat"
-        wg = self.cfg.wg_elem
-        return [self._mk(name, (wg,), (wa, wb, wd), push, self.fold(-(-t.nelements() // wg)),
-                         [a, b], [t])]
+        return [self._mk(name, self._elem_spec(), (wa, wb, wd), push,
+                         self.rows_grid(t.ne[0], t.nrows()), [a, b], [t])]
 
     # -- matrix products --
     def _mul_mat(self, t):
