@@ -42,7 +42,7 @@ def np_roundf(a):
     return gguf.quants.np_roundf(a)
 
 
-# ---- test data ------------------------------------------------------------------------------
+# ---- test data -----------------------------------------------------------------------------------
 
 # value that makes a rounding tie appear: per type, (anchor, tie offset): the anchor makes the
 # block's d an exact power of two p, every other element is (k + 0.5)·p.
@@ -107,7 +107,7 @@ def assert_same_floats(a, b, what):
                            f"{b[~nan][bad][:4]}")
 
 
-# ---- quantize / dequantize against gguf ---------------------------------------------------------
+# ---- quantize / dequantize against gguf ----------------------------------------------------------
 
 @pytest.mark.parametrize("type_name", GGUF_TYPES)
 @pytest.mark.parametrize("kind", KINDS)
@@ -153,7 +153,7 @@ def test_dequantize_random_blocks(path, type_name):
     assert_same_floats(quants.dequantize(data, type_name), want, type_name)
 
 
-# ---- Q8_1: our own reference ----------------------------------------------------------------------
+# ---- Q8_1: our own reference ---------------------------------------------------------------------
 
 def q8_1_reference(x):
     """numpy transcription of ggml's quantize_row_q8_1_ref: fp16 d = amax/127, fp16
@@ -194,7 +194,7 @@ def test_q8_1_reference_sanity():
     assert b[2:4].view(np.float16)[0] == 127 - 64 + 3 + 1
 
 
-# ---- activation quantizers: bit-exact with the reference on every path -----------------------
+# ---- activation quantizers: bit-exact with the reference on every path ---------------------------
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "F16", "BF16"])
 @pytest.mark.parametrize("kind", KINDS)
@@ -217,7 +217,7 @@ def test_q8_0_ties_round_away_from_zero(path):
     assert list(q[2:7].view(np.int8)) == [127, 3, -3, 1, -127]
 
 
-# ---- dot products against float64 ---------------------------------------------------------------
+# ---- dot products against float64 ----------------------------------------------------------------
 
 def decode(data, type_name):
     """Per block: integer values (float64), d, and m (Q4_1/Q5_1) or s (Q8_1), from raw bytes."""
@@ -309,7 +309,7 @@ def test_paths_agree_on_a_dot():
         _native.set_cpu_path(before)
 
 
-# ---- bad input ------------------------------------------------------------------------------------
+# ---- bad input -----------------------------------------------------------------------------------
 
 def test_wrong_dtype_names_type_and_shape():
     with pytest.raises(UnsupportedTypeError, match=r"Q4_0.*float32.*float64.*\(64,\)"):

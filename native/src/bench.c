@@ -1,6 +1,7 @@
 /* Memory-bandwidth probe for the benchmarks (pg_bench_read in pyggml.h): reads a buffer with
  * the loads of the current kernel path (64 bytes on avx512, 32 on avx2, else plain 16-byte
- * vectors; the widest measure the most on this machine), four independent accumulators, and returns a checksum so the reads cannot be skipped. The checksum is the sum,
+ * vectors; the widest measure the most on this machine), four independent accumulators, and
+ * returns a checksum so the reads cannot be skipped. The checksum is the sum,
  * modulo 2^64, of the buffer's 8-byte little-endian words over the 64-byte-aligned middle plus
  * the bytes of the unaligned head and tail (tests check it). */
 #include <stdint.h>

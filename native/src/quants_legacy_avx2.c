@@ -76,9 +76,10 @@ PG_FLOAT_DOT(vec_dot_bf16, bf16_t, load_bf16)
 static inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
 
 static inline float block_amax(const float *x) {
-    __m256 m = _mm256_max_ps(_mm256_max_ps(abs_ps(_mm256_loadu_ps(x)), abs_ps(_mm256_loadu_ps(x + 8))),
-                             _mm256_max_ps(abs_ps(_mm256_loadu_ps(x + 16)),
-                                           abs_ps(_mm256_loadu_ps(x + 24))));
+    const __m256 m01 = _mm256_max_ps(abs_ps(_mm256_loadu_ps(x)), abs_ps(_mm256_loadu_ps(x + 8)));
+    const __m256 m23 = _mm256_max_ps(abs_ps(_mm256_loadu_ps(x + 16)),
+                                     abs_ps(_mm256_loadu_ps(x + 24)));
+    const __m256 m = _mm256_max_ps(m01, m23);
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));

@@ -159,7 +159,8 @@ static void q8_1_from_float(const float *restrict x, void *restrict vy, int64_t 
 static void f16_from_float(const float *restrict x, void *restrict vy, int64_t n) {
     pg_fp16 *y = vy;
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    for (; i + 4 <= n; i += 4)
+        vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
     for (; i < n; i++) y[i] = pg_fp32_to_fp16(x[i]);
 }
 

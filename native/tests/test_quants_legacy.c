@@ -24,7 +24,8 @@ static uint64_t rnd(void) {   /* splitmix64 */
     return z ^ (z >> 31);
 }
 
-static float rndf(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0) * 2.0f - 1.0f; }
+/* uniform in [-1, 1) */
+static float rndf(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0) * 2 - 1; }
 
 static const int32_t LEGACY_TYPES[] = {PG_TYPE_F32, PG_TYPE_F16, PG_TYPE_BF16, PG_TYPE_Q4_0,
                                        PG_TYPE_Q4_1, PG_TYPE_Q5_0, PG_TYPE_Q5_1, PG_TYPE_Q8_0,
@@ -400,8 +401,8 @@ PG_TEST(test_quants_api_validation) {
     CHECK(pg_quantize_row(PG_TYPE_Q4_0, x, q, 0) == PG_OK, "n = 0 is an empty row");
     CHECK(pg_quantize_row(PG_TYPE_Q4_0, x, q, 64) == PG_OK, "ok");
     CHECK(pg_quantize_row_act(PG_TYPE_Q8_0, x, q, 64) == PG_OK, "act ok");
-    CHECK(pg_quantize_row_act(PG_TYPE_Q8_0, x, q, 48) == PG_ERR_INVALID_ARG, "act n not a multiple of 32");
-    CHECK(pg_dequantize_row(PG_TYPE_Q8_1, q, out, 3) == PG_ERR_INVALID_ARG, "deq n not a multiple of 32");
+    CHECK(pg_quantize_row_act(PG_TYPE_Q8_0, x, q, 48) == PG_ERR_INVALID_ARG, "act n %% 32 != 0");
+    CHECK(pg_dequantize_row(PG_TYPE_Q8_1, q, out, 3) == PG_ERR_INVALID_ARG, "deq n %% 32 != 0");
     CHECK(pg_dequantize_row(PG_TYPE_F32, q, NULL, 1) == PG_ERR_INVALID_ARG, "deq NULL");
     CHECK(pg_dequantize_row(PG_TYPE_I32, q, out, 1) == PG_ERR_UNSUPPORTED, "I32 has no kernel");
     CHECK(pg_dequantize_row(PG_TYPE_F32, q, out, 4) == PG_OK, "deq f32");
@@ -411,7 +412,7 @@ PG_TEST(test_quants_api_validation) {
     CHECK(pg_vec_dot_type(PG_TYPE_Q8_1) == -1, "Q8_1 has no dot kernel");
     CHECK(pg_vec_dot_type(99) == -1, "unknown type");
     CHECK(pg_vec_dot(PG_TYPE_Q8_1, 32, &s, q, q) == PG_ERR_UNSUPPORTED, "Q8_1 dot");
-    CHECK(pg_vec_dot(PG_TYPE_Q4_0, 31, &s, q, q) == PG_ERR_INVALID_ARG, "dot n not a multiple of 32");
+    CHECK(pg_vec_dot(PG_TYPE_Q4_0, 31, &s, q, q) == PG_ERR_INVALID_ARG, "dot n %% 32 != 0");
     CHECK(pg_vec_dot(PG_TYPE_Q4_0, 32, NULL, q, q) == PG_ERR_INVALID_ARG, "dot NULL s");
     CHECK(pg_vec_dot(PG_TYPE_Q4_0, 0, &s, q, q) == PG_OK && s == 0.0f, "empty dot");
     CHECK(pg_type_block_size(PG_TYPE_Q5_1) == 32 && pg_type_size(PG_TYPE_Q5_1) == 24, "Q5_1");
