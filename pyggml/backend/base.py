@@ -172,7 +172,9 @@ class Buffer:
 class Event:
     """A marker in a backend's stream of work (ggml_backend_event). `record()` places it after the
     work queued so far; `synchronize()` blocks until that work is done; another backend can
-    queue a wait on it with `backend.event_wait(event)`."""
+    queue a wait on it with `backend.event_wait(event)`. A wait binds to the record current when
+    the wait is asked for (as CUDA/Vulkan stream waits do), not to a later re-record: the
+    scheduler queues a wait and then records the same event again on the same stream."""
 
     def __init__(self, backend: "Backend"):
         self.backend = backend
