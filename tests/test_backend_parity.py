@@ -48,7 +48,7 @@ if shutil.which("glslangValidator"):
         subprocess.run(["make", "-s", "shaders"], cwd=REPO, check=True)
 
 from pyggml.backend import vulkan  # noqa: E402
-from pyggml.backend.vulkan_device import Instance, vk_module  # noqa: E402
+from pyggml.backend.vulkan_info import Instance, vk_module  # noqa: E402
 
 
 def _physical_devices() -> int:

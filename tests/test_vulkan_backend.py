@@ -22,7 +22,7 @@ from test_backend_parity import (  # noqa: F401 - also skips this module without
 from pyggml import Context, Graph, ops, quants
 from pyggml.backend import base, vulkan
 from pyggml.backend.cpu import CpuBackend, cpu_buffer_type
-from pyggml.backend.vulkan_device import DEVICE_TYPES, VulkanMemoryError
+from pyggml.backend.vulkan_info import DEVICE_TYPES, VulkanMemoryError
 from pyggml.errors import BackendError
 
 RNG = np.random.default_rng(7)

@@ -26,6 +26,11 @@ overlapping windows (vulkan_device.py); the buffer type's max_size is one bindin
 allocator keeps compute buffers in one window. A weight larger than one binding is split by rows
 (MUL_MAT, GET_ROWS). Host access: memmove where the memory is host-visible, else a staging copy.
 
+Modules: vulkan_info (loader, device facts, KernelConfig: kernel shapes chosen from the limits),
+vulkan_device (logical device, memory windows, pipelines, submissions, transfers), vulkan_ops
+(support rules and dispatches per op), vulkan_record (command-buffer recording and replay),
+vulkan_bench (benchmarks); shaders/*.comp with their variants in shaders/variants.mk.
+
 Execution: a graph is recorded once into one command buffer (pipelines, descriptor sets, push
 constants, a barrier only where a dispatch touches memory an earlier one since the last barrier
 wrote, or writes memory one read); computing the same graph object again with the same uid and
@@ -37,7 +42,6 @@ index outside its source) are raised by synchronize(), naming the node.
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
 import os
 import weakref
@@ -54,22 +58,21 @@ from pyggml.backend.base import (
     DeviceType,
     Event,
 )
-from pyggml.backend.vulkan_device import (
-    BUFFER_PAD,
-    DeviceMemory,
+from pyggml.backend.vulkan_device import BUFFER_PAD, DeviceMemory, VkContext
+from pyggml.backend.vulkan_info import (
     Instance,
     KernelConfig,
-    VkContext,
     VulkanMemoryError,
     loader_error,
     query_device,
     shader_dir,
     vk_module,
 )
-from pyggml.backend.vulkan_ops import Builder, why_unsupported
+from pyggml.backend.vulkan_ops import why_unsupported
+from pyggml.backend.vulkan_record import Recorder, signature
 from pyggml.errors import BackendError
 from pyggml.tensor import Tensor
-from pyggml.types import VIEW_OPS, Op
+from pyggml.types import Op
 
 __all__ = ["VulkanBackend", "VulkanDevice", "VulkanBuffer", "VulkanBufferType",
            "VulkanMemoryError", "backend_reg", "devices", "unavailable_reason"]
@@ -364,48 +367,7 @@ class VulkanEvent(Event):
         self.backend.device.ctx.wait(self.serial)
 
 
-# ---- recorded graphs -----------------------------------------------------------------------------
-
-class _Record:
-    """One graph recorded into one command buffer. Its Vulkan objects are freed with it (after
-    its last submission finished), or by release()."""
-
-    def __init__(self, ctx: VkContext, uid: int, sig: list, cmd, keep: list, n_dispatches: int,
-                 n_barriers: int, labels: list, qpool, tags: list, tag_names: dict):
-        self.uid, self.sig, self.cmd = uid, sig, cmd
-        self.submit = ctx.submit_info(cmd)
-        self.keep = keep                  # buffers the commands read and write: kept alive
-        self.n_dispatches, self.n_barriers = n_dispatches, n_barriers
-        self.labels, self.qpool = labels, qpool
-        self.state = [0]                  # last submission's serial (shared with the finalizer)
-        self.release = weakref.finalize(self, _free_record, ctx, cmd, qpool, self.state, tags,
-                                        tag_names)
-
-    @property
-    def serial(self) -> int:
-        return self.state[0]
-
-
-def _free_record(ctx: VkContext, cmd, qpool, state, tags, tag_names) -> None:
-    try:
-        ctx.wait(state[0])
-    except BackendError as e:     # a shader's bad-data report: the buffer is still done
-        log.warning("%s", e)
-    ctx.free_command_buffer(cmd)
-    if qpool is not None:
-        ctx.vk.vkDestroyQueryPool(ctx.device, qpool, None)
-    for t in tags:
-        tag_names.pop(t, None)
-
-
-def _signature(graph) -> list:
-    """Addresses a recording depends on: every node's and source's data."""
-    return [t.data if t is not None else None for n in graph.nodes for t in (n, *n.src)]
-
-
-def _overlaps(ranges, lo: int, hi: int) -> bool:
-    return any(a < hi and lo < b for a, b in ranges)
-
+# ---- the backend --------------------------------------------------------------------------------
 
 class VulkanBackend(Backend):
     """Computes graphs on one Vulkan device (see the module docstring)."""
@@ -422,16 +384,25 @@ class VulkanBackend(Backend):
         self.name = device.name
         self.ctx = device.ctx
         self.cfg = device.cfg
-        self.max_bind = self.ctx.max_bind
+        self.max_bind = self.ctx.max_bind              # limits why_unsupported reads
         self.max_wg_count = device.info.max_wg_count
-        self.builder = Builder(self)
+        self.recorder = Recorder(device, self)
         self._records: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-        self._tags: dict[int, str] = {}            # status tag -> node (of live recordings)
-        self._new_tags: list[int] = []
-        self._next_tag = itertools.count(1)
-        self.profile = False        # record device timestamps per dispatch (profile_results)
-        self.n_recordings = 0       # counters for tests and benchmarks
         self.n_computes = 0
+
+    @property
+    def profile(self) -> bool:
+        """Record device timestamps per dispatch (profile_results) in new recordings."""
+        return self.recorder.profile
+
+    @profile.setter
+    def profile(self, on: bool) -> None:
+        self.recorder.profile = bool(on)
+
+    @property
+    def n_recordings(self) -> int:
+        """Command buffers recorded so far (a replay records nothing)."""
+        return self.recorder.n_recordings
 
     # -- capabilities --
     def supports_buft(self, buft: BufferType) -> bool:
@@ -447,37 +418,13 @@ class VulkanBackend(Backend):
         """Worth copying a host weight here: matrix products over a batch of 32+ rows."""
         return node.op == Op.MUL_MAT and node.ne[1] >= 32 and self.supports_op(node)
 
-    # -- environment the Builder uses --
-    @property
-    def dummy(self):
-        return self.device.dummy
-
-    @property
-    def status(self):
-        return self.device.status
-
-    def gelu_table(self):
-        return self.device.gelu_table()
-
-    def tag(self, node: Tensor) -> int:
-        t = next(self._next_tag)
-        self._tags[t] = f"'{node.name}' ({node.op.name})"
-        self._new_tags.append(t)
-        return t
-
-    def bind(self, addr: int, n: int):
-        buf, off = self.device.locate(addr, n)
-        self._keep.append(buf)
-        win, w0 = buf.dm.window(off, n)
-        return win, off - w0
-
     # -- compute --
     def graph_compute(self, graph) -> None:
         rec = self._records.get(graph)
-        if rec is None or rec.uid != graph.uid or rec.sig != _signature(graph):
+        if rec is None or rec.uid != graph.uid or rec.sig != signature(graph):
             if rec is not None:
                 rec.release()
-            rec = self._record(graph)
+            rec = self.recorder.record(graph, self.name)
             self._records[graph] = rec
         elif rec.serial:
             self.ctx.wait(rec.serial)        # the same command buffer may not run twice at once
@@ -489,108 +436,15 @@ class VulkanBackend(Backend):
         self.synchronize()
 
     def _check_status(self) -> str | None:
-        import ctypes
-        word = ctypes.c_uint32.from_address(self.device.status_mem.mapped)
-        if word.value == 0:
-            return None
-        tag, word.value = word.value, 0
-        what = self._tags.get(tag, f"tag {tag}")
-        return f"{self.name}: node {what} met bad data (a row index outside its source)"
-
-    def _record(self, graph) -> _Record:
-        vk, ctx = self.ctx.vk, self.ctx
-        self._keep, self._new_tags = [], []
-        dispatches, labels = [], []
-        for node in graph.nodes:
-            if node.op in VIEW_OPS or node.op == Op.NONE:
-                continue
-            why = why_unsupported(node, self)
-            if why:
-                raise BackendError(f"{self.name} cannot compute node '{node.name}' "
-                                   f"({node.op.name}): {why}")
-            ds = self.builder.build(node)
-            dispatches.extend(ds)
-            labels.extend([(node.name, node.op.name, d.pipeline) for d in ds])
-        cmd = ctx.new_command_buffer()
-        qpool_box = [None]
-        try:
-            n_barriers = self._record_commands(cmd, dispatches, qpool_box)
-            qpool = qpool_box[0]
-        except BaseException:
-            ctx.free_command_buffer(cmd)
-            if qpool_box[0] is not None:
-                vk.vkDestroyQueryPool(ctx.device, qpool_box[0], None)
-            for t in self._new_tags:
-                self._tags.pop(t, None)
-            raise
-        self.n_recordings += 1
-        keep, self._keep = self._keep, []
-        tags, self._new_tags = self._new_tags, []
-        return _Record(ctx, graph.uid, _signature(graph), cmd, keep, len(dispatches), n_barriers,
-                       labels, qpool, tags, self._tags)
-
-    def _record_commands(self, cmd, dispatches, qpool_box) -> int:
-        """Record `dispatches` with barriers where needed; returns the number of barriers."""
-        vk, ctx = self.ctx.vk, self.ctx
-        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
-        qpool = None
-        if self.profile:
-            qpool = vk.vkCreateQueryPool(ctx.device, vk.VkQueryPoolCreateInfo(
-                queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=len(dispatches) + 1), None)
-            qpool_box[0] = qpool
-            vk.vkCmdResetQueryPool(cmd, qpool, 0, len(dispatches) + 1)
-        comp, xfer = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-        rw = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
-        ctx.barrier(cmd, comp | xfer,
-                    vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT, comp, rw)
-        written, read = [], []
-        last_pipe = last_ds = None
-        n_barriers = 0
-        bind_point = vk.VK_PIPELINE_BIND_POINT_COMPUTE
-        if qpool is not None:
-            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qpool, 0)
-        for i, d in enumerate(dispatches):
-            hazard = any(_overlaps(written, lo, hi) for lo, hi in d.reads) or any(
-                _overlaps(written, lo, hi) or _overlaps(read, lo, hi) for lo, hi in d.writes)
-            if hazard:
-                ctx.barrier(cmd, comp, vk.VK_ACCESS_SHADER_WRITE_BIT, comp, rw)
-                n_barriers += 1
-                written, read = [], []
-            read.extend(d.reads)
-            written.extend(d.writes)
-            pipe = ctx.pipeline(d.pipeline, d.spec)
-            if pipe is not last_pipe:
-                vk.vkCmdBindPipeline(cmd, bind_point, pipe)
-                last_pipe = pipe
-            ds = ctx.descriptor_set(d.bindings)[0]
-            if ds is not last_ds:
-                vk.vkCmdBindDescriptorSets(cmd, bind_point, ctx.layout, 0, 1, [ds], 0, None)
-                last_ds = ds
-            push = ctx.ffi.from_buffer(d.push)
-            vk.vkCmdPushConstants(cmd, ctx.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                                  len(d.push), push)
-            vk.vkCmdDispatch(cmd, *d.grid)
-            if qpool is not None:
-                vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qpool, i + 1)
-        ctx.barrier(cmd, comp, vk.VK_ACCESS_SHADER_WRITE_BIT,
-                    comp | xfer | vk.VK_PIPELINE_STAGE_HOST_BIT,
-                    rw | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_HOST_READ_BIT)
-        vk.vkEndCommandBuffer(cmd)
-        return n_barriers
+        return self.recorder.check_status(self.name)
 
     def profile_results(self, graph) -> list[tuple[str, str, str, float]]:
         """With `profile = True` set before the graph was recorded: (node, op, shader, seconds)
         per dispatch of its last compute (device timestamps; call after synchronize())."""
         rec = self._records.get(graph)
-        if rec is None or rec.qpool is None:
-            raise BackendError("graph not recorded with profile = True")
-        vk, ctx = self.ctx.vk, self.ctx
-        n = rec.n_dispatches + 1
-        data = ctx.ffi.new("uint64_t[]", n)
-        vk.vkGetQueryPoolResults(ctx.device, rec.qpool, 0, n, 8 * n, data, 8,
-                                 vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
-        period = vk.vkGetPhysicalDeviceProperties(self.device.pd).limits.timestampPeriod * 1e-9
-        return [(*rec.labels[i], (data[i + 1] - data[i]) * period) for i in range(n - 1)]
+        if rec is None:
+            raise BackendError("graph not recorded")
+        return self.recorder.timestamps(rec)
 
     def record_stats(self, graph) -> tuple[int, int] | None:
         """(dispatches, barriers) of the recording of `graph`, if it was recorded."""
