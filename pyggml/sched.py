@@ -508,7 +508,9 @@ class Scheduler:
             print(self.format_assignments(verbose=self.debug > 1), file=sys.stderr)
 
     def _place_view(self, t: Tensor, b: int) -> int:
-        """A tensor sharing another's memory must run where that memory can be reached."""
+        """A tensor sharing another's memory must run where that memory can be reached. A view
+        op computes nothing and simply follows its memory (even if the user pinned it); a
+        computing node pinned by the user where its memory cannot be reached is an error."""
         vs = t.view_src
         vb = self._tb.get(id(vs), -1)
         if vb == -1:                     # an unplaced leaf seen only through views
@@ -516,7 +518,7 @@ class Scheduler:
             return b
         if vb == b or self._buffer_supported(vs, b):
             return b
-        if self._cause.get(id(t)) == "usr":
+        if self._cause.get(id(t)) == "usr" and t.op not in VIEW_OPS:
             raise SchedulerError(f"'{t.name}' ({t.op.name}) is assigned by the user to "
                                  f"'{self.backends[b].name}', but it shares the memory of "
                                  f"'{vs.name}' on '{self.backends[vb].name}', which "
