@@ -35,7 +35,7 @@ import pytest
 from pyggml import Context, Graph, ops, quants
 from pyggml.backend import base
 from pyggml.backend.cpu import CpuBackend, host_array, set_host_data
-from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType
+from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType, Op
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -180,7 +180,9 @@ def compute_vk(build, seed, vk: vulkan.VulkanBackend):
     result = _view_of_raw(check, base.tensor_get(check)).astype(np.float64).copy()
     for gt in guards:
         assert base.tensor_get(gt) == pattern, f"out-of-bounds write into {gt.name}"
-    written = {id(check), id(check.view_src)}
+    written = {id(check), id(check.view_src)}          # and memory nodes write in place:
+    written |= {id(n.view_src) for n in g.nodes if n.view_src is not None
+                and n.op not in (Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE)}
     for t, raw in inp.values:
         if id(t) not in written:
             assert base.tensor_get(t) == raw, f"input '{t.name}' was modified"
@@ -431,6 +433,39 @@ for _kv in ("f32", "f16"):
         lambda ctx, I, kv=_kv: _fa(ctx, I, kv, mask="f32", bias=8.0)))
     case(f"flash_attn-{_kv}-nomask-decode", _tol)(_single(
         lambda ctx, I, kv=_kv: _fa(ctx, I, kv, mask="none", nq=1, nkv=70, D=64, H=8, Hkv=1)))
+
+
+def _attention_block(ctx, I, flash: bool, kv="f16", T=3, H=4, Hkv=2, D=40, n_ctx=20, n_kv=16):
+    """The model runtime's attention: this ubatch's K/V written into a cache with set_rows, read
+    back through 3-D views [D, n_kv, Hkv] of the [D*Hkv, n_ctx] cache, q permuted to [D, T, H];
+    flash attention, or mul_mat + soft_max + mul_mat over a cont of the permuted V view."""
+    ck = I.weights(kv, n_ctx, D * Hkv, scale=0.5, name="cache_k")
+    cv = I.weights(kv, n_ctx, D * Hkv, scale=0.5, name="cache_v")
+    k, v = I.f32(T, D * Hkv), I.f32(T, D * Hkv)
+    idx = I.i32([9, 2, 15][:T])
+    ks = ops.set_rows(ctx, ck, k, idx)
+    vs = ops.set_rows(ctx, cv, v, idx)
+    kview = ops.view_3d(ctx, ks, D, n_kv, Hkv, ck.nb[1], ck.nb[0] * D, 0)
+    vview = ops.view_3d(ctx, vs, D, n_kv, Hkv, cv.nb[1], cv.nb[0] * D, 0)
+    qp = ops.permute(ctx, I.f32(T, H, D), 0, 2, 1, 3)               # [D, T, H]
+    mv = np.zeros((T, n_kv), np.float32)
+    mv[:, 11:] = -np.inf
+    mask = I.f16(values=mv)
+    if flash:
+        o = ops.flash_attn_ext(ctx, qp, kview, vview, mask, scale=0.15)
+        return o, o
+    kq = ops.soft_max_ext(ctx, ops.mul_mat(ctx, kview, qp), mask, scale=0.15)
+    vt = ops.cont(ctx, ops.permute(ctx, vview, 1, 0, 2, 3))            # [n_kv, D, Hkv]
+    o = ops.cont(ctx, ops.permute(ctx, ops.mul_mat(ctx, vt, kq), 0, 2, 1, 3))
+    return o, o
+
+
+for _kv in ("f16", "f32"):
+    # with an f16 cache the CPU rounds q to fp16 for K·q (both paths), the shaders only for flash
+    case(f"attention-flash-cache-{_kv}", 1e-6 if _kv == "f32" else 1e-5)(
+        lambda ctx, I, kv=_kv: _attention_block(ctx, I, True, kv))
+    case(f"attention-mul_mat-cache-{_kv}", 1e-6 if _kv == "f32" else 1e-5)(
+        lambda ctx, I, kv=_kv: _attention_block(ctx, I, False, kv))
 
 
 @pytest.mark.parametrize("name", list(CASES))
