@@ -223,6 +223,7 @@ class Scheduler:
         self._graph_copy: Graph | None = None
         self._graph = None
         self._graph_uid = -1
+        self._n_nodes = -1
         self._is_alloc = False
 
     def _restore_graph(self) -> None:
@@ -715,6 +716,7 @@ class Scheduler:
             raise
         self._is_alloc = True
         self._graph_uid = graph.uid
+        self._n_nodes = len(graph.nodes)
         return True
 
     # ---- compute -------------------------------------------------------------------------------
@@ -727,7 +729,8 @@ class Scheduler:
     def graph_compute_async(self, graph: Graph) -> bool:
         """Compute `graph`; backends may still be running when this returns (synchronize()).
         The graph last allocated (same object, same uid) is computed again as it is."""
-        if not (self._is_alloc and graph is self._graph and graph.uid == self._graph_uid):
+        if not (self._is_alloc and graph is self._graph and graph.uid == self._graph_uid
+                and len(graph.nodes) == self._n_nodes):
             self.alloc_graph(graph)
         return self._compute_splits()
 

@@ -175,6 +175,14 @@ def test_reuse_path_builds_each_plan_once_and_new_graph_keeps_addresses(cpu, dev
     tensor_set(x, xv)          # (x's memory is shared with x2: same plan)
     s.graph_compute(g)
     assert s.n_splits_made == 3 and tensor_get(out) == first
+    s.graph_compute(g)
+    assert s.n_splits_made == 3
+    # a graph that grew after it was allocated is split again
+    g.build_forward_expand(ops.scale(Context(no_alloc=True), out, 1.0, name="more"))
+    tensor_set(x, xv)
+    s.graph_compute(g)
+    assert s.n_splits_made == 4 and s.splits[-1].graph.nodes[-1].name == "more"
+    assert tensor_get(g.nodes[-1]) == first
     tb.close()
 
 
