@@ -61,6 +61,7 @@ from pyggml.backend.base import (
 from pyggml.backend.vulkan_device import BUFFER_PAD, DeviceMemory, VkContext
 from pyggml.backend.vulkan_info import (
     Instance,
+    binding_limit,
     KernelConfig,
     VulkanMemoryError,
     loader_error,
@@ -299,10 +300,10 @@ class VulkanBufferType(BufferType):
     """Device-local memory of one Vulkan device. max_size: one storage-buffer binding."""
 
     def __init__(self, device: VulkanDevice):
-        info, cfg = device.info, device.cfg
-        rng = min(info.max_storage_range, cfg.storage_range or info.max_storage_range, 1 << 32)
+        lim = binding_limit(device.info, device.cfg.storage_range)
+        # an allocation of max_size (plus the pad, in 4 KiB pages) is a single window
         super().__init__(device.name, alignment=64,
-                         max_size=max(64, (rng - 256 - BUFFER_PAD) // 64 * 64),
+                         max_size=max(64, (lim - BUFFER_PAD) // 4096 * 4096),
                          is_host=False, device=device)
 
     def alloc_buffer(self, n_bytes: int, usage: BufferUsage = BufferUsage.ANY) -> "VulkanBuffer":

@@ -30,6 +30,7 @@ from pyggml.backend.vulkan_info import (
     KernelConfig,
     VulkanMemoryError,
     _human,
+    binding_limit,
     shader_dir,
     vk_module,
 )
@@ -47,7 +48,7 @@ class DeviceMemory:
     def __init__(self, ctx: "VkContext", n_bytes: int, host_visible_only: bool = False):
         self.ctx = ctx
         self.n_bytes = n_bytes
-        self.size = n_bytes + BUFFER_PAD
+        self.size = (n_bytes + BUFFER_PAD + 4095) // 4096 * 4096   # windows end on 4 KiB
         self.mem, self.type_index, self.mapped = ctx.allocate(self.size, host_visible_only, n_bytes)
         self.windows: dict[int, tuple] = {}      # start -> (VkBuffer, size, key)
         self.released = False
@@ -68,6 +69,13 @@ class DeviceMemory:
         if w is None:
             size = min(ctx.window_limit, self.size - w0)
             buf = ctx.create_buffer(size)
+            req = ctx.vk.vkGetBufferMemoryRequirements(ctx.device, buf)
+            if w0 % req.alignment or not req.memoryTypeBits >> self.type_index & 1 \
+                    or w0 + req.size > self.size:
+                ctx.vk.vkDestroyBuffer(ctx.device, buf, None)
+                raise BackendError(f"a {size}-byte window at offset {w0} does not fit the "
+                                   f"device's buffer requirements (alignment {req.alignment}, "
+                                   f"size {req.size}, memory types {req.memoryTypeBits:#x})")
             ctx.vk.vkBindBufferMemory(ctx.device, buf, self.mem, w0)
             w = self.windows[w0] = (buf, size, ctx.handle_key(buf))
         return w, w0
@@ -124,6 +132,10 @@ class VkContext:
             queueFamilyIndex=self.queue_family), None)
         # memory types: device-local first choice; host-visible+coherent for staging
         self.heap_used = [0] * len(info.heaps)
+        probe = self.create_buffer(256)
+        req = vk.vkGetBufferMemoryRequirements(self.device, probe)
+        vk.vkDestroyBuffer(self.device, probe, None)
+        self.type_bits = req.memoryTypeBits
         self.dev_type = self._pick_type(vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0)
         self.host_type = self._pick_type(
             vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
@@ -132,12 +144,9 @@ class VkContext:
         hv = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
         self.dev_mappable = cfg.host_mapped and (flags & hv) == hv
         # windows
-        rng = min(info.max_storage_range, cfg.storage_range or info.max_storage_range, 1 << 32)
-        probe = self.create_buffer(256)
-        req = vk.vkGetBufferMemoryRequirements(self.device, probe)
-        vk.vkDestroyBuffer(self.device, probe, None)
+        rng = binding_limit(info, cfg.storage_range)
         self.window_align = max(req.alignment, info.min_storage_offset_alignment, 256)
-        self.window_limit = rng // 4 * 4
+        self.window_limit = rng
         self.window_step = max(self.window_align, rng // 2 // self.window_align * self.window_align)
         self.max_bind = self.window_limit - self.window_align   # any range this long can be bound
         # descriptors and pipelines
@@ -168,15 +177,15 @@ class VkContext:
         return int(self.ffi.cast("uintptr_t", h))
 
     def _pick_type(self, want: int, prefer: int) -> int:
-        best = None
-        for i, (flags, _heap) in enumerate(self.info.memory_types):
-            if flags & want == want:
-                if flags & prefer == prefer:
-                    return i
-                best = i if best is None else best
-        if best is None:
-            raise BackendError(f"{self.info.name}: no memory type with flags {want:#x}")
-        return best
+        """A memory type storage buffers may use with all `want` flags: the one on the largest
+        heap (not a small host-visible window of device memory), then with `prefer` flags."""
+        ok = [(self.info.heaps[heap][0], flags & prefer == prefer, -i, i)
+              for i, (flags, heap) in enumerate(self.info.memory_types)
+              if flags & want == want and self.type_bits >> i & 1]
+        if not ok:
+            raise BackendError(f"{self.info.name}: no memory type with flags {want:#x} for "
+                               f"storage buffers")
+        return max(ok)[3]
 
     # -- memory --
     def allocate(self, size: int, host: bool, requested: int | None = None) -> tuple:

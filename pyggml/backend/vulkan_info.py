@@ -144,6 +144,13 @@ def query_device(index: int, pd) -> DeviceInfo:
     )
 
 
+def binding_limit(info: DeviceInfo, storage_range: int | None = None) -> int:
+    """Bytes one storage-buffer window covers: the device's maxStorageBufferRange (or the
+    smaller `storage_range` asked for), in whole 4 KiB pages."""
+    rng = min(info.max_storage_range, storage_range or info.max_storage_range, 1 << 32)
+    return rng // 4096 * 4096 if rng >= 8192 else rng // 4 * 4
+
+
 # ---- kernel configuration ------------------------------------------------------------------------
 
 def _pow2_floor(n: int) -> int:
