@@ -7,6 +7,7 @@ rms_norm, mul by a norm weight, mul_mat, reshape, silu, reshape back, add. Timed
   sched 1      Scheduler([cpu]): one split
   sched 2      Scheduler([TEST, cpu]): layers 0-49 with weights on the test device (separate
                memory, its own worker thread), 50-99 on the CPU
+  sched 10     the same with the device changing every 10 layers
 plus the cost of alloc_graph for a new graph of the same topology (the five passes + placement).
 
 Run: .venv/bin/python tools/bench_sched.py [--layers 100] [--iters 300]
@@ -59,15 +60,18 @@ def build(n_layers: int, where_of_layer) -> tuple[Graph, object]:
     return g, x
 
 
-def median_us(fn, iters: int) -> float:
-    for _ in range(10):
-        fn()
-    ts = []
+def interleaved_medians_us(fns, iters: int) -> list[float]:
+    """Median time per call of each fn, calls interleaved so all see the same machine noise."""
+    for fn in fns:
+        for _ in range(10):
+            fn()
+    ts = [[] for _ in fns]
     for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            ts[k].append(time.perf_counter() - t0)
+    return [statistics.median(t) * 1e6 for t in ts]
 
 
 def main() -> None:
@@ -87,29 +91,31 @@ def main() -> None:
     galloc.reserve(g0)
     galloc.alloc_graph(g0)
     tensor_set(x0, xv)
-    direct = median_us(lambda: cpu.graph_compute(g0), args.iters)
-
-    rows = [("cpu direct", len(g0.nodes), 1, direct)]
+    rows, fns = [("cpu direct", len(g0.nodes), 1, None)], [lambda: cpu.graph_compute(g0)]
     for label, backends, where in (
             ("sched 1", [cpu], lambda i: host),
             ("sched 2", [tb, cpu],
-             lambda i: dev.default_buffer_type() if i < args.layers // 2 else host)):
+             lambda i: dev.default_buffer_type() if i < args.layers // 2 else host),
+            ("sched 10", [tb, cpu],
+             lambda i: dev.default_buffer_type() if (i // 10) % 2 == 0 else host)):
         s = Scheduler(backends, graph_size=20 * args.layers + 64)
         g, x = build(args.layers, where)
         s.alloc_graph(g)
         tensor_set(x, xv)
-        us = median_us(lambda: s.graph_compute(g), args.iters)
-        rows.append((label, len(g.nodes), s.get_n_splits(), us))
         g2, _ = build(args.layers, where)
         t0 = time.perf_counter()
-        s.alloc_graph(g2)
+        s.alloc_graph(g2)                # a new graph of the same topology: passes + placement
         t_alloc = (time.perf_counter() - t0) * 1e3
-        rows[-1] += (t_alloc,)
+        s.alloc_graph(g)
+        tensor_set(x, xv)
+        rows.append((label, len(g.nodes), s.get_n_splits(), t_alloc))
+        fns.append(lambda s=s, g=g: s.graph_compute(g))
+    meds = interleaved_medians_us(fns, args.iters)
     print(f"{'':12s} {'nodes':>6s} {'splits':>6s} {'median us/compute':>18s} "
           f"{'over direct':>12s} {'alloc_graph ms':>15s}")
-    for r in rows:
-        extra = f"{r[4]:15.1f}" if len(r) > 4 else f"{'':>15s}"
-        print(f"{r[0]:12s} {r[1]:6d} {r[2]:6d} {r[3]:18.1f} {r[3] - direct:12.1f} {extra}")
+    for r, us in zip(rows, meds):
+        extra = f"{r[3]:15.1f}" if r[3] is not None else f"{'':>15s}"
+        print(f"{r[0]:12s} {r[1]:6d} {r[2]:6d} {us:18.1f} {us - meds[0]:12.1f} {extra}")
     tb.close()
 
 
