@@ -15,11 +15,12 @@ errors, sum((vk - cpu)^2) / sum(cpu^2), with per-op bounds:
 Each case also fills guard tensors between all tensors of the graph and checks after the compute
 that neither the guards nor the inputs changed (out-of-bounds writes).
 
-Two device configurations run the whole list: the device's own choice (on lavapipe: one 8-wide
+Three device configurations run the whole list: the device's own choice (on lavapipe: one 8-wide
 subgroup per row, subgroup arithmetic, 16-bit stores, 8 elements per invocation, 8 matvec rows
-per workgroup) and a portable one (64-wide workgroups, shared-memory reductions, fp16 stores
-with word atomics, one element per invocation, one matvec row, 64x64 matmul tiles, staging
-copies instead of mapped memory). Skips only when there is no Vulkan device at all.
+per workgroup, 32x32 matmul tiles), what KernelConfig picks for GPUs (64-wide rows reduced over
+several subgroups, 256-wide element-wise, 2 matvec rows, 64x64 tiles) and a portable one
+(shared-memory reductions, fp16 stores with word atomics, one element per invocation, one matvec
+row, staging copies instead of mapped memory). Skips only when there is no Vulkan device at all.
 """
 from __future__ import annotations
 
@@ -74,6 +75,9 @@ def cpu():
 
 CONFIGS = {
     "native": None,
+    # what KernelConfig picks for a GPU: 64-wide row kernels (on lavapipe: 8 subgroups combined
+    # through shared memory), 256-wide element-wise, 2 matvec rows, 64x64 tiles
+    "gpu": dict(wg_reduce=64, wg_elem=256, ept=1, mmv_rows=2, mm_tile=64),
     "portable": dict(subgroup=False, store16=False, wg_reduce=64, wg_elem=128, ept=1,
                      mm_tile=64, mmv_rows=1, host_mapped=False),
 }

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from test_backend_parity import (  # noqa: F401 - also skips this module without a device
-    CASES,
     REPO,
     check_case,
     nmse,
@@ -429,31 +428,3 @@ def test_no_vulkan_driver_means_cpu_only():
     lines = p.stdout.strip().splitlines()
     assert lines[0] == "['CPU']" and lines[1] == "no device found"
     assert p.stderr.count("Vulkan backend disabled") == 1, p.stderr
-
-
-# ---- other kernel shapes on this device ----------------------------------------------------------
-
-REDUCTION_CASES = [n for n in CASES if n.split("-")[0] in ("rms_norm", "norm", "soft_max",
-                                                           "flash_attn")
-                   or (n.startswith("mul_mat") and ("-M1" in n or "-M3" in n))]
-
-
-@pytest.mark.parametrize("name", REDUCTION_CASES)
-def test_reductions_over_several_subgroups(name, cpu):
-    """32-wide row kernels over the device's subgroups (8 on lavapipe): the cross-subgroup
-    combine of the reductions."""
-    be = _multi_sg()
-    build, tol = CASES[name]
-    check_case(name, build, tol, be, cpu)
-
-
-_multi = []
-
-
-def _multi_sg():
-    if not _multi:
-        dev = vulkan.devices()[0]
-        if not dev.info.subgroup_arithmetic or dev.info.subgroup_size >= 32:
-            pytest.skip("needs subgroup arithmetic with subgroups narrower than 32")
-        _multi.append(vulkan.open_device(0, wg_reduce=32).init_backend())
-    return _multi[0]
