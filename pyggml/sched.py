@@ -681,14 +681,16 @@ class Scheduler:
         self.synchronize()
         if self._is_alloc:
             self.reset()
-        self._split_graph(graph)
-        gc = self._graph_copy
-        self.galloc.reserve(gc, self._node_ids, self._leaf_ids)
-        self.n_reserves += 1
-        self.galloc.alloc_graph(gc)
-        self._prev_bufts = ([self.bufts[i] for i in self._node_ids],
-                            [self.bufts[i] for i in self._leaf_ids])
-        self.reset()
+        try:
+            self._split_graph(graph)
+            gc = self._graph_copy
+            self.galloc.reserve(gc, self._node_ids, self._leaf_ids)
+            self.n_reserves += 1
+            self.galloc.alloc_graph(gc)
+            self._prev_bufts = ([self.bufts[i] for i in self._node_ids],
+                                [self.bufts[i] for i in self._leaf_ids])
+        finally:
+            self.reset()
         return True
 
     def reserve_size(self, graph: Graph) -> dict[str, int]:
@@ -696,9 +698,11 @@ class Scheduler:
         backend sharing an earlier one's buffer type counts 0). Resets the scheduler."""
         if self._is_alloc:
             self.reset()
-        self._split_graph(graph)
-        sizes = self.galloc.reserve_size(self._graph_copy, self._node_ids, self._leaf_ids)
-        self.reset()
+        try:
+            self._split_graph(graph)
+            sizes = self.galloc.reserve_size(self._graph_copy, self._node_ids, self._leaf_ids)
+        finally:
+            self.reset()
         return {b.name: n for b, n in zip(self.backends, sizes)}
 
     def alloc_graph(self, graph: Graph) -> bool:
