@@ -193,6 +193,11 @@ def _parser() -> argparse.ArgumentParser:
         bk.add_argument(opt, **kw)
     bk.set_defaults(func=_cmd_bench_kernels)
 
+    from pyggml import mem
+    mm = sub.add_parser("mem", help="memory per device: planned, and measured after a warm-up")
+    mem.add_arguments(mm)
+    mm.set_defaults(func=mem.cmd_mem)
+
     i = sub.add_parser("info", help="CPU features and kernel paths")
     i.set_defaults(func=_cmd_info)
     g = sub.add_parser("graph", help="print (and optionally export) a small example graph")

@@ -1,0 +1,508 @@
+"""`pyggml mem`: where a model run's memory goes, planned and measured, per device.
+
+    rep = measure("model.gguf", n_ctx=2048, n_ubatch=512)     # load, warm up, measure RSS
+    rep = estimate("model.gguf", n_ctx=8192, n_gpu_layers=99,
+                   devices=[VirtualDevice("laptop", "8GiB")])  # planning only, no hardware
+    print(format_report(rep))
+
+Per device: weights by type, KV cache (global / sliding-window layers), compute buffer as planned
+by the allocator (peak) next to the naive sum of every intermediate and the peak without in-place
+reuse (the allocator's saving), host staging. System RAM: the CPU's buffers, host staging, and
+every UMA device's buffers (pyggml.memplan.uma_reason says why a device counts).
+
+Predicted RSS (`measure`) = RSS after loading (measured before any compute: interpreter,
+libraries, GGUF metadata, tokenizer; weights copied to devices at load are already in it) + the
+buffers a compute touches: the CPU's mapped weights, KV cache and compute buffer, host staging,
+UMA devices' KV and compute, and the logits handed to Python. The warm-up then makes them
+resident: `fill` evaluates n_ctx tokens (every KV cell written, the last ubatch reads all n_ctx
+cells: the worst-case graph); `ubatch` one full ubatch and the KV buffers written whole (what a
+full context holds); `token` one token (llama.cpp's warm-up); `none`. Peak RSS is the kernel's
+high-water mark (VmHWM), the current RSS comes from psutil. Planning only (`estimate`), the
+runtime's share is estimated (runtime_overhead_estimate).
+
+Not counted anywhere: the CPU backend's work buffer (activations quantized for matrix products:
+about 1.2 MiB for Gemma 3 270M at n_ubatch 512) and marshalled node arrays (~0.2 MiB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+
+from pyggml.errors import PyggmlError
+from pyggml.memplan import (
+    CPU,
+    MiB,
+    Devices,
+    MemoryPlan,
+    PlanningModel,
+    VirtualDevice,
+    human,
+    parse_size,
+    plan_memory,
+)
+
+WARMUPS = ("fill", "ubatch", "token", "none")
+PROMPT = "The capital of France is"
+
+
+# ---- process memory ----------------------------------------------------------------------------
+
+def current_rss() -> int:
+    """Resident bytes of this process now (psutil)."""
+    import psutil
+    return int(psutil.Process().memory_info().rss)
+
+
+def peak_rss() -> int:
+    """The process's resident high-water mark: VmHWM on Linux, else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r if os.uname().sysname == "Darwin" else r * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset the high-water mark to the current RSS (Linux: /proc/self/clear_refs "5"), so that
+    peak_rss() sees only what comes next. False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def runtime_overhead_estimate(facts: dict) -> int:
+    """RSS of a loaded runtime before its buffers: this process's current RSS (interpreter and
+    libraries, pyggml imported) + 16 MiB of model objects + ~400 B per vocabulary entry (the
+    tokenizer's tables; measured: Gemma 3's 262144 entries take ~105 MB)."""
+    return current_rss() + 16 * MiB + 400 * int(facts.get("n_vocab", 0))
+
+
+# ---- llama.cpp's figures -----------------------------------------------------------------------
+
+# llama.cpp (CPU, n_ctx 2048, flash attention) on Gemma 3 270M Q4_K_M, from its load log and a
+# 128-token generation. Its compute buffer holds logits for every position of the ubatch and does
+# not depend on n_ctx; its SWA cache gives sliding-window layers n_swa + n_ubatch cells (padded).
+LLAMACPP_GEMMA3_270M = {
+    "name": "llama.cpp (Gemma 3 270M Q4_K_M)",
+    "model_buffer": int(235.16 * MiB),
+    "compute": {512: int(514.50 * MiB), 128: int(128.63 * MiB)},
+    "peak_rss_gen128": (320_000_000, 340_000_000),
+}
+
+
+def llamacpp_reference(plan: MemoryPlan) -> dict | None:
+    """llama.cpp's figures for this model and settings, where known (None otherwise)."""
+    f = plan.facts
+    if (f.get("arch"), f.get("n_layer"), f.get("n_embd"), f.get("weight_bytes")) != \
+            ("gemma3", 18, 640, 246587904):
+        return None
+    ref = LLAMACPP_GEMMA3_270M
+    return {"name": ref["name"], "weights": ref["model_buffer"],
+            "compute": ref["compute"].get(plan.n_ubatch),
+            "kv": plan.kv_swa_window_bytes() if plan.type_k == plan.type_v == "f16" else None,
+            "kv_cells_swa": plan.n_swa_cells,
+            "peak_rss_gen128": ref["peak_rss_gen128"]}
+
+
+# ---- reports -----------------------------------------------------------------------------------
+
+@dataclass
+class Measurement:
+    """What `measure` saw. rss_*: psutil; peak_rss: VmHWM after the warm-up (and generation).
+    device_used: bytes pyggml holds on each non-CPU device (Device.memory). allocated: the
+    runtime's own figures (compute per device, KV per buffer type, weights per device)."""
+    warmup: str
+    peak_reset: bool                # the high-water mark was reset when measure() began
+    tokens_evaluated: int
+    tokens_generated: int
+    rss_before_load: int
+    rss_at_load: int
+    rss_after: int
+    peak_rss: int
+    device_used: dict[str, int]
+    allocated: dict
+    seconds: float
+
+
+@dataclass
+class MemReport:
+    plan: MemoryPlan
+    runtime: int                    # RSS of the runtime before buffers (measured or estimated)
+    runtime_measured: bool
+    logits_host: int                # logits handed to Python per eval (and their finite check)
+    predicted_rss: int
+    measured: Measurement | None = None
+    reference: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan.to_dict(), "runtime": self.runtime,
+                "runtime_measured": self.runtime_measured, "logits_host": self.logits_host,
+                "predicted_rss": self.predicted_rss,
+                "measured": None if self.measured is None else asdict(self.measured),
+                "reference": self.reference, "notes": self.notes}
+
+
+def _logits_host(plan: MemoryPlan, rows: int) -> int:
+    # the eval's float32 copy of the wanted rows plus np.isfinite's bool temporary
+    return rows * int(plan.facts.get("n_vocab", 0)) * 5
+
+
+def _uma_devices_part(plan: MemoryPlan, with_weights: bool) -> int:
+    return sum((d.weights if with_weights else 0) + d.kv + d.compute
+               for d in plan.devices if d.uma and d.device != CPU)
+
+
+def estimate(model=None, *, devices=(), **settings) -> MemReport:
+    """Planning-only report (no weight byte read, nothing allocated): plan_memory's figures
+    and an estimated RSS. settings: plan_memory's keyword arguments."""
+    pm = model if isinstance(model, PlanningModel) else PlanningModel(model)
+    try:
+        plan = plan_memory(pm, devices=devices if isinstance(devices, Devices) else
+                           list(devices), **settings)
+    finally:
+        if pm is not model:
+            pm.close()
+    runtime = runtime_overhead_estimate(plan.facts)
+    logits = _logits_host(plan, plan.n_ubatch if plan.logits_all else 1)
+    rep = MemReport(plan, runtime, False, logits, runtime + plan.system_ram + logits,
+                    reference=llamacpp_reference(plan))
+    _add_notes(rep)
+    return rep
+
+
+def measure(model=None, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int = 2048,
+            n_threads: int | None = None, type_k: str = "f16", type_v: str = "f16",
+            logits_all: bool = False, flash_attn: bool = True, n_gpu_layers: int = 0,
+            offload=None, warmup: str = "fill", gen: int = 0, prompt: str = PROMPT) -> MemReport:
+    """Load the model with the runtime, plan the same configuration, warm up (see the module
+    docstring), optionally generate `gen` tokens greedily, and measure."""
+    from pyggml.llm.runtime import LLM
+    if warmup not in WARMUPS:
+        raise PyggmlError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
+    t0 = time.perf_counter()
+    peak_reset = reset_peak_rss()
+    rss0 = current_rss()
+    llm = LLM(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+              n_threads_batch=n_threads, type_k=type_k, type_v=type_v, logits_all=logits_all,
+              flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, offload=offload, progress=False)
+    try:
+        plan = plan_memory(llm.path, n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=n_batch,
+                           type_k=type_k, type_v=type_v, logits_all=logits_all,
+                           flash_attn=flash_attn, offload=llm.offload)
+        rss_load = current_rss()
+        allocated = {
+            "compute": {b.device.name: llm.compute_buffer_size(b.device.name)
+                        for b in llm.backends},
+            "kv": dict(llm.kv.bytes_by_buffer_type),
+            "weight_buffers": {d: b.n_bytes for d, b in llm.weight_buffers.items()},
+        }
+        n_eval = _warm_up(llm, warmup)
+        n_gen = 0
+        if gen > 0:
+            for _ in llm.generate(prompt, gen, temperature=0.0, stop_at_eog=False):
+                n_gen += 1
+        used = {}
+        for b in llm.backends:
+            if b.device.name != CPU and b.device.type.value != "CPU":
+                free, total = b.device.memory()
+                used[b.device.name] = total - free
+        m = Measurement(warmup, peak_reset, n_eval, n_gen, rss0, rss_load, current_rss(),
+                        peak_rss(), used, allocated, time.perf_counter() - t0)
+    finally:
+        llm.close()
+    rows = n_ubatch if logits_all else 1
+    logits = _logits_host(plan, rows)
+    cpu = plan.device(CPU)
+    predicted = rss_load + cpu.total + plan.staging + _uma_devices_part(plan, False) + logits
+    rep = MemReport(plan, rss_load, True, logits, predicted, m, llamacpp_reference(plan))
+    _add_notes(rep)
+    return rep
+
+
+def _warm_up(llm, warmup: str) -> int:
+    """Run the warm-up; returns the tokens evaluated. The cache is emptied afterwards."""
+    if warmup == "none":
+        return 0
+    V = llm.hparams.n_vocab
+    if warmup == "token":
+        n = 1
+    elif warmup == "ubatch":
+        n = min(llm.n_ubatch, llm.n_ctx)
+        for buf in llm.kv.buffers:          # what a full context holds: every cell written
+            buf.clear(0)
+    else:
+        n = llm.n_ctx
+    ids = [(i * 7919 + 13) % V for i in range(n)]
+    step = llm.n_ubatch if llm.logits_all else len(ids)     # logits_all: one ubatch per eval
+    for i in range(0, n, step):
+        llm.eval(ids[i:i + step])
+    llm.reset()
+    return n
+
+
+def _add_notes(rep: MemReport) -> None:
+    plan = rep.plan
+    for d in plan.devices:
+        if d.uma and d.device != CPU:
+            rep.notes.append(f"{d.device} shares system RAM ({d.uma}): its {human(d.total)} "
+                             f"count against system RAM too; offloading to it frees no RAM.")
+    ng, bg, ns, bs = plan.kv_split()
+    if ns and plan.n_swa_cells and plan.n_swa_cells < plan.n_ctx:
+        rep.notes.append(
+            f"The KV cache keeps all {plan.n_ctx} cells for the {ns} sliding-window layers too "
+            f"({human(bs)}); a window-sized cache ({plan.n_swa_cells} cells = window "
+            f"{plan.facts.get('sliding_window')} + n_ubatch, as llama.cpp) would hold "
+            f"{human(bs * plan.n_swa_cells // plan.n_ctx)}.")
+    if plan.logits_all:
+        rep.notes.append("logits for every position: the compute buffer holds n_ubatch rows of "
+                         "logits, as llama.cpp always reserves.")
+
+
+# ---- formatting --------------------------------------------------------------------------------
+
+def _row(label: str, values, ref=None, width=14) -> str:
+    cells = "".join(f"{v:>{width}}" for v in values)
+    return f"  {label:<30}{cells}" + (f"{ref:>{width + 4}}" if ref is not None else "")
+
+
+def format_report(rep: MemReport) -> str:
+    plan = rep.plan
+    f = plan.facts
+    ref = rep.reference
+    out = [f"model {f.get('file')} ({f.get('arch')}, {f.get('n_layer')} layers, "
+           f"n_vocab {f.get('n_vocab')}); n_ctx {plan.n_ctx}, n_ubatch {plan.n_ubatch}, "
+           f"n_batch {plan.n_batch}, KV {plan.type_k}/{plan.type_v}, flash attention "
+           f"{'on' if plan.flash_attn else 'off'}, logits "
+           f"{'for every position' if plan.logits_all else 'of the last token'}"]
+    devs = plan.devices
+    names = [d.device + ("" if d.device == CPU or not d.uma else " (UMA)") for d in devs]
+    r = (lambda key: None if ref is None else human(ref[key]) if ref.get(key) else "-")
+    out.append(_row("", names, ref and "llama.cpp"))
+    out.append(_row("weights", [human(d.weights) for d in devs], r("weights")))
+    types = sorted({t for d in devs for t in d.weights_by_type},
+                   key=lambda t: -sum(d.weights_by_type.get(t, 0) for d in devs))
+    for t in types:
+        out.append(_row(f"  {t}", [human(d.weights_by_type.get(t)) if t in d.weights_by_type
+                                   else "" for d in devs]))
+    out.append(_row("KV cache", [human(d.kv) for d in devs], r("kv")))
+    ng, bg, ns, bs = plan.kv_split()
+    if ns:
+        by = {d.device: [0, 0] for d in devs}
+        for x in plan.kv_layers:
+            by[x.device][1 if x.sliding else 0] += x.bytes
+        ref_g = human(bg) if ref else None
+        ref_s = human(bs * plan.n_swa_cells // plan.n_ctx) if ref and plan.n_swa_cells else None
+        out.append(_row(f"  {ng} global layers", [human(by[d.device][0]) for d in devs], ref_g))
+        out.append(_row(f"  {ns} sliding-window layers", [human(by[d.device][1]) for d in devs],
+                        ref_s))
+    out.append(_row("compute buffer (planned peak)", [human(d.compute) for d in devs],
+                    r("compute")))
+    out.append(_row("  naive sum of intermediates", [human(d.compute_naive) for d in devs]))
+    out.append(_row("  peak without in-place reuse", [human(d.compute_no_inplace)
+                                                      for d in devs]))
+    out.append(_row("  lower bound (lifetimes)", [human(d.compute_lower_bound) for d in devs]))
+    out.append(_row("host staging (system RAM)", [human(d.staging) for d in devs]))
+    out.append(_row("total on the device", [human(d.total) for d in devs]))
+    mem = [human(d.memory[1]) if d.memory else "?" for d in devs]
+    out.append(_row("device memory (total)", mem))
+    out.append("")
+    how = "measured after loading" if rep.runtime_measured else "estimated"
+    out.append(f"system RAM: buffers {human(plan.system_ram)} + runtime {human(rep.runtime)} "
+               f"({how}) + logits to Python {human(rep.logits_host)}")
+    m = rep.measured
+    if m is None:
+        out.append(f"predicted RSS {human(rep.predicted_rss)} (planning only: nothing loaded)")
+    else:
+        diff = m.peak_rss - rep.predicted_rss
+        out.append(f"predicted RSS {human(rep.predicted_rss)} = RSS after loading "
+                   f"{human(m.rss_at_load)} + buffers a compute touches")
+        what = {"fill": f"{m.tokens_evaluated} tokens (full context)",
+                "ubatch": f"one ubatch of {m.tokens_evaluated} tokens, KV written whole",
+                "token": "one token", "none": "no warm-up"}[m.warmup]
+        gen = f", then {m.tokens_generated} generated tokens" if m.tokens_generated else ""
+        out.append(f"measured after warm-up ({what}{gen}): peak RSS {human(m.peak_rss)} "
+                   f"({m.peak_rss / 1e6:.0f} MB), RSS now {human(m.rss_after)}; "
+                   f"peak - predicted = {diff / MiB:+.1f} MiB "
+                   f"({100.0 * diff / max(rep.predicted_rss, 1):+.1f}%)")
+        if not m.peak_reset:
+            out.append("(the peak could not be reset: it covers the whole process)")
+        out.append(f"RSS before loading {human(m.rss_before_load)}; runtime objects "
+                   f"(metadata, tokenizer) {human(m.rss_at_load - m.rss_before_load)}")
+        for dev, n in m.device_used.items():
+            out.append(f"{dev}: pyggml holds {human(n)} of device memory (planned "
+                       f"{human(plan.device(dev).total)})")
+        mism = [f"{dev} allocated {human(n)}, planned {human(plan.device(dev).compute)}"
+                for dev, n in m.allocated["compute"].items()
+                if dev in [d.device for d in devs] and n != plan.device(dev).compute]
+        out.append("runtime's compute buffers: " + ("; ".join(mism) if mism else
+                                                    "as planned"))
+    if ref is not None:
+        lo, hi = ref["peak_rss_gen128"]
+        out.append(f"{ref['name']}: compute buffer "
+                   f"{human(ref['compute']) if ref['compute'] else '(not known at this n_ubatch)'}"
+                   f" (logits for all {plan.n_ubatch} positions), peak RSS generating 128 tokens "
+                   f"{lo / 1e6:.0f}-{hi / 1e6:.0f} MB")
+    for note in rep.notes:
+        out.append("note: " + note)
+    return "\n".join(out)
+
+
+# ---- sweeps ------------------------------------------------------------------------------------
+
+def sweep(model, n_ctxs, n_ubatches, *, devices=(), **settings) -> list[dict]:
+    """Plan every (n_ctx, n_ubatch): rows of n_ctx, n_ubatch, and per device compute / kv /
+    weights / total, plus system_ram. Planning only."""
+    pm = model if isinstance(model, PlanningModel) else PlanningModel(model)
+    devs = devices if isinstance(devices, Devices) else Devices(list(devices))
+    rows = []
+    try:
+        for ub in n_ubatches:
+            for n_ctx in n_ctxs:
+                plan = plan_memory(pm, n_ctx=n_ctx, n_ubatch=ub, devices=devs,
+                                   with_no_inplace=False, **settings)
+                row = {"n_ctx": n_ctx, "n_ubatch": plan.n_ubatch,
+                       "compute": plan.compute_bytes, "kv": plan.kv_bytes,
+                       "system_ram": plan.system_ram}
+                for d in plan.devices:
+                    for k in ("weights", "kv", "compute", "total"):
+                        row[f"{d.device}.{k}"] = getattr(d, k)
+                rows.append(row)
+    finally:
+        if not isinstance(devices, Devices):
+            devs.close()
+        if pm is not model:
+            pm.close()
+    return rows
+
+
+def format_sweep(rows: list[dict]) -> str:
+    head = f"{'n_ubatch':>8} {'n_ctx':>7} {'compute':>12} {'KV cache':>12} {'system RAM':>12}"
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['n_ubatch']:>8} {r['n_ctx']:>7} {human(r['compute']):>12} "
+                     f"{human(r['kv']):>12} {human(r['system_ram']):>12}")
+    return "\n".join(lines)
+
+
+def write_sweep_csv(rows: list[dict], path) -> None:
+    import csv
+    keys = list(rows[0]) if rows else []
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+# ---- the command -------------------------------------------------------------------------------
+
+def _int_list(s: str) -> list[int]:
+    return [int(x) for x in str(s).split(",") if x.strip()]
+
+
+def virtual_device_arg(text: str) -> VirtualDevice:
+    """NAME=SIZE[:igpu] (e.g. laptop=8GiB, apu=16GiB:igpu) -> a VirtualDevice."""
+    name, _, rest = text.partition("=")
+    size, _, kind = rest.partition(":")
+    if not name or not size:
+        raise PyggmlError(f"--virtual-device {text!r}: expected NAME=SIZE[:igpu], e.g. "
+                          f"laptop=8GiB")
+    return VirtualDevice(name, size, kind or "gpu")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("-m", "--model", default=None, help="GGUF file (default: Gemma 3 270M)")
+    p.add_argument("-c", "--ctx-size", dest="ctx", action="append",
+                   help="context size (integer) or config file")
+    p.add_argument("-b", "--batch-size", type=int, default=2048)
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512)
+    p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("-ctk", "--cache-type-k", default="f16")
+    p.add_argument("-ctv", "--cache-type-v", default="f16")
+    p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)
+    p.add_argument("--logits-all", action="store_true",
+                   help="logits for every position (llama.cpp's compute-buffer worst case)")
+    p.add_argument("--virtual-device", action="append", default=[], metavar="NAME=SIZE[:igpu]",
+                   help="a planning-only device (implies --plan-only)")
+    p.add_argument("--plan-only", action="store_true", help="no loading, no compute")
+    p.add_argument("--warmup", choices=WARMUPS, default="fill")
+    p.add_argument("--gen", type=int, default=0, help="generate N tokens after the warm-up")
+    p.add_argument("--json", default=None, help="also write the report as JSON")
+    p.add_argument("--sweep-ctx", type=_int_list, default=None, metavar="N,N,...")
+    p.add_argument("--sweep-ub", type=_int_list, default=None, metavar="N,N,...")
+    p.add_argument("--sweep-plot", default=None, help="PNG/SVG of the sweep")
+    p.add_argument("--sweep-csv", default=None)
+    p.add_argument("--timeline", default=None, help="PNG/SVG: live bytes per buffer per node")
+    p.add_argument("--timeline-csv", default=None, help="CSV: tensor, buffer, offset, size, "
+                                                        "first, last")
+    p.add_argument("--address-map", default=None, help="PNG/SVG: offset vs node index")
+
+
+def _settings(args, n_ctx: int) -> dict:
+    return {"n_ctx": n_ctx, "n_ubatch": args.ubatch_size, "n_batch": args.batch_size,
+            "type_k": args.cache_type_k, "type_v": args.cache_type_v,
+            "logits_all": args.logits_all, "flash_attn": args.flash_attn != "off",
+            "n_gpu_layers": args.n_gpu_layers}
+
+
+def cmd_mem(args) -> int:
+    n_ctx, config = None, None
+    for v in args.ctx or []:
+        if v.isdigit():
+            n_ctx = int(v)
+        else:
+            config = v
+    if config is not None:
+        raise PyggmlError("offload configs are not supported by `pyggml mem` yet")
+    n_ctx = n_ctx or 2048
+    virtual = [virtual_device_arg(v) for v in args.virtual_device]
+    settings = _settings(args, n_ctx)
+    if args.sweep_ctx or args.sweep_ub:
+        rows = sweep(args.model, args.sweep_ctx or [n_ctx], args.sweep_ub or [args.ubatch_size],
+                     devices=virtual, **{k: v for k, v in settings.items()
+                                         if k not in ("n_ctx", "n_ubatch")})
+        print(format_sweep(rows))
+        if args.sweep_csv:
+            write_sweep_csv(rows, args.sweep_csv)
+            print(f"wrote {args.sweep_csv}")
+        if args.sweep_plot:
+            from pyggml.memplot import plot_sweep
+            plot_sweep(rows, args.sweep_plot)
+            print(f"wrote {args.sweep_plot}")
+        return 0
+    if args.plan_only or virtual:
+        rep = estimate(args.model, devices=virtual, **settings)
+    else:
+        settings.pop("n_ctx")
+        rep = measure(args.model, n_ctx=n_ctx, n_threads=args.threads, warmup=args.warmup,
+                      gen=args.gen, **settings)
+    print(format_report(rep))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rep.to_dict(), f, indent=1)
+        print(f"wrote {args.json}")
+    report = rep.plan.reports.get("prefill")
+    if report is not None and (args.timeline or args.timeline_csv or args.address_map):
+        from pyggml import memplot
+        if args.timeline_csv:
+            memplot.write_timeline_csv(report, args.timeline_csv)
+            print(f"wrote {args.timeline_csv}")
+        if args.timeline:
+            memplot.plot_timeline(report, args.timeline)
+            print(f"wrote {args.timeline}")
+        if args.address_map:
+            memplot.plot_address_map(report, args.address_map)
+            print(f"wrote {args.address_map}")
+    return 0
