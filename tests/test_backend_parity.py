@@ -439,6 +439,16 @@ for _kv in ("f32", "f16"):
         lambda ctx, I, kv=_kv: _fa(ctx, I, kv, mask="none", nq=1, nkv=70, D=64, H=8, Hkv=1)))
 
 
+def _fa_batch(ctx, I, B=2, H=2, nq=3, nkv=9, D=16):
+    q, k, v = I.f32(B, H, nq, D), I.f16(B, 1, nkv, D), I.f16(B, 1, nkv, D)
+    mv = np.zeros((B, 1, 4, nkv), np.float32)
+    mv[1, 0, :, 6:] = -np.inf                     # a different mask per sequence
+    return ops.flash_attn_ext(ctx, q, k, v, I.f16(values=mv), scale=0.3)
+
+
+case("flash_attn-batch", 1e-6)(_single(_fa_batch))
+
+
 def _attention_block(ctx, I, flash: bool, kv="f16", T=3, H=4, Hkv=2, D=40, n_ctx=20, n_kv=16):
     """The model runtime's attention: this ubatch's K/V written into a cache with set_rows, read
     back through 3-D views [D, n_kv, Hkv] of the [D*Hkv, n_ctx] cache, q permuted to [D, T, H];
