@@ -199,6 +199,7 @@ class Scheduler:
         self.trace: list | None = None
         self._eval_cb = None
         self._buft_ok: dict = {}
+        self._sup: dict = {}               # (backend id, id(node)) -> supports_op, per split
         self._prev_bufts: tuple[list, list] = ([], [])
         self._rewired: list[tuple[Tensor, int, Tensor]] = []
         self._flags_set: list[tuple[Tensor, int]] = []

@@ -128,7 +128,7 @@ def run(sched, g, x, y, outs, pins=()):
     return [tensor_get(o) for o in outs]
 
 
-@settings(max_examples=300, deadline=None, derandomize=True,
+@settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(spec=graph_specs())
 def test_random_graphs_over_two_devices(rig, spec):
