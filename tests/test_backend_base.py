@@ -257,3 +257,15 @@ def test_host_peer_shares_cpu_buffer_type():
     assert p.supports_op(ops.add(ctx, a, a)) and not p.supports_op(ops.silu(ctx, a))
     assert "SILU is not one of PEER's ops" in p.why_unsupported(ops.silu(ctx, a))
     assert p.supports_op(ops.reshape(ctx, a, [2, 4])) and Op.SILU not in p.ops
+
+
+def test_mapped_gguf_weights_are_host_weights_and_read_only(tiny_models):
+    from pyggml.gguf import GGUFModel
+    tm = tiny_models.get(arch="llama", weight_type="q8_0")
+    model = GGUFModel.open(tm.path)
+    w = model.create_tensors()
+    t = w["blk.0.attn_q.weight"]
+    assert is_host_buffer(t.buffer) and buffer_usage(t.buffer) is BufferUsage.WEIGHTS
+    assert is_host_tensor(t) and len(tensor_get(t, 0, 34)) == 34
+    with pytest.raises(BackendError, match="'blk.0.attn_q.weight': its memory .* is read-only"):
+        tensor_set(t, b"\0" * 34)

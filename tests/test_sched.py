@@ -580,3 +580,29 @@ def test_bad_debug_env_and_user_assignment_to_unsupporting_backend(cpu, dev, mon
                                              "\\(cause usr\\), which does not support it"):
         s.alloc_graph(graph_of(y))
     tb.close()
+
+
+def test_mapped_gguf_weights_place_ops_on_the_cpu_or_offload(cpu, dev, tiny_models):
+    from pyggml.gguf import GGUFModel
+    tm = tiny_models.get(arch="llama", weight_type="q8_0")
+    w = GGUFModel.open(tm.path).create_tensors()
+    wq = w["blk.0.attn_q.weight"]
+    results = {}
+    for rows in (None, 1):
+        tb = new_test_backend(dev, offload_min_rows=rows)
+        ctx = Context(no_alloc=True)
+        x = ctx.new_tensor("f32", [wq.ne[0], M], name="x").set_input()
+        q = ops.mul_mat(ctx, wq, x, name="q")
+        g = graph_of(q)
+        s = Scheduler([tb, cpu])
+        s.alloc_graph(g)
+        tensor_set(x, np.linspace(-1, 1, wq.ne[0] * M, dtype=np.float32))
+        s.graph_compute(g)
+        results[rows] = tensor_get(q)
+        if rows is None:
+            assert causes(s, g) == {"q": ("CPU", "1.wgt0")} and s.get_n_splits() == 1
+        else:
+            assert causes(s, g) == {"q": ("TEST", "1.off")}
+            assert [p[0].name for p in s.splits[0].copy_plan] == ["x", "blk.0.attn_q.weight"]
+        tb.close()
+    assert results[None] == results[1]

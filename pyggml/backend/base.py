@@ -438,6 +438,12 @@ def _check_span(t, offset: int, n_bytes: int, what: str) -> None:
                            f"tensor's {t.nbytes()} bytes")
 
 
+def _check_writable(t, what: str) -> None:
+    mm = getattr(t.buffer, "memmap", None)          # a GGUF file mapped read-only
+    if mm is not None and not mm.flags.writeable:
+        raise BackendError(f"{what} '{t.name}': its memory ({t.buffer!r}) is read-only")
+
+
 def _bytes_of(data) -> np.ndarray:
     """A uint8 view (no copy where possible) of bytes-like data or a numpy array."""
     if isinstance(data, np.ndarray):
@@ -449,6 +455,7 @@ def tensor_set(t, data, offset: int = 0) -> None:
     """Write bytes-like `data` (or a numpy array's bytes) into t at byte `offset`."""
     raw = _bytes_of(data)
     _check_span(t, offset, raw.size, "tensor_set")
+    _check_writable(t, "tensor_set")
     if is_host_tensor(t):
         if raw.size:
             ctypes.memmove(t.data + offset, raw.ctypes.data, raw.size)
@@ -478,6 +485,7 @@ def tensor_copy(src, dst) -> None:
                            f"data (not allocated)")
     if n == 0:
         return
+    _check_writable(dst, "tensor_copy into")
     src_host, dst_host = is_host_tensor(src), is_host_tensor(dst)
     if src_host and dst_host:
         ctypes.memmove(dst.data, src.data, n)
