@@ -53,6 +53,17 @@ pinned (INPUT|OUTPUT); `alloc_graph` rotates the copy index, so consecutive batc
 inputs into different memory while the previous batch may still run on another device. The user
 keeps writing its input tensor: the allocator gives it the memory of the current copy.
 
+Events are made (event_new) only with n_copies > 1, as in ggml; otherwise the scheduler calls
+`synchronize()` where the rules above wait.
+
+Differences from ggml, all on the safe side: pass 4 gives a node its fallback backend before
+giving its unassigned sources the node's backend (ggml does the sources first and can leave them
+unassigned); a node sharing another tensor's memory (a view, an in-place op) is moved to where
+that memory is when its backend cannot reach it (4.vsrc), and a user pin that would compute there
+is an error; pass 3 never moves a user pin; no cap on split inputs; alloc_graph and a compute of
+another graph reset by themselves. A graph belongs to one scheduler at a time (sources are
+rewired until reset).
+
 Reuse: `graph_compute(g)` on the graph last allocated (same object, same uid) only runs
 compute_splits: no passes, no planning, the same split Graph objects (so backends replay what
 they prepared: the CPU its marshalled node array). `alloc_graph` (or a compute of another graph)
