@@ -422,8 +422,14 @@ class Scheduler:
                                  f"than the scheduler's graph_size {self.graph_size}; create the "
                                  f"Scheduler with graph_size >= {len(nodes) + len(leafs)}")
         self._restore_graph()
+        # start over, keeping only the user's pins
+        pins = [k for k, c in self._cause.items() if c == "usr"]
+        self._tb = {k: self._tb[k] for k in pins}
+        self._cause = {k: "usr" for k in pins}
+        self._keep = {k: self._keep[k] for k in pins if k in self._keep}
+        self._copies, self._graph_inputs, self._splits = {}, [], []
         self._graph = graph
-        self._sup: dict = {}
+        self._sup = {}
         tb, cause = self._tb, self._cause
         nb, last = self.n_backends, self.n_backends - 1
 
@@ -716,6 +722,18 @@ class Scheduler:
         finally:
             self.reset()
         return {b.name: n for b, n in zip(self.backends, sizes)}
+
+    def split_graph(self, graph: Graph) -> list[Split]:
+        """Assign backends and cut `graph` into splits without placing memory (plans, debugging;
+        see `splits`, `get_assignment`, `format_assignments`). The next compute allocates."""
+        if self._is_alloc:
+            self.reset()
+        try:
+            self._split_graph(graph)
+        except BaseException:
+            self.reset()
+            raise
+        return self.splits
 
     def alloc_graph(self, graph: Graph) -> bool:
         """Assign backends, split, and give every tensor of `graph` its memory (resets first if

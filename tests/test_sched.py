@@ -606,3 +606,21 @@ def test_mapped_gguf_weights_place_ops_on_the_cpu_or_offload(cpu, dev, tiny_mode
             assert [p[0].name for p in s.splits[0].copy_plan] == ["x", "blk.0.attn_q.weight"]
         tb.close()
     assert results[None] == results[1]
+
+
+def test_split_graph_without_memory_then_compute(cpu, dev):
+    tb = new_test_backend(dev, unsupported={Op.SILU})
+    x, g, out, w = block_on(dev.default_buffer_type())
+    s = Scheduler([tb, cpu])
+    s.set_tensor_backend(g.nodes[0], cpu)                 # a pin survives repeated splits
+    for _ in range(2):
+        sp = s.split_graph(g)
+        assert [len(p.inputs) for p in sp] == [0, 1, 1, 1, 1] and g.nodes[0].data is None
+        assert s.get_assignment(g.nodes[0]).cause == "usr"
+    xv = RNG.standard_normal((M, K)).astype(np.float32)
+    s.alloc_graph(g)
+    tensor_set(x, xv)
+    s.graph_compute(g)
+    assert s.get_assignment(g.nodes[0]).cause == "usr"
+    assert tensor_get(out) == cpu_reference(cpu, xv)
+    tb.close()
