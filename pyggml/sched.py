@@ -155,8 +155,8 @@ class Scheduler:
     graph_size: the most nodes + leafs of a graph. debug: 0/1/2 (None: PYGGML_SCHED_DEBUG).
     trace: set to a list to record what compute_splits does (tests); None costs nothing."""
 
-    def __init__(self, backends, bufts=None, *, n_copies: int = 1, op_offload: bool = True,
-                 graph_size: int = DEFAULT_GRAPH_SIZE, debug: int | None = None):
+    def __init__(self, backends, *, n_copies: int = 1, op_offload: bool = True,
+                 graph_size: int = DEFAULT_GRAPH_SIZE, bufts=None, debug: int | None = None):
         backends = list(backends)
         if not backends:
             raise SchedulerError("Scheduler needs at least one backend (the CPU, last)")
