@@ -448,6 +448,14 @@ def add_arguments(p) -> None:
     p.add_argument("--timeline-csv", default=None, help="CSV: tensor, buffer, offset, size, "
                                                         "first, last")
     p.add_argument("--address-map", default=None, help="PNG/SVG: offset vs node index")
+    p.add_argument("--fit", action="store_true",
+                   help="the largest n_ctx and gpu_layers within the budgets (planning only)")
+    p.add_argument("--budget", action="append", default=[], metavar="DEVICE=SIZE",
+                   help="memory budget of a device (CPU: system RAM); default: free memory")
+    p.add_argument("--min-ctx", type=int, default=None)
+    p.add_argument("--max-ctx", type=int, default=None)
+    p.add_argument("--prefer", choices=("gpu_layers", "ctx"), default="gpu_layers")
+    p.add_argument("--emit-yaml", default=None, help="write the fit as a config file")
 
 
 def _settings(args, n_ctx: int) -> dict:
@@ -469,6 +477,19 @@ def cmd_mem(args) -> int:
     n_ctx = n_ctx or 2048
     virtual = [virtual_device_arg(v) for v in args.virtual_device]
     settings = _settings(args, n_ctx)
+    if args.fit:
+        from pyggml.memfit import budgets_arg, fit
+        res = fit(args.model, budgets_arg(args.budget), devices=virtual,
+                  min_ctx=args.min_ctx, max_ctx=args.max_ctx, n_ubatch=args.ubatch_size,
+                  n_batch=args.batch_size, type_k=args.cache_type_k,
+                  type_v=args.cache_type_v, flash_attn=args.flash_attn != "off",
+                  logits_all=args.logits_all, prefer=args.prefer)
+        print(res.summary())
+        if args.emit_yaml:
+            with open(args.emit_yaml, "w") as f:
+                f.write(res.to_yaml())
+            print(f"wrote {args.emit_yaml}")
+        return 0 if res.fits else 1
     if args.sweep_ctx or args.sweep_ub:
         rows = sweep(args.model, args.sweep_ctx or [n_ctx], args.sweep_ub or [args.ubatch_size],
                      devices=virtual, **{k: v for k, v in settings.items()

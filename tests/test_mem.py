@@ -1,0 +1,171 @@
+"""Memory reports (pyggml.memplan, pyggml.mem): the planning-only figures equal what the runtime
+reserves (CPU and, where a Vulkan device exists, offloaded), virtual devices plan without
+hardware, UMA devices count against system RAM, the measured peak RSS after a warm-up is close to
+the prediction, and `pyggml mem` prints and writes the report."""
+import json
+
+import pytest
+
+from pyggml.backend import vulkan
+from pyggml.cli import main
+from pyggml.llm.runtime import LLM
+from pyggml.mem import MiB, estimate, format_report, llamacpp_reference, measure
+from pyggml.memplan import CPU, PlanningModel, VirtualDevice, parse_size, plan_memory, uma_reason
+
+NO_VULKAN = vulkan.unavailable_reason()
+needs_vulkan = pytest.mark.skipif(NO_VULKAN is not None, reason=f"no Vulkan device: {NO_VULKAN}")
+
+
+def _model(tiny_models, arch="gemma3"):
+    return tiny_models.get(arch=arch, weight_type="q8_0", n_layer=3, n_embd=128, n_ff=256,
+                           n_head=4, n_head_kv=2, head_dim=32, n_vocab=1024, sliding_window=16)
+
+
+@pytest.mark.parametrize("arch,logits_all,flash_attn", [("gemma3", False, True),
+                                                         ("gemma3", True, False),
+                                                         ("llama", False, False),
+                                                         ("llama", True, True)])
+def test_plan_equals_what_the_runtime_reserves_on_cpu(tiny_models, arch, logits_all, flash_attn):
+    tm = _model(tiny_models, arch)
+    kw = dict(n_ctx=512, n_ubatch=128, n_batch=256, logits_all=logits_all, flash_attn=flash_attn)
+    plan = plan_memory(tm.path, **kw)
+    with LLM(tm.path, n_threads=1, **kw) as llm:
+        cpu = plan.device(CPU)
+        assert [d.device for d in plan.devices] == [CPU]
+        assert cpu.compute == llm.compute_buffer_size(CPU) > 0
+        assert cpu.kv == plan.kv_bytes == llm.kv.n_bytes
+        assert cpu.weights == sum(t.nbytes() for t in llm.weights.values())
+        assert sum(cpu.weights_by_type.values()) == cpu.weights
+        assert set(cpu.weights_by_type) == {"q8_0", "f32"}
+        assert cpu.weights_mapped and cpu.staging == 0
+    # the allocator's saving is visible: lifetimes <= planned <= without in-place <= naive
+    assert cpu.compute_lower_bound <= cpu.compute <= cpu.compute_no_inplace < cpu.compute_naive
+    rep = plan.reports["prefill"]
+    assert rep.peak == cpu.compute and rep.naive == cpu.compute_naive
+    logits = 128 * 1024 * 4 if logits_all else 1024 * 4
+    assert rep.tensor("result_output").size == logits
+
+
+@needs_vulkan
+@pytest.mark.parametrize("ngl", [2, 99])
+def test_plan_equals_the_runtime_with_layers_on_vulkan(tiny_models, ngl):
+    tm = _model(tiny_models)
+    kw = dict(n_ctx=256, n_ubatch=64, n_batch=64)
+    plan = plan_memory(tm.path, n_gpu_layers=ngl, **kw)
+    with LLM(tm.path, n_threads=1, n_gpu_layers=ngl, **kw) as llm:
+        gpu = llm.backends[0].device.name
+        assert [d.device for d in plan.devices] == [gpu, CPU]
+        for b in llm.backends:
+            assert plan.device(b.device.name).compute == llm.compute_buffer_size(b.device.name)
+        assert plan.device(gpu).weights == llm.weight_buffers[gpu].n_bytes > 0
+        for dev in (gpu, CPU):
+            assert plan.device(dev).kv == llm.kv.bytes_by_buffer_type.get(dev, 0)
+        # lavapipe's memory is host memory: it counts against system RAM
+        assert plan.device(gpu).uma is not None
+        assert plan.system_ram == sum(d.total for d in plan.devices) + plan.staging
+
+
+@needs_vulkan
+def test_lavapipe_is_uma_with_a_reason():
+    dev = vulkan.devices()[0]
+    why = uma_reason(dev)
+    if dev.vk_type == "CPU":
+        assert "CPU device" in why
+    elif dev.vk_type == "integrated GPU":
+        assert "integrated" in why
+
+
+def test_virtual_device_plans_without_hardware(tiny_models):
+    tm = _model(tiny_models)
+    pm = PlanningModel(tm.path)
+    try:
+        gpu = VirtualDevice("laptop", "1GiB")
+        plan = plan_memory(pm, n_ctx=1024, n_ubatch=128, n_gpu_layers=99, devices=[gpu])
+        lap, cpu = plan.device("laptop"), plan.device(CPU)
+        assert lap.kind == "virtual GPU" and lap.memory == (1 << 30, 1 << 30) and lap.uma is None
+        # every layer and the (tied, duplicated) output on the device; embeddings on the CPU
+        on_dev = {n for n, p in plan.offload.weights.items() if p.device == "laptop"}
+        assert {f"blk.{i}.attn_q.weight" for i in range(3)} <= on_dev
+        assert "output.weight" in on_dev and "token_embd.weight" not in on_dev
+        expect = sum(-(-pm.model.tensor_info(n if n in pm.model.tensors else
+                                             "token_embd.weight").nbytes // 256) * 256
+                     for n in on_dev)
+        assert lap.weights == expect
+        assert cpu.weights == pm.model.tensor_info("token_embd.weight").nbytes
+        assert lap.kv == plan.kv_bytes and cpu.kv == 0
+        assert lap.compute > 0 and lap.staging >= 4 * MiB      # not host-mapped: staging
+        assert plan.system_ram == cpu.total + lap.staging         # its own memory: not RAM
+        # the same as an integrated GPU: its bytes are system RAM
+        apu = VirtualDevice("apu", "1GiB", "igpu")
+        plan2 = plan_memory(pm, n_ctx=1024, n_ubatch=128, n_gpu_layers=99, devices=[apu])
+        d = plan2.device("apu")
+        assert "integrated" in d.uma and d.staging == 0
+        assert plan2.system_ram == plan2.device(CPU).total + d.total
+        rep = estimate(pm, devices=[apu], n_ctx=1024, n_ubatch=128, n_gpu_layers=99)
+        assert any("apu shares system RAM" in n and "frees no RAM" in n for n in rep.notes)
+        text = format_report(rep)
+        assert "apu (UMA)" in text and "planning only" in text
+    finally:
+        pm.close()
+
+
+def test_sliding_window_layers_and_llamacpp_cache_size(tiny_models):
+    # gemma3: layers 0-4 sliding (window 16, pattern 6), layer 5 global
+    tm = tiny_models.get(arch="gemma3", weight_type="q8_0", n_layer=6, sliding_window=16)
+    plan = plan_memory(tm.path, n_ctx=1024, n_ubatch=128)
+    ng, bg, ns, bs = plan.kv_split()
+    assert (ng, ns) == (1, 5) and bs == 5 * bg
+    assert plan.n_swa_cells == 256                     # 16 + 128 padded to 256
+    assert plan.kv_swa_window_bytes() == bg + bs * 256 // 1024
+    rep = estimate(tm.path, n_ctx=1024, n_ubatch=128)
+    assert any("sliding-window layers too" in n for n in rep.notes)
+    assert llamacpp_reference(plan) is None            # not the model llama.cpp was measured on
+
+
+def test_parse_size():
+    assert parse_size("8GiB") == 8 << 30 and parse_size("512 MiB") == 512 << 20
+    assert parse_size("1.5G") == 3 << 29 and parse_size(4096) == 4096
+    with pytest.raises(Exception, match="memory size"):
+        parse_size("lots")
+
+
+def test_measured_peak_rss_is_close_to_the_prediction(tiny_models):
+    # weights, KV and compute big enough to be seen in RSS (~90 MiB), CPU only
+    tm = tiny_models.get(arch="gemma3", weight_type="f16", n_layer=4, n_embd=512, n_ff=2048,
+                         n_head=8, n_head_kv=4, head_dim=64, n_vocab=8192, n_ctx_train=8192,
+                         sliding_window=256)
+    rep = measure(tm.path, n_ctx=8192, n_ubatch=512, n_threads=2, warmup="ubatch")
+    m = rep.measured
+    assert m.peak_reset and m.tokens_evaluated == 512
+    buffers = rep.predicted_rss - m.rss_at_load
+    assert buffers >= rep.plan.device(CPU).total > 80 * MiB
+    # the acceptance bound, and the buffers' share on its own
+    assert abs(m.peak_rss - rep.predicted_rss) <= 0.10 * rep.predicted_rss + 50e6
+    assert abs((m.peak_rss - m.rss_at_load) - buffers) <= 0.15 * buffers + 8 * MiB
+    assert m.allocated["compute"][CPU] == rep.plan.device(CPU).compute
+    text = format_report(rep)
+    assert "peak RSS" in text and "runtime's compute buffers: as planned" in text
+
+
+def test_cli_mem_plan_only_and_json(tiny_models, tmp_path, capsys):
+    tm = _model(tiny_models)
+    out_json = tmp_path / "mem.json"
+    assert main(["mem", "-m", str(tm.path), "-c", "512", "-ub", "64", "--virtual-device",
+                 "laptop=256MiB", "-ngl", "99", "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    for what in ("compute buffer (planned peak)", "naive sum of intermediates",
+                 "peak without in-place reuse", "host staging", "laptop"):
+        assert what in text
+    d = json.loads(out_json.read_text())
+    devs = {x["device"]: x for x in d["plan"]["devices"]}
+    assert set(devs) == {"laptop", CPU} and devs["laptop"]["memory"] == [256 << 20, 256 << 20]
+    assert d["measured"] is None and d["plan"]["n_ctx"] == 512
+
+
+def test_cli_mem_measures(tiny_models, capsys):
+    tm = _model(tiny_models)
+    assert main(["mem", "-m", str(tm.path), "-c", "256", "-ub", "64", "-t", "1",
+                 "--warmup", "fill", "--gen", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "measured after warm-up (256 tokens (full context), then 4 generated tokens)" in text
+    assert "predicted RSS" in text

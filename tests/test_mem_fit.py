@@ -1,0 +1,119 @@
+"""The fit advisor on tiny models with artificial budgets: the answer is the largest that fits
+(one step more does not), the YAML it writes runs and stays within the budgets, UMA devices
+count against system RAM, virtual devices are declared in the YAML."""
+import pytest
+import yaml
+
+from pyggml.backend import vulkan
+from pyggml.cli import main
+from pyggml.llm.runtime import LLM
+from pyggml.memfit import CTX_STEP, fit
+from pyggml.memplan import CPU, MiB, VirtualDevice, plan_memory
+
+NO_VULKAN = vulkan.unavailable_reason()
+RUNTIME = 100 * MiB          # system RAM given to the runtime itself in these tests
+
+
+def _model(tiny_models):
+    return tiny_models.get(arch="gemma3", weight_type="q8_0", n_layer=4, n_embd=256, n_ff=512,
+                           n_head=4, n_head_kv=2, head_dim=64, n_vocab=1024, n_ctx_train=16384,
+                           sliding_window=64)
+
+
+def _run_yaml(path, model_path):
+    """Run a config the advisor wrote: load it, evaluate a full ubatch, return the LLM."""
+    cfg = yaml.safe_load(open(path))
+    ctx = cfg["context"]
+    llm = LLM(model_path, n_ctx=ctx["n_ctx"], n_batch=ctx["n_batch"], n_ubatch=ctx["n_ubatch"],
+              type_k=cfg["kv"]["type_k"], type_v=cfg["kv"]["type_v"],
+              n_gpu_layers=cfg.get("gpu_layers", 0), n_threads=1)
+    llm.eval([(7 * i + 3) % 1000 for i in range(min(ctx["n_ubatch"], ctx["n_ctx"]))])
+    return llm
+
+
+def _system_ram(llm) -> int:
+    """Bytes the runtime placed in system RAM (CPU buffers; every device here is UMA)."""
+    r = llm.memory_report()
+    return RUNTIME + r["weights_bytes"] + r["kv_cache_bytes"] + r["compute_buffer_bytes"]
+
+
+def test_cpu_budget_gives_the_largest_context_and_the_yaml_fits(tiny_models, tmp_path):
+    tm = _model(tiny_models)
+    base = plan_memory(tm.path, n_ctx=1024, n_ubatch=128)
+    budget = RUNTIME + base.system_ram + 3 * MiB           # room for a few thousand cells more
+    res = fit(tm.path, {CPU: budget}, max_gpu_layers=0, min_ctx=1024, n_ubatch=128,
+              runtime=RUNTIME)
+    assert res.fits and res.n_gpu_layers == 0 and 1024 < res.n_ctx < 16384
+    assert res.n_ctx % CTX_STEP == 0
+    need = res.runtime + res.plan.system_ram
+    assert need <= budget
+    over = plan_memory(tm.path, n_ctx=res.n_ctx + CTX_STEP, n_ubatch=128)
+    assert RUNTIME + over.system_ram > budget                 # one step more does not fit
+    path = tmp_path / "fit.yaml"
+    path.write_text(res.to_yaml())
+    with _run_yaml(path, tm.path) as llm:
+        assert llm.n_ctx == res.n_ctx
+        assert _system_ram(llm) <= budget
+    # nothing fits: says so, with the overshoot
+    res2 = fit(tm.path, {CPU: RUNTIME + 1 * MiB}, max_gpu_layers=0, min_ctx=1024, n_ubatch=128,
+               runtime=RUNTIME)
+    assert not res2.fits and "over budget" in res2.notes[-1]
+
+
+@pytest.mark.skipif(NO_VULKAN is not None, reason=f"no Vulkan device: {NO_VULKAN}")
+def test_vulkan_budget_gives_gpu_layers_and_the_yaml_fits_on_the_device(tiny_models, tmp_path):
+    tm = _model(tiny_models)
+    gpu = vulkan.devices()[0].name
+    full = plan_memory(tm.path, n_ctx=1024, n_ubatch=128, n_gpu_layers=99)
+    budget = full.device(gpu).total * 6 // 10               # not everything fits on the device
+    res = fit(tm.path, {gpu: budget, CPU: "8GiB"}, gpu_device=gpu, min_ctx=1024,
+              max_ctx=1024, n_ubatch=128, runtime=RUNTIME)
+    assert res.fits and 0 < res.n_gpu_layers <= 4 and res.n_ctx == 1024
+    assert res.plan.device(gpu).total <= budget
+    assert any(f"gpu_layers {res.n_gpu_layers + 1} does not fit" in n for n in res.notes)
+    assert any("shares system RAM" in n for n in res.notes)   # lavapipe: UMA
+    path = tmp_path / "fit.yaml"
+    path.write_text(res.to_yaml())
+    cfg = yaml.safe_load(path.read_text())
+    assert cfg["devices"] == [gpu] and cfg["gpu_layers"] == res.n_gpu_layers
+    dev = vulkan.devices()[0]
+    free0, total = dev.memory()
+    with _run_yaml(path, tm.path) as llm:
+        used = (total - dev.memory()[0]) - (total - free0)    # what this run holds there
+        planned = res.plan.device(gpu).total
+        assert planned <= used <= planned + 1 * MiB           # plus the backend's own tables
+        assert used <= budget + 1 * MiB
+
+
+def test_uma_device_counts_against_system_ram(tiny_models):
+    tm = _model(tiny_models)
+    cpu_only = plan_memory(tm.path, n_ctx=1024, n_ubatch=128)
+    ram = RUNTIME + cpu_only.system_ram + 2 * MiB
+    kw = dict(min_ctx=1024, n_ubatch=128, runtime=RUNTIME)
+    own = fit(tm.path, {"dgpu": "1GiB", CPU: ram}, devices=[VirtualDevice("dgpu", "1GiB")], **kw)
+    uma = fit(tm.path, {"apu": "1GiB", CPU: ram}, devices=[VirtualDevice("apu", "1GiB", "igpu")],
+              **kw)
+    # a discrete GPU takes weights and KV out of RAM: everything offloaded, a long context (the
+    # CPU keeps the embeddings, the masks and the staging buffer)
+    assert own.n_gpu_layers == 5 and own.n_ctx >= 8192
+    assert own.plan.device("dgpu").kv == own.plan.kv_bytes
+    # an integrated one does not: RAM still bounds the context, as on the CPU alone
+    assert uma.fits and 4 * uma.n_ctx < own.n_ctx
+    assert any("apu shares system RAM" in n for n in uma.notes)
+    need = uma.runtime + uma.plan.system_ram
+    assert need <= ram and uma.plan.system_ram >= uma.plan.device("apu").total
+
+
+def test_virtual_device_yaml_and_cli(tiny_models, tmp_path, capsys):
+    tm = _model(tiny_models)
+    out = tmp_path / "fit.yaml"
+    assert main(["mem", "-m", str(tm.path), "--fit", "--virtual-device", "laptop=64MiB",
+                 "--budget", "CPU=4GiB", "--min-ctx", "512", "-ub", "128",
+                 "--emit-yaml", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("fits: gpu_layers 5 on laptop")
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["virtual_devices"] == [{"name": "laptop", "memory": "64.00MiB", "kind": "gpu"}]
+    assert cfg["devices"] == ["laptop"] and cfg["gpu_layers"] == 5
+    assert cfg["context"]["n_ctx"] >= 512
+    assert "planning-only" in out.read_text()
