@@ -1,7 +1,8 @@
 """CPU backend benchmarks (issue: CPU backend), each a ratio or rate measured in one run:
 
 1. matvec through the graph executor: a 4096×4096 weight × one activation row, GB/s of weight
-   bytes per type at 1 and 2 threads, next to this machine's memory read bandwidth (measured here
+   bytes per type at 1 and 2 threads (enough different matrices cycled to read 256 MiB, so they
+   come from memory, not cache), next to this machine's memory read bandwidth (measured here
    with the same thread count);
 2. a 512-row prompt-sized MUL_MAT (4096×4096 weight): GFLOP/s per type;
 3. the per-call overhead of a graph of 500 trivial nodes (scale of a 1-element tensor).
@@ -59,20 +60,28 @@ def weight_tensor(ctx, wtype: str, K: int, N: int):
     return t
 
 
-def bench_matmul(wtype: str, M: int, threads: list[int], runs: int, K=4096, N=4096):
-    ctx = Context(mem_size=(K * N * 4 + K * M * 4 + N * M * 4) + (1 << 20), no_alloc=False)
-    w = weight_tensor(ctx, wtype, K, N)
-    x = ctx.new_tensor_2d("f32", K, M, name="x")
-    set_host_data(x, np.random.default_rng(1).standard_normal((M, K)).astype(np.float32))
-    y = ops.mul_mat(ctx, w, x)
-    g = Graph()
-    g.build_forward_expand(y)
+def bench_matmul(wtype: str, M: int, threads: list[int], runs: int, K=4096, N=4096,
+                 min_bytes: int = 0):
+    """Seconds per MUL_MAT of a K×N weight and M activation rows (median). With min_bytes, as
+    many weight matrices as that takes are cycled, so the weights stream from memory rather
+    than from the last-level cache; the time is per matrix."""
+    one = Context(no_alloc=True).new_tensor_2d(wtype, K, N)
+    n_mats = max(1, -(-min_bytes // one.nbytes()))
+    graphs = []
+    for i in range(n_mats):
+        ctx = Context(mem_size=(K * N * 4 + K * M * 4 + N * M * 4) + (1 << 20), no_alloc=False)
+        w = weight_tensor(ctx, wtype, K, N)
+        x = ctx.new_tensor_2d("f32", K, M, name="x")
+        set_host_data(x, np.random.default_rng(1).standard_normal((M, K)).astype(np.float32))
+        g = Graph()
+        g.build_forward_expand(ops.mul_mat(ctx, w, x))
+        graphs.append((ctx, g))
     out = {}
     for nt in threads:
         be = CpuBackend(n_threads=nt)
-        out[nt] = median_time(lambda: be.graph_compute(g), runs)
+        out[nt] = median_time(lambda: [be.graph_compute(g) for _, g in graphs], runs) / n_mats
         be.close()
-    return w.nbytes(), out
+    return one.nbytes(), out
 
 
 def bench_overhead(threads: list[int], runs: int, n_nodes: int = 500) -> dict[int, float]:
@@ -105,7 +114,7 @@ def main() -> None:
           " | " + " | ".join(f"pp{args.prompt_rows} GFLOP/s t={nt}" for nt in threads) + " |")
     print("|---|" + "---|" * (2 * len(threads)))
     for ty in types:
-        n_bytes, tv = bench_matmul(ty, 1, threads, args.runs)
+        n_bytes, tv = bench_matmul(ty, 1, threads, args.runs, min_bytes=256 << 20)
         _, tp = bench_matmul(ty, args.prompt_rows, threads, max(2, args.runs // 3))
         flops = 2 * 4096 * 4096 * args.prompt_rows
         cells = [f"{n_bytes / tv[nt] / 1e9:.1f} ({100 * n_bytes / tv[nt] / 1e9 / bw[nt]:.0f}%)"
