@@ -38,10 +38,14 @@ def _rope(x, pos, base, neox):
     return out
 
 
-def reference_logits(tm, tokens):
-    """float64 logits (T, V) of a whole sequence at positions 0..T-1."""
+def reference_logits(tm, tokens, arch=None, biases=None):
+    """float64 logits (T, V) of a whole sequence at positions 0..T-1. arch overrides the
+    model's (qwen2 = llama with NEOX rope and optional q/k/v biases)."""
     hp, W = tm.hparams, {k: v.astype(np.float64) for k, v in tm.weights.items()}
-    gemma = hp.arch == "gemma3"
+    W.update({k: v.astype(np.float64) for k, v in (biases or {}).items()})
+    arch = arch or hp.arch
+    gemma = arch == "gemma3"
+    neox = arch in ("gemma3", "qwen2")
     E, H, Hkv, D = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
     T = len(tokens)
     pos = np.arange(T, dtype=np.float64)
@@ -53,14 +57,14 @@ def reference_logits(tm, tokens):
         p = f"blk.{il}."
         local = gemma and hp.sliding_window and (il % 6) < 5
         h = _rms(x, W[p + "attn_norm.weight"], hp.rms_eps)
-        q = (h @ W[p + "attn_q.weight"].T).reshape(T, H, D)
-        k = (h @ W[p + "attn_k.weight"].T).reshape(T, Hkv, D)
-        v = (h @ W[p + "attn_v.weight"].T).reshape(T, Hkv, D)
+        q = (h @ W[p + "attn_q.weight"].T + W.get(p + "attn_q.bias", 0)).reshape(T, H, D)
+        k = (h @ W[p + "attn_k.weight"].T + W.get(p + "attn_k.bias", 0)).reshape(T, Hkv, D)
+        v = (h @ W[p + "attn_v.weight"].T + W.get(p + "attn_v.bias", 0)).reshape(T, Hkv, D)
         if gemma:
             q = _rms(q, W[p + "attn_q_norm.weight"], hp.rms_eps)
             k = _rms(k, W[p + "attn_k_norm.weight"], hp.rms_eps)
         base = hp.rope_freq_base_swa if local else hp.rope_freq_base
-        q, k = _rope(q, pos, base, gemma), _rope(k, pos, base, gemma)
+        q, k = _rope(q, pos, base, neox), _rope(k, pos, base, neox)
         allowed = causal & ((pos[:, None] - pos[None, :]) < hp.sliding_window) if local else causal
         o = np.empty((T, H, D))
         for hh in range(H):
@@ -206,8 +210,9 @@ def test_bad_input_is_typed_and_model_stays_usable(tiny_models):
         assert llm.kv.n_used() == used
 
 
-def _rewrite(src, dst, *, arch=None, drop=(), reshape=None):
-    """Copy a GGUF file changing its architecture name, dropping tensors or changing one shape."""
+def _rewrite(src, dst, *, arch=None, drop=(), reshape=None, extra=None):
+    """Copy a GGUF file changing its architecture name, dropping tensors, changing one shape or
+    adding tensors (extra: name -> float32 array)."""
     r = gguf.GGUFReader(src)
     old_arch = r.fields["general.architecture"].contents()
     new_arch = arch or old_arch
@@ -228,6 +233,8 @@ def _rewrite(src, dst, *, arch=None, drop=(), reshape=None):
         if reshape and t.name == reshape:
             data = data[: data.shape[0] // 2]
         w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    for name, arr in (extra or {}).items():
+        w.add_tensor(name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -247,6 +254,25 @@ def test_unknown_architecture_missing_and_misshapen_tensors(tiny_models, tmp_pat
         LLM(tm.path, n_ctx=0)
     with pytest.raises(ModelError, match="type_k"):
         LLM(tm.path, n_ctx=16, type_k="q4_k")
+
+
+def test_qwen2_neox_rope_and_qkv_biases(tiny_models, tmp_path):
+    """qwen2 = llama with NEOX rope and q/k/v biases (formats-and-models.md §4)."""
+    tm = _model(tiny_models, "llama", "f32")
+    hp = tm.hparams
+    rng = np.random.default_rng(5)
+    biases = {}
+    for il in range(hp.n_layer):
+        for short, n in (("attn_q", hp.n_head), ("attn_k", hp.n_head_kv), ("attn_v", hp.n_head_kv)):
+            biases[f"blk.{il}.{short}.bias"] = (rng.standard_normal(n * hp.head_dim) * 0.5
+                                                ).astype(np.float32)
+    path = _rewrite(tm.path, tmp_path / "qwen2.gguf", arch="qwen2", extra=biases)
+    with LLM(path, n_ctx=64, n_threads=2, logits_all=True, type_k="f32", type_v="f32") as llm:
+        assert llm.hparams.rope_neox
+        got = llm.eval(PROMPT)
+    ref = reference_logits(tm, PROMPT, arch="qwen2", biases=biases)
+    assert rel_err(got, ref) <= TOL["f32"]
+    assert rel_err(got, reference_logits(tm, PROMPT, arch="qwen2")) > 10 * TOL["f32"]  # biases matter
 
 
 def test_sampler_seeded_and_chain():
