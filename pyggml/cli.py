@@ -3,10 +3,13 @@
   pyggml run   [-m MODEL] -p PROMPT -n N [llama.cpp-style flags]   generate text
   pyggml bench [-m MODEL] -p 64,512 -n 32,128 -t 1,2 -r 3 [--compare-llamacpp]
   pyggml bench kernels [--types ...]                                  quantized matvec GB/s
+  pyggml plan  [-m MODEL] [-c config.yaml] [-ngl N] [-ot RE=DEV] [--check-fit]   dry run
   pyggml info                                                         CPU features, paths
   pyggml graph [--dot FILE]                                           a small example graph
 
 `-c` takes a context size (an integer, as llama.cpp) or an offload config file (anything else).
+Offload (run, bench, plan): -ngl N, -ot REGEX=DEVICE (repeatable), --no-kv-offload,
+--no-op-offload, --set KEY=VALUE (repeatable); see configs/README.md.
 """
 
 from __future__ import annotations
@@ -66,12 +69,16 @@ def _ctx_and_config(values) -> tuple[int | None, str | None]:
 
 def _cmd_run(args) -> int:
     from pyggml.llm.runtime import LLM
-    n_ctx, config = _ctx_and_config(args.ctx)
+    from pyggml.plan import config_from_cli
+    n_ctx, _ = _ctx_and_config(args.ctx)
+    config = config_from_cli(args)          # None without a config file or offload flags
     t0 = time.perf_counter()
-    llm = LLM(args.model, config=config, n_ctx=n_ctx or 4096, n_batch=args.batch_size,
-              n_ubatch=args.ubatch_size, n_threads=args.threads,
+    llm = LLM(args.model, config=config, n_ctx=n_ctx or 4096, n_batch=args.batch_size or 2048,
+              n_ubatch=args.ubatch_size or 512, n_threads=args.threads,
               n_threads_batch=args.threads_batch, flash_attn=args.flash_attn != "off",
-              n_gpu_layers=args.n_gpu_layers, verbose=args.verbose)
+              n_gpu_layers=args.n_gpu_layers or 0, verbose=args.verbose)
+    for w in llm.offload.warnings:
+        print(f"pyggml: warning: {w}", file=sys.stderr)
     t_load = time.perf_counter() - t0
     if args.verbose:
         hp = llm.hparams
@@ -116,15 +123,22 @@ def _cmd_bench(args) -> int:
         from pyggml.models_default import ensure_default_model
         model = ensure_default_model()
     fa = args.flash_attn != "off"
+    from pyggml.plan import config_from_cli
+    config = config_from_cli(args)
     rows = bench.bench_pyggml(model, args.n_prompt, args.n_gen, args.threads, args.repetitions,
-                              flash_attn=fa, n_gpu_layers=args.n_gpu_layers)
+                              flash_attn=fa, n_gpu_layers=args.n_gpu_layers or 0, config=config)
     ref = None
     if args.compare_llamacpp or args.llamacpp_python:
         ref = bench.bench_llamacpp(model, args.n_prompt, args.n_gen, args.threads,
                                    args.repetitions, args.llamacpp_python, flash_attn=fa,
-                                   n_gpu_layers=args.n_gpu_layers)
+                                   n_gpu_layers=args.n_gpu_layers or 0)
     print(bench.format_table(rows, ref, Path(model).name))
     return 0
+
+
+def _cmd_plan(args) -> int:
+    from pyggml import plan
+    return plan.run(args, sys.argv[1:])
 
 
 def _cmd_bench_kernels(args) -> int:
@@ -141,6 +155,7 @@ def _cmd_bench_kernels(args) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from pyggml import plan as plan_args
     p = argparse.ArgumentParser(prog="pyggml", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -153,8 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-tb", "--threads-batch", type=int, default=None)
     r.add_argument("-c", "--ctx-size", dest="ctx", action="append",
                    help="context size (integer) or offload config file")
-    r.add_argument("-b", "--batch-size", type=int, default=2048)
-    r.add_argument("-ub", "--ubatch-size", type=int, default=512)
+    r.add_argument("-b", "--batch-size", type=int, default=None, help="default 2048")
+    r.add_argument("-ub", "--ubatch-size", type=int, default=None, help="default 512")
     r.add_argument("--temp", type=float, default=0.8)
     r.add_argument("--top-k", type=int, default=40)
     r.add_argument("--top-p", type=float, default=0.95)
@@ -162,11 +177,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat-penalty", type=float, default=1.0)
     r.add_argument("-s", "--seed", type=int, default=0xFFFFFFFF)
     r.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
-    r.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
-                   help="layers on the first GPU device (99: all, with the output)")
+    r.add_argument("-ngl", "--n-gpu-layers", type=int, default=None,
+                   help="the last N layers on the first GPU device (99: all, with the output)")
     r.add_argument("--ignore-eos", action="store_true")
     r.add_argument("--no-warmup", action="store_true")
     r.add_argument("-v", "--verbose", action="store_true")
+    plan_args.add_offload_arguments(r)
     r.set_defaults(func=_cmd_run)
 
     b = sub.add_parser("bench", help="llama-bench style pp/tg tokens/s (or `bench kernels`)")
@@ -176,7 +192,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-t", "--threads", type=_int_list, default=[1, 2])
     b.add_argument("-r", "--repetitions", type=int, default=3)
     b.add_argument("-fa", "--flash-attn", choices=("on", "off"), default="on")
-    b.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)
+    b.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
+    b.add_argument("-c", "--ctx-size", dest="ctx", action="append",
+                   help="an offload config file")
+    plan_args.add_offload_arguments(b)
     b.add_argument("--compare-llamacpp", action="store_true",
                    help="also run llama.cpp (llama-cpp-python) with the same settings")
     b.add_argument("--llamacpp-python", default=None,
@@ -197,6 +216,20 @@ def _parser() -> argparse.ArgumentParser:
     mm = sub.add_parser("mem", help="memory per device: planned, and measured after a warm-up")
     mem.add_arguments(mm)
     mm.set_defaults(func=mem.cmd_mem)
+
+    pl = sub.add_parser("plan", help="dry run: where each tensor goes, memory per device")
+    pl.add_argument("-m", "--model", default=None, help="GGUF file (default: Gemma 3 270M)")
+    pl.add_argument("-c", "--ctx-size", dest="ctx", action="append",
+                    help="context size (integer) or offload config file")
+    pl.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
+    pl.add_argument("-t", "--threads", type=int, default=None)
+    pl.add_argument("-tb", "--threads-batch", type=int, default=None)
+    pl.add_argument("-b", "--batch-size", type=int, default=None)
+    pl.add_argument("-ub", "--ubatch-size", type=int, default=None)
+    pl.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
+    plan_args.add_offload_arguments(pl)
+    plan_args.add_arguments(pl)
+    pl.set_defaults(func=_cmd_plan)
 
     i = sub.add_parser("info", help="CPU features and kernel paths")
     i.set_defaults(func=_cmd_info)

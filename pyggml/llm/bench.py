@@ -40,12 +40,17 @@ def _tokens(n: int, n_vocab: int, seed: int) -> list[int]:
 
 
 def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=512,
-                 flash_attn=True, n_gpu_layers=0) -> list[BenchRow]:
+                 flash_attn=True, n_gpu_layers=0, config=None) -> list[BenchRow]:
+    """config: an offload Config (pyggml.offload_config); each row's threads and the bench's
+    context size replace its own."""
     from pyggml.llm.runtime import LLM
     rows = []
     need_ctx = n_ctx or max([*prompts, *gens, 1]) + 8
     for t in threads:
-        with LLM(model_path, n_ctx=need_ctx, n_ubatch=n_ubatch, n_threads=t,
+        cfg = None if config is None else config.with_values(
+            {"threads": {"decode": t, "batch": t},
+             "context": {"n_ctx": need_ctx, "n_ubatch": n_ubatch}}, f"pyggml bench -t {t}")
+        with LLM(model_path, config=cfg, n_ctx=need_ctx, n_ubatch=n_ubatch, n_threads=t,
                  n_threads_batch=t, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers) as llm:
             V = llm.hparams.n_vocab
             llm.eval(_tokens(min(8, need_ctx), V, 0))          # warm-up (graphs, pages)

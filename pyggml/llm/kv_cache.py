@@ -20,15 +20,24 @@ KV_TYPES = (GGMLType.F16, GGMLType.F32, GGMLType.Q8_0)
 
 class KVCache:
     """n_ctx cells × n_layer layers. `buffer_types`: per layer, the buffer type that holds its K
-    and V (host memory by default); one buffer is allocated per distinct buffer type."""
+    and V (host memory by default); one buffer is allocated per distinct buffer type.
+    type_k / type_v: one type, or a list with one per layer (`types_k` / `types_v` keep the
+    per-layer types; `type_k` / `type_v` are layer 0's)."""
 
     def __init__(self, hp, n_ctx: int, type_k="f16", type_v="f16", n_seq_max: int = 1,
                  buffer_types=None):
-        self.type_k, self.type_v = as_type(type_k), as_type(type_v)
-        for what, t in (("type_k", self.type_k), ("type_v", self.type_v)):
-            if t not in KV_TYPES:
+        per_layer = {}
+        for what, t in (("type_k", type_k), ("type_v", type_v)):
+            ts = list(t) if isinstance(t, (list, tuple)) else [t] * hp.n_layer
+            if len(ts) != hp.n_layer:
+                raise ModelError(f"KV cache {what}: {len(ts)} types for {hp.n_layer} layers")
+            ts = [as_type(x) for x in ts]
+            for bad in (x for x in ts if x not in KV_TYPES):
                 raise ModelError(f"KV cache {what} must be one of "
-                                 f"{', '.join(x.name.lower() for x in KV_TYPES)}, got {t.name}")
+                                 f"{', '.join(k.name.lower() for k in KV_TYPES)}, got {bad.name}")
+            per_layer[what] = ts
+        self.types_k, self.types_v = per_layer["type_k"], per_layer["type_v"]
+        self.type_k, self.type_v = self.types_k[0], self.types_v[0]
         if not 1 <= n_seq_max <= 64:
             raise ModelError(f"n_seq_max must be in 1..64, got {n_seq_max}")
         self.n_ctx = n_ctx
@@ -40,8 +49,8 @@ class KVCache:
         for il in range(hp.n_layer):
             ne_k = hp.head_dim_k * hp.n_head_kv[il]
             ne_v = hp.head_dim_v * hp.n_head_kv[il]
-            self.k.append(ctx.new_tensor(self.type_k, [ne_k, n_ctx], name=f"cache_k_l{il}"))
-            self.v.append(ctx.new_tensor(self.type_v, [ne_v, n_ctx], name=f"cache_v_l{il}"))
+            self.k.append(ctx.new_tensor(self.types_k[il], [ne_k, n_ctx], name=f"cache_k_l{il}"))
+            self.v.append(ctx.new_tensor(self.types_v[il], [ne_v, n_ctx], name=f"cache_v_l{il}"))
         self.n_bytes = sum(t.nbytes() for t in self.k + self.v)
         if buffer_types is None:
             from pyggml.backend.cpu import cpu_buffer_type

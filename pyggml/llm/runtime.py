@@ -26,7 +26,8 @@ from pyggml.llm.kv_cache import KVCache
 from pyggml.llm.models import GraphParams, build_graph, check_weights, graph_size
 from pyggml.llm.sampler import Sampler, SamplingParams
 from pyggml.llm.tokenizer import Tokenizer
-from pyggml.offload import CPU, OffloadPlan, plan_from_args
+from pyggml.offload import (CPU, OffloadPlan, pin_phase_ops, plan_from_args,
+                            plan_from_config)
 from pyggml.sched import Scheduler
 
 
@@ -59,8 +60,11 @@ class LLM:
     n_seq_max: sequences decoded together; type_k/type_v: KV cache types (f16, f32, q8_0);
     logits_all: keep logits for every position (else the last of each eval only);
     flash_attn: fused attention (llama.cpp's default on CPU) or mul_mat + softmax;
-    n_gpu_layers: the first N layers (with N > n_layer also the output) on the first GPU
-    device, as llama.cpp's -ngl; offload: an OffloadPlan (overrides n_gpu_layers);
+    n_gpu_layers: as llama.cpp's -ngl, the last N of the n_layer + 1 layer slots (the output
+    is the last) on the first GPU device; offload: an OffloadPlan (overrides n_gpu_layers);
+    config: an offload config (a YAML path, a pyggml.offload_config.Config or a dict; see
+    configs/README.md): its plan replaces n_gpu_layers / offload, and the sizes, threads and
+    KV types it sets replace the keyword arguments;
     progress: a progress bar while weights are copied to devices (None: on a terminal).
     """
 
@@ -75,16 +79,24 @@ class LLM:
         if model_path is None:
             from pyggml.models_default import ensure_default_model
             model_path = ensure_default_model()
-        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
-            if not isinstance(v, int) or v < 1:
-                raise ModelError(f"{name} must be a positive integer, got {v!r}")
-        if config is not None:
-            raise ModelError("offload configs are not supported yet: pass config=None")
         self.path = os.fspath(model_path)
         self.model = GGUFModel.open(self.path)
         self.weights = self.model.create_tensors()
         self.hparams = read_hparams(self.model, self.model.tensors)
         check_weights(self.hparams, self.weights, self.path)
+        self.settings = None
+        if config is not None:
+            offload, s = plan_from_config(config, self.model.tensors, self.hparams.n_layer,
+                                          self.hparams.tied_output)
+            self.settings = s
+            n_ctx, n_batch = s.n_ctx or n_ctx, s.n_batch or n_batch
+            n_ubatch, n_seq_max = s.n_ubatch or n_ubatch, s.n_seq_max or n_seq_max
+            n_threads = s.n_threads or n_threads
+            n_threads_batch = s.n_threads_batch or n_threads_batch
+            type_k, type_v = s.type_k or type_k, s.type_v or type_v
+        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
+            if not isinstance(v, int) or v < 1:
+                raise ModelError(f"{name} must be a positive integer, got {v!r}")
         self.tokenizer = Tokenizer.from_gguf(self.path)
         self.n_ctx, self.n_ubatch = n_ctx, min(n_ubatch, n_batch)
         self.n_batch = n_batch
@@ -93,6 +105,8 @@ class LLM:
         self.flash_attn = flash_attn
         self.verbose = verbose
         self.offload = offload or self._plan_from_ngl(n_gpu_layers)
+        if "output.weight" in self.offload.weights and "output.weight" not in self.weights:
+            self.weights["output.weight"] = self.weights["token_embd.weight"]   # tied, CPU copy
         self._init_backends(n_threads, n_threads_batch)
         self._place_weights(progress)
         kv_bufts = [self._device_backend(p.device).get_default_buffer_type()
@@ -104,7 +118,8 @@ class LLM:
         gs = graph_size(self.hparams.n_layer) * 2
         self.sched = {"prefill": Scheduler(self.backends, n_copies=self.offload.n_copies,
                                            op_offload=oo["prefill"], graph_size=gs)}
-        self.sched["decode"] = (self.sched["prefill"] if oo["decode"] == oo["prefill"] else
+        same = oo["decode"] == oo["prefill"] and not self.offload.phase_ops
+        self.sched["decode"] = (self.sched["prefill"] if same else
                                 Scheduler(self.backends, n_copies=self.offload.n_copies,
                                           op_offload=oo["decode"], graph_size=gs))
         self.stats = RunStats()
@@ -203,6 +218,7 @@ class LLM:
         for phase, sched in self._scheds():
             g, _, _ = build_graph(self.hparams, self.weights, self.kv, self._worst_case_params(),
                                   self.flash_attn, not self.logits_all)
+            pin_phase_ops(sched, g, self.offload, phase, self.weights)
             sched.reserve(g)
             self.stats.allocator_plans += 1
 
@@ -312,6 +328,7 @@ class LLM:
             g, inp, logits = build_graph(self.hparams, self.weights, self.kv, gp, self.flash_attn,
                                          not self.logits_all)
             before = sched.n_reserves
+            pin_phase_ops(sched, g, self.offload, "decode" if T == 1 else "prefill", self.weights)
             sched.alloc_graph(g)
             self.stats.allocator_plans += sched.n_reserves - before
             views = {name: host_array(getattr(inp, name)).reshape(-1)
