@@ -783,6 +783,13 @@ class GraphAllocator:
         self.get_buffer_size(buffer_id)     # range check
         return self._tallocs[self._slot[buffer_id]].chunk_sizes
 
+    def memory_ranges(self, buffer_id: int) -> list[tuple[int, int]]:
+        """(base address, bytes) of the memory backing each chunk of that buffer; [] when it has
+        none (planning only, or not reserved yet). Memory profilers use it."""
+        self.get_buffer_size(buffer_id)     # range check
+        mem = self._memory[self._slot[buffer_id]]
+        return [] if mem is None else [(base, size) for _, base, size in mem]
+
     def placement(self, t: Tensor) -> tuple[int, int, int] | None:
         """(buffer_id, chunk, offset) of a tensor of the last reserved graph, or of the graph
         last given to alloc_graph (same positions); a view: its owner's place plus view_offs.

@@ -70,6 +70,32 @@ def peak_rss() -> int:
     return r if os.uname().sysname == "Darwin" else r * 1024
 
 
+def resident_bytes(ranges) -> int | None:
+    """Bytes of [base, base + size) ranges of this process's address space that are resident
+    now (present in its page tables: /proc/self/pagemap bit 63), None where pagemap is not
+    readable. File-backed pages count only once this process touched them, as in RSS."""
+    import numpy as np
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    try:
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        for base, size in ranges:
+            if size <= 0:
+                continue
+            first, last = base // page, (base + size - 1) // page
+            raw = os.pread(fd, 8 * (last - first + 1), 8 * first)
+            entries = np.frombuffer(raw, dtype=np.uint64)
+            total += int(np.count_nonzero(entries >> np.uint64(63))) * page
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return total
+
+
 def reset_peak_rss() -> bool:
     """Reset the high-water mark to the current RSS (Linux: /proc/self/clear_refs "5"), so that
     peak_rss() sees only what comes next. False where that is not possible."""
@@ -121,7 +147,9 @@ def llamacpp_reference(plan: MemoryPlan) -> dict | None:
 class Measurement:
     """What `measure` saw. rss_*: psutil; peak_rss: VmHWM after the warm-up (and generation).
     device_used: bytes pyggml holds on each non-CPU device (Device.memory). allocated: the
-    runtime's own figures (compute per device, KV per buffer type, weights per device)."""
+    runtime's own figures (compute per device, KV per buffer type, weights per device).
+    resident: the CPU's mapped weights, KV cache and compute buffers, each as the bytes of its
+    address range resident at the end (resident_bytes; None where that cannot be read)."""
     warmup: str
     peak_reset: bool                # the high-water mark was reset when measure() began
     tokens_evaluated: int
@@ -132,6 +160,7 @@ class Measurement:
     peak_rss: int
     device_used: dict[str, int]
     allocated: dict
+    resident: dict                  # weights / kv / compute: host bytes resident after the run
     seconds: float
 
 
@@ -155,8 +184,10 @@ class MemReport:
 
 
 def _logits_host(plan: MemoryPlan, rows: int) -> int:
-    # the eval's float32 copy of the wanted rows plus np.isfinite's bool temporary
-    return rows * int(plan.facts.get("n_vocab", 0)) * 5
+    """Logits handed to Python per eval call: LLM.decode_batch copies the wanted rows out of the
+    compute buffer (float32), then selects each sequence's rows into a second array (boolean
+    indexing copies): two float32 copies alive at once."""
+    return rows * int(plan.facts.get("n_vocab", 0)) * 4 * 2
 
 
 def _uma_devices_part(plan: MemoryPlan, with_weights: bool) -> int:
@@ -191,7 +222,9 @@ def measure(model=None, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int 
     from pyggml.llm.runtime import LLM
     if warmup not in WARMUPS:
         raise PyggmlError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
+    from pyggml.backend.base import default_registry
     t0 = time.perf_counter()
+    default_registry().devices()        # backend modules and drivers: part of "before loading"
     peak_reset = reset_peak_rss()
     rss0 = current_rss()
     llm = LLM(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
@@ -213,13 +246,14 @@ def measure(model=None, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int 
         if gen > 0:
             for _ in llm.generate(prompt, gen, temperature=0.0, stop_at_eog=False):
                 n_gen += 1
+        resident = _resident_parts(llm)
         used = {}
         for b in llm.backends:
             if b.device.name != CPU and b.device.type.value != "CPU":
                 free, total = b.device.memory()
                 used[b.device.name] = total - free
         m = Measurement(warmup, peak_reset, n_eval, n_gen, rss0, rss_load, current_rss(),
-                        peak_rss(), used, allocated, time.perf_counter() - t0)
+                        peak_rss(), used, allocated, resident, time.perf_counter() - t0)
     finally:
         llm.close()
     rows = n_ubatch if logits_all else 1
@@ -229,6 +263,23 @@ def measure(model=None, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int 
     rep = MemReport(plan, rss_load, True, logits, predicted, m, llamacpp_reference(plan))
     _add_notes(rep)
     return rep
+
+
+def _resident_parts(llm) -> dict:
+    """Resident bytes of the CPU's weights (the mapped GGUF files), KV and compute buffers."""
+    from pyggml.backend.base import is_host_buffer
+    maps = {id(p.buffer): (p.buffer.base, p.buffer.size) for p in llm.model.parts}
+    kv = [(b.base, b.n_bytes) for b in llm.kv.buffers if is_host_buffer(b)]
+    compute, seen = [], []
+    for sched in llm.sched.values():
+        if any(sched is o for o in seen):
+            continue
+        seen.append(sched)
+        for i, b in enumerate(sched.backends):
+            if b.device.type.value == "CPU":
+                compute += sched.galloc.memory_ranges(i)
+    return {"weights": resident_bytes(maps.values()), "mapped": sum(n for _, n in maps.values()),
+            "kv": resident_bytes(kv), "compute": resident_bytes(compute)}
 
 
 def _warm_up(llm, warmup: str) -> int:
@@ -336,10 +387,20 @@ def format_report(rep: MemReport) -> str:
                    f"({m.peak_rss / 1e6:.0f} MB), RSS now {human(m.rss_after)}; "
                    f"peak - predicted = {diff / MiB:+.1f} MiB "
                    f"({100.0 * diff / max(rep.predicted_rss, 1):+.1f}%)")
+        cpu = plan.device(CPU)
+        res = m.resident
+        if res.get("weights") is not None:
+            parts = [f"mapped GGUF {human(res['weights'])} of {human(res['mapped'])} (tensor "
+                     f"data {human(cpu.weights)})"]
+            parts += [f"{what} {human(res[key])} of {human(planned)}" for what, key, planned in
+                      (("KV cache", "kv", cpu.kv), ("compute", "compute", cpu.compute))
+                      if planned]
+            out.append("resident at the end (pagemap): " + ", ".join(parts))
         if not m.peak_reset:
             out.append("(the peak could not be reset: it covers the whole process)")
-        out.append(f"RSS before loading {human(m.rss_before_load)}; runtime objects "
-                   f"(metadata, tokenizer) {human(m.rss_at_load - m.rss_before_load)}")
+        out.append(f"RSS before loading {human(m.rss_before_load)} (interpreter, libraries, "
+                   f"backend modules); loading added {human(m.rss_at_load - m.rss_before_load)}"
+                   f" (GGUF metadata, tokenizer, runtime objects, weights copied to devices)")
         for dev, n in m.device_used.items():
             out.append(f"{dev}: pyggml holds {human(n)} of device memory (planned "
                        f"{human(plan.device(dev).total)})")

@@ -143,6 +143,13 @@ def test_measured_peak_rss_is_close_to_the_prediction(tiny_models):
     assert abs(m.peak_rss - rep.predicted_rss) <= 0.10 * rep.predicted_rss + 50e6
     assert abs((m.peak_rss - m.rss_at_load) - buffers) <= 0.15 * buffers + 8 * MiB
     assert m.allocated["compute"][CPU] == rep.plan.device(CPU).compute
+    # each buffer's own pages: the whole file (tied output: every weight byte read), the KV
+    # cache written whole, the compute buffer used by the full ubatch
+    cpu = rep.plan.device(CPU)
+    res = m.resident
+    assert res["mapped"] + 4096 >= res["weights"] >= cpu.weights
+    assert cpu.kv <= res["kv"] <= cpu.kv + 8192          # whole pages
+    assert 0.75 * cpu.compute <= res["compute"] <= cpu.compute + 4096
     text = format_report(rep)
     assert "peak RSS" in text and "runtime's compute buffers: as planned" in text
 
