@@ -12,8 +12,9 @@ every UMA device's buffers (pyggml.memplan.uma_reason says why a device counts).
 
 Predicted RSS (`measure`) = RSS after loading (measured before any compute: interpreter,
 libraries, GGUF metadata, tokenizer; weights copied to devices at load are already in it) + the
-buffers a compute touches: the CPU's mapped weights, KV cache and compute buffer, host staging,
-UMA devices' KV and compute, and the logits handed to Python. The warm-up then makes them
+buffers a compute touches: the CPU's mapped weights, KV cache and compute buffer (less what of
+them loading already made resident, read from /proc/self/pagemap), host staging, UMA devices' KV
+and compute, and the logits handed to Python. The warm-up then makes them
 resident: `fill` evaluates n_ctx tokens (every KV cell written, the last ubatch reads all n_ctx
 cells: the worst-case graph); `ubatch` one full ubatch and the KV buffers written whole (what a
 full context holds); `token` one token (llama.cpp's warm-up); `none`. Peak RSS is the kernel's
@@ -148,8 +149,9 @@ class Measurement:
     """What `measure` saw. rss_*: psutil; peak_rss: VmHWM after the warm-up (and generation).
     device_used: bytes pyggml holds on each non-CPU device (Device.memory). allocated: the
     runtime's own figures (compute per device, KV per buffer type, weights per device).
-    resident: the CPU's mapped weights, KV cache and compute buffers, each as the bytes of its
-    address range resident at the end (resident_bytes; None where that cannot be read)."""
+    resident / resident_at_load: the CPU's weights, KV cache and compute buffers, each as the
+    bytes of its address ranges resident at the end / after loading (resident_bytes; None where
+    that cannot be read; see _resident_parts)."""
     warmup: str
     peak_reset: bool                # the high-water mark was reset when measure() began
     tokens_evaluated: int
@@ -161,6 +163,7 @@ class Measurement:
     device_used: dict[str, int]
     allocated: dict
     resident: dict                  # weights / kv / compute: host bytes resident after the run
+    resident_at_load: dict          # the same before the warm-up
     seconds: float
 
 
@@ -235,6 +238,7 @@ def measure(model=None, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int 
                            type_k=type_k, type_v=type_v, logits_all=logits_all,
                            flash_attn=flash_attn, offload=llm.offload)
         rss_load = current_rss()
+        at_load = _resident_parts(llm)
         allocated = {
             "compute": {b.device.name: llm.compute_buffer_size(b.device.name)
                         for b in llm.backends},
@@ -253,22 +257,35 @@ def measure(model=None, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int 
                 free, total = b.device.memory()
                 used[b.device.name] = total - free
         m = Measurement(warmup, peak_reset, n_eval, n_gen, rss0, rss_load, current_rss(),
-                        peak_rss(), used, allocated, resident, time.perf_counter() - t0)
+                        peak_rss(), used, allocated, resident, at_load,
+                        time.perf_counter() - t0)
     finally:
         llm.close()
     rows = n_ubatch if logits_all else 1
     logits = _logits_host(plan, rows)
     cpu = plan.device(CPU)
-    predicted = rss_load + cpu.total + plan.staging + _uma_devices_part(plan, False) + logits
+    # what loading already made resident is in rss_load: count only the rest of each buffer
+    # (weights read at load to copy a tied output to a device, for instance)
+    fresh = sum(max(0, planned - (at_load.get(key) or 0)) for key, planned in
+                (("weights", cpu.weights), ("kv", cpu.kv), ("compute", cpu.compute)))
+    predicted = rss_load + fresh + plan.staging + _uma_devices_part(plan, False) + logits
     rep = MemReport(plan, rss_load, True, logits, predicted, m, llamacpp_reference(plan))
     _add_notes(rep)
     return rep
 
 
 def _resident_parts(llm) -> dict:
-    """Resident bytes of the CPU's weights (the mapped GGUF files), KV and compute buffers."""
+    """Resident bytes of the CPU's buffers: weights (the file ranges of CPU-placed tensors),
+    KV cache, compute buffers; `copied`: file ranges of weights copied to devices; `mapped_all`:
+    the whole mapped GGUF (header and metadata included) and `mapped` its size."""
     from pyggml.backend.base import is_host_buffer
     maps = {id(p.buffer): (p.buffer.base, p.buffer.size) for p in llm.model.parts}
+    cpu_w, copied = [], []
+    for name, p in llm.offload.weights.items():
+        src = "token_embd.weight" if name not in llm.model.tensors else name
+        info = llm.model.tensor_info(src)
+        rng = (llm.model.parts[info.part].buffer.base + info.offset, info.nbytes)
+        (cpu_w if p.device == CPU else copied).append(rng)
     kv = [(b.base, b.n_bytes) for b in llm.kv.buffers if is_host_buffer(b)]
     compute, seen = [], []
     for sched in llm.sched.values():
@@ -278,7 +295,9 @@ def _resident_parts(llm) -> dict:
         for i, b in enumerate(sched.backends):
             if b.device.type.value == "CPU":
                 compute += sched.galloc.memory_ranges(i)
-    return {"weights": resident_bytes(maps.values()), "mapped": sum(n for _, n in maps.values()),
+    return {"weights": resident_bytes(cpu_w), "copied": resident_bytes(copied),
+            "mapped_all": resident_bytes(maps.values()),
+            "mapped": sum(n for _, n in maps.values()),
             "kv": resident_bytes(kv), "compute": resident_bytes(compute)}
 
 
@@ -369,16 +388,21 @@ def format_report(rep: MemReport) -> str:
     mem = [human(d.memory[1]) if d.memory else "?" for d in devs]
     out.append(_row("device memory (total)", mem))
     out.append("")
-    how = "measured after loading" if rep.runtime_measured else "estimated"
-    out.append(f"system RAM: buffers {human(plan.system_ram)} + runtime {human(rep.runtime)} "
-               f"({how}) + logits to Python {human(rep.logits_host)}")
+    sys_parts = [f"{d.device} {human(d.total)}" + ("" if d.device == CPU else " (UMA)")
+                 for d in devs if d.uma]
+    out.append(f"system RAM buffers: {human(plan.system_ram)} ("
+               + ", ".join(sys_parts + [f"host staging {human(plan.staging)}"]) + ")")
     m = rep.measured
     if m is None:
-        out.append(f"predicted RSS {human(rep.predicted_rss)} (planning only: nothing loaded)")
+        out.append(f"predicted RSS {human(rep.predicted_rss)} = runtime {human(rep.runtime)} "
+                   f"(estimated) + system RAM buffers + logits handed to Python "
+                   f"{human(rep.logits_host)} (planning only: nothing loaded)")
     else:
         diff = m.peak_rss - rep.predicted_rss
+        rest = rep.predicted_rss - m.rss_at_load - rep.logits_host
         out.append(f"predicted RSS {human(rep.predicted_rss)} = RSS after loading "
-                   f"{human(m.rss_at_load)} + buffers a compute touches")
+                   f"{human(m.rss_at_load)} + buffers a compute touches that loading did not "
+                   f"{human(rest)} + logits handed to Python {human(rep.logits_host)}")
         what = {"fill": f"{m.tokens_evaluated} tokens (full context)",
                 "ubatch": f"one ubatch of {m.tokens_evaluated} tokens, KV written whole",
                 "token": "one token", "none": "no warm-up"}[m.warmup]
@@ -390,12 +414,15 @@ def format_report(rep: MemReport) -> str:
         cpu = plan.device(CPU)
         res = m.resident
         if res.get("weights") is not None:
-            parts = [f"mapped GGUF {human(res['weights'])} of {human(res['mapped'])} (tensor "
-                     f"data {human(cpu.weights)})"]
-            parts += [f"{what} {human(res[key])} of {human(planned)}" for what, key, planned in
-                      (("KV cache", "kv", cpu.kv), ("compute", "compute", cpu.compute))
-                      if planned]
+            parts = [f"{what} {human(res[key])} of {human(planned)}" for what, key, planned in
+                     (("CPU weights", "weights", cpu.weights), ("KV cache", "kv", cpu.kv),
+                      ("compute", "compute", cpu.compute)) if planned]
+            parts.append(f"the whole mapped GGUF {human(res['mapped_all'])} of "
+                         f"{human(res['mapped'])}")
             out.append("resident at the end (pagemap): " + ", ".join(parts))
+            if res.get("copied"):
+                out.append(f"file pages of weights copied to devices, still mapped (the kernel "
+                           f"may reclaim them): {human(res['copied'])}")
         if not m.peak_reset:
             out.append("(the peak could not be reset: it covers the whole process)")
         out.append(f"RSS before loading {human(m.rss_before_load)} (interpreter, libraries, "
