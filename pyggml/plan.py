@@ -493,8 +493,8 @@ def format_report(r: PlanReport, per_tensor: bool = False) -> str:
         devs.append(f"{d}{extra}")
     L.append(f"devices: {', '.join(devs)} (priority order; CPU last)")
     L.append(f"sizes:   n_ctx {s.n_ctx}, n_batch {s.n_batch}, n_ubatch "
-             f"{min(s.n_ubatch, s.n_batch)}, n_seq_max {s.n_seq_max}; threads {s.n_threads} decode / {s.n_threads_batch} "
-             f"batch; op offload prefill {'on' if plan.op_offload['prefill'] else 'off'}, "
+             f"{min(s.n_ubatch, s.n_batch)}, n_seq_max {s.n_seq_max}; threads {s.n_threads} "
+             f"decode / {s.n_threads_batch} batch; op offload prefill {'on' if plan.op_offload['prefill'] else 'off'}, "
              f"decode {'on' if plan.op_offload['decode'] else 'off'}; n_copies {plan.n_copies}")
     L.append("")
     L.append("weights" + (" (per tensor):" if per_tensor else " (grouped per layer):"))
