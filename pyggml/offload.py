@@ -146,7 +146,8 @@ def tensor_kind(name: str) -> str | None:
 @dataclass(frozen=True)
 class DeviceInfo:
     """A device a plan may name. free/total: bytes (None: unknown); planning: declared for
-    planning only (`pyggml plan --assume-device`), no hardware."""
+    planning only (`pyggml plan --assume-device`), no hardware; assumed_memory: free/total
+    were declared (`--assume-device` of a device that exists)."""
     name: str
     is_cpu: bool = False
     free: int | None = None
@@ -154,6 +155,7 @@ class DeviceInfo:
     buffer_types: tuple[str, ...] = ()
     description: str = ""
     planning: bool = False
+    assumed_memory: bool = False
 
 
 class DeviceCatalog:
@@ -187,10 +189,10 @@ class DeviceCatalog:
             if i is not None:
                 x = infos[i]
                 infos[i] = DeviceInfo(x.name, x.is_cpu, n, n, x.buffer_types, x.description,
-                                      planning=not x.is_cpu)
+                                      assumed_memory=True)
             else:
                 infos.append(DeviceInfo(name, False, n, n, (name,), "planning-only device",
-                                        planning=True))
+                                        planning=True, assumed_memory=True))
         return cls(infos)
 
     def names(self) -> list[str]:
@@ -325,8 +327,10 @@ class _Resolver:
         gpus: list[str] = []          # as configured (absent ones mapped later)
         gpu_targets: list[str] = []   # after fallback
         self._n_listed = 0            # GPU entries of `devices`, resolved or not
-        if listed is None:
-            gpus = [d.name for d in self.catalog.infos if not d.is_cpu and not d.planning]
+        if listed is None:        # every GPU, when gpu_layers gives them something to hold
+            ngl = cfg.get(("gpu_layers",), 0)
+            if ngl == "all" or ngl > 0:
+                gpus = [d.name for d in self.catalog.infos if not d.is_cpu]
             gpu_targets = list(gpus)
         else:
             for i, ref in enumerate(listed):
@@ -761,7 +765,10 @@ def llama_flags(cfg: Config, plan: OffloadPlan, tensor_names, n_layer: int,
             missing.append(f"{rep.label}: llama.cpp has no per-phase placement (only "
                            f"--no-op-offload for all phases)")
             continue
-        matched = [n for n in rep.matched if n in names or n == "output.weight"]
+        matched = [n for n in rep.matched if n in names]
+        if "output.weight" in rep.matched and "output.weight" not in names:
+            missing.append(f"{rep.label}: a tied output matrix has no name of its own in "
+                           f"llama.cpp (it is token_embd.weight, placed with the output layer)")
         if not matched:
             continue
         if set(r) - {"name"} <= {"match", "device", "buffer_type"}:

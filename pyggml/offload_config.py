@@ -88,7 +88,8 @@ SCHEMA = {
                             "(default) or the CPU"},
         "devices": {"type": "array", "items": _DEVICE,
                     "doc": "devices in priority order (the scheduler prefers earlier ones); the "
-                           "CPU is always available and always last; default: every GPU found"},
+                           "CPU is always available and always last; default: every GPU found "
+                           "when gpu_layers > 0, else none"},
         "gpu_layers": {"oneOf": [{"type": "integer", "minimum": 0}, {"enum": ["all"]}],
                        "default": 0,
                        "doc": "llama.cpp's -ngl: the LAST N of the n_layer + 1 layer slots (the "

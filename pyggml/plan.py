@@ -183,7 +183,8 @@ class DeviceTotals:
     compute: int = 0
     free: int | None = None
     total_memory: int | None = None
-    planning: bool = False
+    planning: bool = False            # a planning-only device (no hardware)
+    assumed_memory: bool = False      # free/total declared with --assume-device
 
     @property
     def total(self) -> int:
@@ -364,16 +365,18 @@ class Planner:
         for name, t in totals.items():
             info = self.catalog.info(name)
             if info is not None:
-                t.free, t.total_memory, t.planning = info.free, info.total, info.planning
+                t.free, t.total_memory = info.free, info.total
+                t.planning, t.assumed_memory = info.planning, info.assumed_memory
         flags, missing = llama_flags(cfg, plan, self.model.tensors, hp.n_layer, settings)
         return PlanReport(self.path, hp.arch, hp.n_layer, cfg, plan, eff, sizes, kv_bytes,
                           totals, by_phase, flags, missing, list(plan.warnings),
                           {d.name: d.description for d in self.catalog.infos})
 
     # -- check-fit --
-    def check_fit(self, report: PlanReport, max_evals: int = 24) -> list[FitChange]:
+    def check_fit(self, report: PlanReport, max_evals: int = 40) -> list[FitChange]:
         """Changes that make every device fit, smallest first ([] when none is found or all
-        fits already)."""
+        fits already): the KV cache on the CPU, the largest gpu_layers, n_ctx (multiples of 256)
+        and n_ubatch that fit; each one a full plan (binary searches)."""
         bad = report.not_fitting()
         if not bad:
             return []
@@ -430,6 +433,19 @@ class Planner:
         if best is not None:
             out.append(FitChange(f"n_ctx: {best[0]} (was {n_ctx})",
                                  [f"context.n_ctx={best[0]}"], moved(best[1]), best[1]))
+        # 4. smaller ubatches (the compute buffer grows with the tokens per graph)
+        n_ub = min(report.settings.n_ubatch, report.settings.n_batch)
+        lo, hi, best = 1, n_ub - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            r = attempt([f"context.n_ubatch={mid}"])
+            if r is not None and not r.not_fitting():
+                best, lo = (mid, r), mid + 1
+            else:
+                hi = mid - 1
+        if best is not None:
+            out.append(FitChange(f"n_ubatch: {best[0]} (was {n_ub})",
+                                 [f"context.n_ubatch={best[0]}"], moved(best[1]), best[1]))
         out.sort(key=lambda c: c.moved)
         return out
 
@@ -489,7 +505,8 @@ def format_report(r: PlanReport, per_tensor: bool = False) -> str:
     devs = []
     for d in plan.devices:
         t = r.totals.get(d)
-        extra = " (assumed for planning)" if t is not None and t.planning else ""
+        extra = ("" if t is None else " (planning only)" if t.planning else
+                 " (assumed memory)" if t.assumed_memory else "")
         devs.append(f"{d}{extra}")
     L.append(f"devices: {', '.join(devs)} (priority order; CPU last)")
     L.append(f"sizes:   n_ctx {s.n_ctx}, n_batch {s.n_batch}, n_ubatch "
@@ -576,7 +593,7 @@ def format_report(r: PlanReport, per_tensor: bool = False) -> str:
             L.append("check-fit: every device has enough free memory")
         elif not r.fit_changes:
             L.append(f"check-fit: {', '.join(bad)} too small, and no single change tried (KV on "
-                     f"the CPU, fewer gpu_layers, a smaller n_ctx) makes it fit")
+                     f"the CPU, fewer gpu_layers, a smaller n_ctx or n_ubatch) makes it fit")
         else:
             L.append(f"check-fit: {', '.join(bad)} too small; changes that fit, smallest first:")
             for c in r.fit_changes:

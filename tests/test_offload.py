@@ -221,14 +221,20 @@ def _apply_flags(flags, names, n_layer, tied):
 ])
 def test_llamacpp_flags_reproduce_the_plan(text):
     cfg = parse_text(text, "t.yaml")
-    p, s = plan_from_config(cfg, NAMES, L, True, catalog=catalog("Vulkan0"))
-    flags, missing = llama_flags(cfg, p, NAMES, L, s)
+    names = NAMES + ["output.weight"]
+    p, s = plan_from_config(cfg, names, L, False, catalog=catalog("Vulkan0"))
+    flags, missing = llama_flags(cfg, p, names, L, s)
     assert missing == []
-    got = _apply_flags(flags, NAMES, L, True)
-    want = {n: x.device for n, x in p.weights.items()}
-    if "output.weight" not in want:              # tied, same device as token_embd: no copy
-        want["output.weight"] = want["token_embd.weight"]
-    assert got == want
+    assert _apply_flags(flags, names, L, False) == {n: x.device for n, x in p.weights.items()}
+
+
+def test_tied_output_rules_have_no_llamacpp_name():
+    cfg = parse_text("overrides:\n  - kind: output\n    device: Vulkan0\n", "t.yaml")
+    p, s = plan_from_config(cfg, NAMES, L, True, catalog=catalog("Vulkan0"))
+    assert p.weights["output.weight"].device == "Vulkan0"       # the copy, on the device
+    flags, missing = llama_flags(cfg, p, NAMES, L, s)
+    assert flags == ["-ot", "^output_norm\\.weight$=Vulkan0"]
+    assert "tied output matrix has no name of its own in llama.cpp" in missing[0]
 
 
 def test_no_llamacpp_equivalent_is_listed():
@@ -256,3 +262,11 @@ def test_emitted_yaml_plans_the_same():
     assert [k.device for k in p1.kv] == [k.device for k in p2.kv] and s2.n_ctx == 1024
     assert p1.weights["blk.3.ffn_up.weight"].rule == "-ot ffn_up=CPU"
     assert p2.weights["blk.3.ffn_up.weight"].rule.startswith("overrides[0] match 'ffn_up'")
+
+
+def test_default_devices_only_when_layers_go_to_gpus():
+    p = plan("context: {n_ctx: 64}\n", "Vulkan0")
+    assert p.devices == [CPU] and p.devices_used() == [CPU]        # no GPU, not even op offload
+    p = plan("gpu_layers: all\n", "Vulkan0", "Vulkan1")             # every GPU, by free memory
+    assert p.devices == ["Vulkan0", "Vulkan1", CPU]
+    assert p.layer_devices == ["Vulkan0"] * 3 + ["Vulkan1"] * 2

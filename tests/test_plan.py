@@ -298,7 +298,7 @@ def test_check_fit_suggests_changes_that_fit(tiny_models):
     finally:
         planner.close()
     kinds = [c.what.split(":")[0] for c in changes]
-    assert sorted(kinds) == ["KV cache on the CPU", "gpu_layers", "n_ctx"]
+    assert {"KV cache on the CPU", "gpu_layers", "n_ctx"} <= set(kinds)
     assert [c.moved for c in changes] == sorted(c.moved for c in changes)
     for c in changes:                                 # each one fits when applied
         assert not c.report.not_fitting()
