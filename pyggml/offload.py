@@ -195,6 +195,16 @@ class DeviceCatalog:
                                         planning=True, assumed_memory=True))
         return cls(infos)
 
+    def with_virtual(self, cfg) -> "DeviceCatalog":
+        """This catalog plus the config's `virtual_devices` (planning-only, declared memory; a
+        name already listed keeps its entry)."""
+        from pyggml.offload_config import size_bytes
+        extra = [DeviceInfo(v["name"], False, size_bytes(v["memory"]), size_bytes(v["memory"]),
+                            (v["name"],), f"virtual {v.get('kind', 'gpu')} (planning only)",
+                            planning=True, assumed_memory=True)
+                 for v in cfg.get(("virtual_devices",)) or [] if self.info(v["name"]) is None]
+        return DeviceCatalog(self.infos + extra, self.permissive) if extra else self
+
     def names(self) -> list[str]:
         return [d.name for d in self.infos]
 
@@ -644,6 +654,7 @@ def plan_from_config(config, tensor_names, n_layer: int, tied_output: bool, *,
     cfg = load_config(config, sets)
     if catalog is None:
         catalog = DeviceCatalog.from_registry()
+    catalog = catalog.with_virtual(cfg)
     return _Resolver(cfg, tensor_names, n_layer, tied_output, catalog).resolve()
 
 

@@ -174,6 +174,24 @@ SCHEMA = {
                           "batch": dict(_POS_INT, doc="CPU threads for batches (-tb)")}}],
             "expand": ("decode", "batch"),
             "doc": "CPU threads: one number, or per kind of work"},
+        "virtual_devices": {
+            "type": "array",
+            "doc": "planning-only devices (no hardware) with a declared memory: `pyggml plan`, "
+                   "`pyggml mem` and the fit advisor plan against them; name them in `devices` "
+                   "and rules like real ones (a run needs the real device's name there)",
+            "items": {
+                "type": "object",
+                "required": ["name", "memory"],
+                "properties": {
+                    "name": {"type": "string", "doc": "how devices and rules name it"},
+                    "memory": {"type": ["string", "integer"], "format": "size",
+                               "doc": "its memory: bytes, or a size like 8GiB or 512MiB"},
+                    "kind": {"enum": ["gpu", "igpu"], "default": "gpu",
+                             "doc": "gpu: its own memory; igpu: an integrated GPU whose memory "
+                                    "is system RAM (UMA)"},
+                },
+            },
+        },
         "context": {
             "type": "object",
             "doc": "sizes",
@@ -668,6 +686,9 @@ def _check_format(fmt: str, v):
             return f"a device index must be >= 0, got {v}"
         if isinstance(v, str) and not v.strip():
             return "an empty device name"
+    elif fmt == "size":
+        if size_bytes(v) is None:
+            return f"expected a memory size (bytes, or like 8GiB, 512MiB), got {_got(v)}"
     elif fmt == "kinds":
         items = v if isinstance(v, list) else [v]
         if not items:
@@ -677,6 +698,19 @@ def _check_format(fmt: str, v):
                 hint = _did_you_mean(str(it), KINDS)
                 return f"unknown kind {_got(it)}; kinds: {', '.join(KINDS)}{hint}"
     return None
+
+
+def size_bytes(v) -> int | None:
+    """A memory size: bytes (int), or '8GiB', '512 MiB', '2G' (K/M/G/T: powers of 1024); None
+    when it is not one."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v if v >= 0 else None
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?b)?\s*", str(v), re.IGNORECASE)
+    if not m:
+        return None
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2).lower() or " "))
 
 
 def _did_you_mean(word: str, choices) -> str:

@@ -351,10 +351,11 @@ class Planner:
 
     def plan(self, cfg: Config) -> PlanReport:
         hp = self.hp
+        catalog = self.catalog.with_virtual(cfg)        # the config's virtual_devices
         plan, settings = plan_from_config(cfg, self.model.tensors, hp.n_layer, hp.tied_output,
-                                          catalog=self.catalog)
+                                          catalog=catalog)
         eff = _effective(settings, hp.n_layer)
-        backends = _backends(plan, self.catalog, self.registry,
+        backends = _backends(plan, catalog, self.registry,
                              (eff.n_threads, eff.n_threads_batch))
         try:
             sizes, kv_bytes, totals, by_phase = _plan_memory(self.model, hp, plan, eff, backends,
@@ -363,14 +364,14 @@ class Planner:
             for b in backends:
                 b.close()
         for name, t in totals.items():
-            info = self.catalog.info(name)
+            info = catalog.info(name)
             if info is not None:
                 t.free, t.total_memory = info.free, info.total
                 t.planning, t.assumed_memory = info.planning, info.assumed_memory
         flags, missing = llama_flags(cfg, plan, self.model.tensors, hp.n_layer, settings)
         return PlanReport(self.path, hp.arch, hp.n_layer, cfg, plan, eff, sizes, kv_bytes,
                           totals, by_phase, flags, missing, list(plan.warnings),
-                          {d.name: d.description for d in self.catalog.infos})
+                          {d.name: d.description for d in catalog.infos})
 
     # -- check-fit --
     def check_fit(self, report: PlanReport, max_evals: int = 40) -> list[FitChange]:
