@@ -279,7 +279,8 @@ def _plan_memory(model, hp, plan: OffloadPlan, settings: RunSettings, backends, 
             totals[CPU].weights += info.nbytes
     allocs = {b.name: PlanningAllocator(b.get_default_buffer_type()) for b in backends}
     kv = KVCache(hp, settings.n_ctx, settings.type_k, settings.type_v, settings.n_seq_max,
-                 [allocs[p.device] for p in plan.kv])
+                 [allocs[p.device] for p in plan.kv],
+                 n_ubatch=min(settings.n_ubatch, settings.n_batch))
     kv_bytes = []
     for il in range(hp.n_layer):
         align = allocs[plan.kv[il].device].alignment

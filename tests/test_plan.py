@@ -90,7 +90,11 @@ def test_every_example_config_is_planned_against_gemma(gemma):
     kv = r["kv-on-cpu.yaml"]
     assert len(kv.config.files) == 2 and kv.config.files[1].endswith("all-on-gpu.yaml")
     assert {k.device for k in kv.plan.kv} == {CPU} and kv.settings.n_ctx == 32768
-    assert kv.totals["Vulkan0"].kv == 0 and kv.totals[CPU].kv == 18 * 2 * 256 * 32768 * 2
+    # 3 global layers keep n_ctx cells, the 15 sliding-window layers window + n_ubatch cells
+    n_ub = min(kv.settings.n_ubatch or 512, kv.settings.n_batch or 2048)
+    swa_cells = min(32768, -(-(512 + n_ub) // 256) * 256)
+    assert kv.totals["Vulkan0"].kv == 0
+    assert kv.totals[CPU].kv == 2 * 256 * 2 * (3 * 32768 + 15 * swa_cells)
     assert "--no-kv-offload" in kv.llama
 
     two = r["two-gpus-split.yaml"]

@@ -1,8 +1,14 @@
-"""The KV cache: per layer one K and one V tensor of n_ctx cells, plus the cells' positions and
-sequence sets (llama.cpp's unified cache). Sliding-window layers share the cells; their mask hides
-what lies outside the window (llama.cpp's separate SWA cache only drops cells that mask hides).
+"""The KV cache: per layer one K and one V tensor over a space of cells, plus each cell's position
+and sequence set (llama.cpp's unified cache).
 
-Layout per layer: K and V are [D·Hkv, n_ctx] (one row of all KV heads per cell), written by
+Two cell spaces: "full" (n_ctx cells) for global-attention layers, and, when the model has
+sliding-window layers, "swa" with room for the window only (window·n_seq_max + n_ubatch cells,
+padded, as llama.cpp): before a ubatch is placed, cells that no query of it or of any later ubatch
+can see any more (position at least `window` behind the sequence's first new token) are freed.
+With `swa_full=True` the sliding-window layers use the full space (masking alone hides the rest).
+The full space always exists and bounds the context (n_ctx), even if no layer reads it.
+
+Layout per layer: K and V are [D·Hkv, n_cells] (one row of all KV heads per cell), written by
 set_rows at the ubatch's cell indices and read through 3-D views [D, n_kv, Hkv].
 """
 
@@ -16,16 +22,88 @@ from pyggml.types import GGMLType, as_type
 
 KV_PAD = 256          # n_kv (cells the attention reads) is padded to this: graphs get reused
 KV_TYPES = (GGMLType.F16, GGMLType.F32, GGMLType.Q8_0)
+FULL, SWA = "full", "swa"
+
+
+def _bits(seq_ids: np.ndarray) -> np.ndarray:
+    return np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+
+
+class CellSpace:
+    """n_cells cells: position (-1 = empty) and sequence bit set of each."""
+
+    def __init__(self, name: str, n_cells: int):
+        self.name = name
+        self.n_cells = n_cells
+        self.pos = np.full(n_cells, -1, dtype=np.int64)
+        self.seqs = np.zeros(n_cells, dtype=np.uint64)
+
+    def n_used(self) -> int:
+        return int((self.pos >= 0).sum())
+
+    def find_slot(self, n_tokens: int, n_ctx: int) -> np.ndarray:
+        """Indices of n_tokens free cells (lowest first); ModelError when there are too few."""
+        free = np.flatnonzero(self.pos < 0)
+        if free.size < n_tokens:
+            raise ModelError(f"context overflow: {n_tokens} new tokens but only {free.size} of "
+                             f"{self.n_cells} KV cells ({self.name}) are free (n_ctx={n_ctx}); "
+                             f"start a new sequence, remove old tokens (seq_rm) or use a larger "
+                             f"n_ctx")
+        return free[:n_tokens]
+
+    def apply(self, cells: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray) -> None:
+        self.pos[cells] = pos
+        self.seqs[cells] = _bits(seq_ids)
+
+    def forget_outside_window(self, pos: np.ndarray, seq_ids: np.ndarray, window: int) -> None:
+        """Free what the new tokens (and any later ones) cannot see: for each sequence, cells at
+        least `window` positions behind its first new token."""
+        for sid in np.unique(seq_ids):
+            first = int(pos[seq_ids == sid].min())
+            bit = np.uint64(1) << np.uint64(sid)
+            sel = ((self.seqs & bit) != 0) & (self.pos <= first - window)
+            self.seqs[sel] &= ~bit
+        self.pos[self.seqs == 0] = -1
+
+    def n_kv(self) -> int:
+        """Cells the attention reads: up to the last used one, padded to KV_PAD."""
+        used = np.flatnonzero(self.pos >= 0)
+        last = int(used[-1]) + 1 if used.size else 1
+        return min(self.n_cells, -(-last // KV_PAD) * KV_PAD)
+
+    def mask(self, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
+        """float16 (n_tokens, n_kv): 0 where token t may attend to cell j, -inf elsewhere:
+        same sequence, cell position <= token position, and within `window` if > 0."""
+        cpos = self.pos[:n_kv][None, :]
+        ok = (((self.seqs[:n_kv][None, :] & _bits(seq_ids)[:, None]) != 0) & (cpos >= 0)
+              & (cpos <= pos[:, None]))
+        if window > 0:
+            ok &= (pos[:, None] - cpos) < window
+        return np.where(ok, np.float16(0), np.float16(-np.inf)).astype(np.float16)
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> None:
+        sel = (self.pos >= p0) & ((self.pos < p1) if p1 is not None else True)
+        if seq_id < 0:
+            self.seqs[sel] = 0
+        else:
+            self.seqs[sel] &= ~np.uint64(1 << seq_id)
+        self.pos[self.seqs == 0] = -1
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
+        sel = ((self.seqs & np.uint64(1 << src)) != 0) & (self.pos >= p0)
+        if p1 is not None:
+            sel &= self.pos < p1
+        self.seqs[sel] |= np.uint64(1 << dst)
 
 
 class KVCache:
-    """n_ctx cells × n_layer layers. `buffer_types`: per layer, the buffer type that holds its K
-    and V (host memory by default); one buffer is allocated per distinct buffer type.
+    """Cells × n_layer layers (see the module docstring). `buffer_types`: per layer, the buffer
+    type that holds its K and V (host memory by default); one buffer per distinct buffer type.
     type_k / type_v: one type, or a list with one per layer (`types_k` / `types_v` keep the
     per-layer types; `type_k` / `type_v` are layer 0's)."""
 
     def __init__(self, hp, n_ctx: int, type_k="f16", type_v="f16", n_seq_max: int = 1,
-                 buffer_types=None):
+                 buffer_types=None, n_ubatch: int = 512, swa_full: bool = False):
         per_layer = {}
         for what, t in (("type_k", type_k), ("type_v", type_v)):
             ts = list(t) if isinstance(t, (list, tuple)) else [t] * hp.n_layer
@@ -42,15 +120,21 @@ class KVCache:
             raise ModelError(f"n_seq_max must be in 1..64, got {n_seq_max}")
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
-        self.pos = np.full(n_ctx, -1, dtype=np.int64)        # -1: empty cell
-        self.seqs = np.zeros(n_ctx, dtype=np.uint64)          # bit s: cell belongs to sequence s
+        self.window = hp.sliding_window
+        self.spaces = {FULL: CellSpace(FULL, n_ctx)}
+        swa_layers = [hp.layer_is_swa(il) for il in range(hp.n_layer)]
+        n_swa = min(n_ctx, -(-(self.window * n_seq_max + n_ubatch) // KV_PAD) * KV_PAD)
+        if any(swa_layers) and not swa_full and n_swa < n_ctx:
+            self.spaces[SWA] = CellSpace(SWA, n_swa)
+        self.layer_space = [SWA if sw and SWA in self.spaces else FULL for sw in swa_layers]
         self.k, self.v = [], []
         ctx = Context(no_alloc=True, name="kv")
         for il in range(hp.n_layer):
             ne_k = hp.head_dim_k * hp.n_head_kv[il]
             ne_v = hp.head_dim_v * hp.n_head_kv[il]
-            self.k.append(ctx.new_tensor(self.types_k[il], [ne_k, n_ctx], name=f"cache_k_l{il}"))
-            self.v.append(ctx.new_tensor(self.types_v[il], [ne_v, n_ctx], name=f"cache_v_l{il}"))
+            n = self.spaces[self.layer_space[il]].n_cells
+            self.k.append(ctx.new_tensor(self.types_k[il], [ne_k, n], name=f"cache_k_l{il}"))
+            self.v.append(ctx.new_tensor(self.types_v[il], [ne_v, n], name=f"cache_v_l{il}"))
         self.n_bytes = sum(t.nbytes() for t in self.k + self.v)
         if buffer_types is None:
             from pyggml.backend.cpu import cpu_buffer_type
@@ -73,61 +157,67 @@ class KVCache:
             self.bytes_by_buffer_type[bt.name] = self.bytes_by_buffer_type.get(bt.name, 0) + sum(sizes)
 
     # ---- cells -------------------------------------------------------------------------------
+    @property
+    def pos(self) -> np.ndarray:
+        """Positions of the full space's cells (-1: empty)."""
+        return self.spaces[FULL].pos
+
     def n_used(self) -> int:
-        return int((self.pos >= 0).sum())
+        """Tokens held (cells used in the full space, which bounds the context)."""
+        return self.spaces[FULL].n_used()
 
-    def find_slot(self, n_tokens: int) -> np.ndarray:
-        """Indices of n_tokens free cells (lowest first); ModelError when the cache is full."""
-        free = np.flatnonzero(self.pos < 0)
-        if free.size < n_tokens:
-            raise ModelError(f"context overflow: {n_tokens} new tokens but only {free.size} of "
-                             f"{self.n_ctx} KV cells are free (n_ctx={self.n_ctx}); start a new "
-                             f"sequence, remove old tokens (seq_rm) or use a larger n_ctx")
-        return free[:n_tokens]
+    def place(self, pos: np.ndarray, seq_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Cells for a ubatch's tokens in every space (after freeing what the window hides in the
+        sliding-window space), marked with their positions and sequences: {space: cell indices}.
+        ModelError if a space lacks room (nothing is changed then)."""
+        snap = self.snapshot()
+        try:
+            cells = {}
+            for name, sp in self.spaces.items():
+                if name == SWA:
+                    sp.forget_outside_window(pos, seq_ids, self.window)
+                cells[name] = sp.find_slot(len(pos), self.n_ctx)
+            for name, sp in self.spaces.items():
+                sp.apply(cells[name], pos, seq_ids)
+        except BaseException:
+            self.restore(snap)
+            raise
+        return cells
 
-    def apply(self, cells: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray) -> None:
-        self.pos[cells] = pos
-        self.seqs[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+    def n_kv(self) -> dict[str, int]:
+        """{space: cells the attention reads} (padded to KV_PAD)."""
+        return {name: sp.n_kv() for name, sp in self.spaces.items()}
 
-    def n_kv(self) -> int:
-        """Cells the attention reads: up to the last used one, padded to KV_PAD."""
-        used = np.flatnonzero(self.pos >= 0)
-        last = int(used[-1]) + 1 if used.size else 1
-        return min(self.n_ctx, -(-last // KV_PAD) * KV_PAD)
+    def mask(self, space: str, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int,
+             window: int = 0) -> np.ndarray:
+        return self.spaces[space].mask(pos, seq_ids, n_kv, window)
 
-    def mask(self, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
-        """float16 (n_tokens, n_kv): 0 where token t may attend to cell j, -inf elsewhere:
-        same sequence, cell position <= token position, and within `window` if > 0."""
-        cpos = self.pos[:n_kv][None, :]
-        bits = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))[:, None]
-        ok = ((self.seqs[:n_kv][None, :] & bits) != 0) & (cpos >= 0) & (cpos <= pos[:, None])
-        if window > 0:
-            ok &= (pos[:, None] - cpos) < window
-        return np.where(ok, np.float16(0), np.float16(-np.inf)).astype(np.float16)
+    def snapshot(self):
+        return {n: (sp.pos.copy(), sp.seqs.copy()) for n, sp in self.spaces.items()}
+
+    def restore(self, snap) -> None:
+        for n, (p, q) in snap.items():
+            self.spaces[n].pos[:], self.spaces[n].seqs[:] = p, q
 
     # ---- sequence operations (llama.cpp's memory API) -----------------------------------------
     def clear(self) -> None:
-        self.pos[:] = -1
-        self.seqs[:] = 0
+        for sp in self.spaces.values():
+            sp.pos[:] = -1
+            sp.seqs[:] = 0
 
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> None:
         """Forget sequence seq_id's tokens with positions in [p0, p1) (p1 None: to the end);
         seq_id -1: all sequences."""
-        sel = (self.pos >= p0) & ((self.pos < p1) if p1 is not None else True)
-        if seq_id < 0:
-            self.seqs[sel] = 0
-        else:
-            self.seqs[sel] &= ~np.uint64(1 << seq_id)
-        self.pos[self.seqs == 0] = -1
+        for sp in self.spaces.values():
+            sp.seq_rm(seq_id, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
         """Make dst share src's cells with positions in [p0, p1) (no data is copied)."""
-        sel = ((self.seqs & np.uint64(1 << src)) != 0) & (self.pos >= p0)
-        if p1 is not None:
-            sel &= self.pos < p1
-        self.seqs[sel] |= np.uint64(1 << dst)
+        for sp in self.spaces.values():
+            sp.seq_cp(src, dst, p0, p1)
 
     def seq_pos_max(self, seq_id: int) -> int:
         """Largest position of seq_id in the cache, -1 if it has none."""
-        sel = (self.seqs & np.uint64(1 << seq_id)) != 0
-        return int(self.pos[sel].max()) if sel.any() else -1
+        sp = self.spaces[FULL]
+        sel = (sp.seqs & np.uint64(1 << seq_id)) != 0
+        return int(sp.pos[sel].max()) if sel.any() else -1

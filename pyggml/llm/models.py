@@ -3,7 +3,8 @@
 architectures differ in a handful of switches, kept together here so the shared path is read once.
 
 Shapes (ggml order): T tokens in the ubatch, E = n_embd, D = head size, H / Hkv heads,
-n_kv = KV cells read, n_out = rows whose logits are wanted.
+n_kv = KV cells read (n_kv_swa in the sliding-window cell space), n_out = rows whose logits are
+wanted.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class GraphParams:
     n_tokens: int
     n_outputs: int
     n_kv: int
+    n_kv_swa: int = 0     # cells read by sliding-window layers when they have their own space
 
 
 @dataclass
@@ -35,9 +37,10 @@ class GraphInputs:
     """The INPUT tensors of a built graph, written before each compute."""
     tokens: Tensor        # I32 [T]
     pos: Tensor           # I32 [T]
-    kv_idxs: Tensor       # I32 [T]: the cache cell of each token
+    kv_idxs: Tensor | None      # I32 [T]: each token's cell in the full space
+    kv_idxs_swa: Tensor | None  # I32 [T]: each token's cell in the sliding-window space
     mask: Tensor | None       # F16 [n_kv, T] (None when every layer is sliding-window)
-    mask_swa: Tensor | None   # F16 [n_kv, T] (None without sliding-window layers)
+    mask_swa: Tensor | None   # F16 [n_kv of the SWA layers' space, T] (None without SWA layers)
     out_ids: Tensor | None  # I32 [n_out]: ubatch rows whose logits are wanted (None: all rows)
 
 
@@ -90,16 +93,26 @@ def build_graph(hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True,
     the output rows with inp_out_ids (every graph of a model must agree on it, so that all ubatch
     graphs share one topology and one allocation plan); False only when every row is wanted."""
     E, D, Dv = hp.n_embd, hp.head_dim_k, hp.head_dim_v
-    T, n_kv = gp.n_tokens, gp.n_kv
+    T = gp.n_tokens
+    spaces = set(kv.layer_space)
+    # n_kv_swa 0: the whole sliding-window space (the worst case, for planning)
+    n_kv_of = {"full": gp.n_kv,
+               "swa": gp.n_kv_swa or (kv.spaces["swa"].n_cells if "swa" in kv.spaces else 0)}
+    swa_space = next((kv.layer_space[il] for il in range(hp.n_layer) if hp.layer_is_swa(il)),
+                     "full")
     ctx = Context(no_alloc=True, name="graph")
     g = Graph(size=graph_size(hp.n_layer))
     inp = GraphInputs(
         tokens=ctx.new_tensor_1d(GGMLType.I32, T, name="inp_tokens").set_input(),
         pos=ctx.new_tensor_1d(GGMLType.I32, T, name="inp_pos").set_input(),
-        kv_idxs=ctx.new_tensor_1d(GGMLType.I32, T, name="inp_kv_idxs").set_input(),
-        mask=(ctx.new_tensor_2d(GGMLType.F16, n_kv, T, name="inp_kq_mask").set_input()
+        kv_idxs=(ctx.new_tensor_1d(GGMLType.I32, T, name="inp_kv_idxs").set_input()
+                 if "full" in spaces else None),
+        kv_idxs_swa=(ctx.new_tensor_1d(GGMLType.I32, T, name="inp_kv_idxs_swa").set_input()
+                     if "swa" in spaces else None),
+        mask=(ctx.new_tensor_2d(GGMLType.F16, gp.n_kv, T, name="inp_kq_mask").set_input()
               if not all(hp.layer_is_swa(il) for il in range(hp.n_layer)) else None),
-        mask_swa=(ctx.new_tensor_2d(GGMLType.F16, n_kv, T, name="inp_kq_mask_swa").set_input()
+        mask_swa=(ctx.new_tensor_2d(GGMLType.F16, n_kv_of[swa_space], T,
+                                    name="inp_kq_mask_swa").set_input()
                   if any(hp.layer_is_swa(il) for il in range(hp.n_layer)) else None),
         out_ids=(ctx.new_tensor_1d(GGMLType.I32, gp.n_outputs, name="inp_out_ids").set_input()
                  if select_outputs else None),
@@ -142,10 +155,12 @@ def build_graph(hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True,
             kq_scale = hp.attn_scale
         # write this ubatch's K and V into the cache cells (expanded now: runs before attention)
         ck, cv = kv.k[il], kv.v[il]
+        idxs = inp.kv_idxs_swa if kv.layer_space[il] == "swa" else inp.kv_idxs
+        n_kv = n_kv_of[kv.layer_space[il]]
         g.build_forward_expand(ops.set_rows(ctx, ck, ops.reshape_2d(ctx, k, D * Hkv, T),
-                                            inp.kv_idxs, name=f"k_store-{il}"))
+                                            idxs, name=f"k_store-{il}"))
         g.build_forward_expand(ops.set_rows(ctx, cv, ops.reshape_2d(ctx, v, Dv * Hkv, T),
-                                            inp.kv_idxs, name=f"v_store-{il}"))
+                                            idxs, name=f"v_store-{il}"))
         kview = ops.view_3d(ctx, ck, D, n_kv, Hkv, ck.nb[1], ck.nb[0] * D, 0, name=f"k_view-{il}")
         vview = ops.view_3d(ctx, cv, Dv, n_kv, Hkv, cv.nb[1], cv.nb[0] * Dv, 0, name=f"v_view-{il}")
         qp = ops.permute(ctx, q, 0, 2, 1, 3)                       # [D, T, H]

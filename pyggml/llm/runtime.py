@@ -1,7 +1,7 @@
 """`LLM`: load a GGUF model and run it — batches split into ubatches, a KV cache, graph reuse,
 sampling. The public entry point of pyggml for text generation.
 
-Per ubatch: find KV cells → GraphParams(n_tokens, n_outputs, n_kv). Equal to the last graph's
+Per ubatch: find KV cells → GraphParams(n_tokens, n_outputs, n_kv, n_kv_swa). Equal to the last graph's
 params: the reuse path writes the inputs and computes the same graph again (no build, no
 allocator planning, the CPU backend replays its marshalled node array). Otherwise a new graph is
 built and placed with `alloc_graph` from the plan reserved at start-up for the worst case.
@@ -65,7 +65,8 @@ class LLM:
     config: an offload config (a YAML path, a pyggml.offload_config.Config or a dict; see
     configs/README.md): its plan replaces n_gpu_layers / offload, and the sizes, threads and
     KV types it sets replace the keyword arguments;
-    progress: a progress bar while weights are copied to devices (None: on a terminal).
+    progress: a progress bar while weights are copied to devices (None: on a terminal);
+    swa_full: sliding-window layers keep all n_ctx cells (else a window-sized cache, as llama.cpp).
     """
 
     def __init__(self, model_path: str | os.PathLike | None = None, config=None, *,
@@ -74,7 +75,7 @@ class LLM:
                  n_seq_max: int = 1, type_k: str = "f16", type_v: str = "f16",
                  logits_all: bool = False, flash_attn: bool = True, n_gpu_layers: int = 0,
                  offload: OffloadPlan | None = None, progress: bool | None = None,
-                 verbose: bool = False):
+                 swa_full: bool = False, verbose: bool = False):
         t0 = time.perf_counter()
         if model_path is None:
             from pyggml.models_default import ensure_default_model
@@ -111,7 +112,8 @@ class LLM:
         self._place_weights(progress)
         kv_bufts = [self._device_backend(p.device).get_default_buffer_type()
                     for p in self.offload.kv]
-        self.kv = KVCache(self.hparams, n_ctx, type_k, type_v, n_seq_max, kv_bufts)
+        self.kv = KVCache(self.hparams, n_ctx, type_k, type_v, n_seq_max, kv_bufts,
+                          n_ubatch=self.n_ubatch, swa_full=swa_full)
         # one scheduler per phase when the phases differ in op offload (prefill may move big
         # matmuls to a GPU while decode stays next to host weights)
         oo = self.offload.op_offload
@@ -211,7 +213,8 @@ class LLM:
     # ---- memory ----------------------------------------------------------------------------
     def _worst_case_params(self) -> GraphParams:
         n_out = self.n_ubatch if self.logits_all else min(self.n_seq_max, self.n_ubatch)
-        return GraphParams(self.n_ubatch, n_out, self.n_ctx)
+        return GraphParams(self.n_ubatch, n_out, self.n_ctx,
+                           self.kv.spaces["swa"].n_cells if "swa" in self.kv.spaces else 0)
 
     def _reserve(self) -> None:
         """Plan the compute buffer once for the largest ubatch graph (ggml's reserve)."""
@@ -290,14 +293,15 @@ class LLM:
         toks, pos = np.asarray(toks, np.int32), np.asarray(pos, np.int32)
         sids, want = np.asarray(sids, np.int64), np.asarray(want, bool)
         rows = []
-        snapshot = (self.kv.pos.copy(), self.kv.seqs.copy(), list(self._seq_pos))
+        snapshot = (self.kv.snapshot(), list(self._seq_pos))
         try:
             for i in range(0, len(toks), self.n_ubatch):
                 sl = slice(i, i + self.n_ubatch)
                 rows.append(self._decode_ubatch(toks[sl], pos[sl], sids[sl], want[sl]))
         except BaseException:
             # leave the cache as it was: the model stays usable after an error
-            self.kv.pos[:], self.kv.seqs[:], self._seq_pos = snapshot
+            self.kv.restore(snapshot[0])
+            self._seq_pos = snapshot[1]
             raise
         for tokens, sid in seqs:
             self._seq_pos[sid] += len(tokens)
@@ -311,14 +315,13 @@ class LLM:
 
     def _decode_ubatch(self, toks, pos, sids, want) -> np.ndarray:
         T = len(toks)
-        cells = self.kv.find_slot(T)
-        self.kv.apply(cells, pos, sids)
+        cells = self.kv.place(pos, sids)
         n_kv = self.kv.n_kv()
         out_ids = np.flatnonzero(want).astype(np.int32)
         n_wanted = len(out_ids)
         if n_wanted == 0:       # keep the topology of a full ubatch: compute one row, drop it
             out_ids = np.array([T - 1], np.int32)
-        gp = GraphParams(T, len(out_ids), n_kv)
+        gp = GraphParams(T, len(out_ids), n_kv["full"], n_kv.get("swa", 0))
         self.stats.ubatch_sizes.append(T)
         sched = self.sched["decode" if T == 1 else "prefill"]
         if self._graph is not None and self._graph[0] == gp and self._graph[5] is sched:
@@ -332,24 +335,28 @@ class LLM:
             sched.alloc_graph(g)
             self.stats.allocator_plans += sched.n_reserves - before
             views = {name: host_array(getattr(inp, name)).reshape(-1)
-                     for name in ("tokens", "pos", "kv_idxs", "out_ids")
+                     for name in ("tokens", "pos", "kv_idxs", "kv_idxs_swa", "out_ids")
                      if getattr(inp, name) is not None}
             if inp.mask is not None:
-                views["mask"] = host_array(inp.mask).reshape(T, n_kv)
+                views["mask"] = host_array(inp.mask).reshape(T, -1)
             if inp.mask_swa is not None:
-                views["mask_swa"] = host_array(inp.mask_swa).reshape(T, n_kv)
+                views["mask_swa"] = host_array(inp.mask_swa).reshape(T, -1)
             self._graph = (gp, g, inp, logits, views, sched)
             self.stats.graphs_built += 1
         _, g, inp, logits, views, sched = self._graph
         views["tokens"][:] = toks
         views["pos"][:] = pos
-        views["kv_idxs"][:] = cells
+        if "kv_idxs" in views:
+            views["kv_idxs"][:] = cells["full"]
+        if "kv_idxs_swa" in views:
+            views["kv_idxs_swa"][:] = cells["swa"]
         if "out_ids" in views:
             views["out_ids"][:] = out_ids
         if "mask" in views:
-            views["mask"][:] = self.kv.mask(pos, sids, n_kv)
+            views["mask"][:] = self.kv.mask("full", pos, sids, n_kv["full"])
         if "mask_swa" in views:
-            views["mask_swa"][:] = self.kv.mask(pos, sids, n_kv, self.hparams.sliding_window)
+            sp = "swa" if "swa" in n_kv else "full"
+            views["mask_swa"][:] = self.kv.mask(sp, pos, sids, n_kv[sp], self.hparams.sliding_window)
         self.backend.set_n_threads(self.backend.n_threads if T == 1 else self.backend.n_threads_batch)
         sched.graph_compute(g)
         V = self.hparams.n_vocab
