@@ -291,3 +291,29 @@ def test_sampler_seeded_and_chain():
     assert s.sample(logits) == 2                            # the repeated token is penalised
     with pytest.raises(PyggmlError, match="min_p"):
         SamplingParams(min_p=2).validate()
+
+
+def test_window_sized_cache_for_sliding_layers_equals_full_cache(tiny_models):
+    """Gemma's sliding-window layers get their own window-sized cell space (as llama.cpp); after
+    it wraps (300 tokens through 256 cells, window 8) the logits equal the full-cache layout's."""
+    tm = _model(tiny_models, "gemma3", "f32")
+    prompt = PROMPT * 3
+    runs = {}
+    for swa_full in (False, True):
+        with LLM(tm.path, n_ctx=1024, n_ubatch=8, n_threads=1, type_k="f32", type_v="f32",
+                 swa_full=swa_full) as llm:
+            if not swa_full:
+                assert llm.kv.spaces["swa"].n_cells == 256
+                assert llm.kv.k[0].ne[1] == 256 and llm.memory_report()["kv_cache_bytes"] < \
+                    2 * 1024 * 2 * tm.hparams.head_dim * tm.hparams.n_head_kv * 4
+            else:
+                assert "swa" not in llm.kv.spaces
+            steps = [llm.eval(prompt)]
+            tok = int(np.argmax(steps[-1]))
+            for _ in range(300):
+                steps.append(llm.eval([tok]))
+                tok = int(np.argmax(steps[-1]))
+            if not swa_full:
+                assert llm.kv.spaces["swa"].n_used() <= tm.hparams.sliding_window + 8
+            runs[swa_full] = np.stack(steps)
+    assert rel_err(runs[False], runs[True]) <= 1e-5
