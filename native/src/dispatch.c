@@ -36,20 +36,24 @@ static void build_tables(void) {
     }
     pg_fill_legacy_scalar(scalar);
     pg_fill_kquants_scalar(scalar);
+    pg_fill_gemm_scalar(scalar);
 #if defined(__x86_64__)
     pg_type_traits *avx2 = g_tables[PG_PATH_AVX2], *avx512 = g_tables[PG_PATH_AVX512];
     memcpy(avx2, scalar, sizeof(g_tables[0]));
     pg_fill_legacy_avx2(avx2);
     pg_fill_kquants_avx2(avx2);
+    pg_fill_gemm_avx2(avx2);
     memcpy(avx512, avx2, sizeof(g_tables[0]));
     pg_fill_legacy_avx512(avx512);
     pg_fill_kquants_avx512(avx512);
+    pg_fill_gemm_avx512(avx512);
 #endif
 #if defined(__aarch64__)
     pg_type_traits *neon = g_tables[PG_PATH_NEON];
     memcpy(neon, scalar, sizeof(g_tables[0]));
     pg_fill_legacy_neon(neon, pg_g_cpu_features);
     pg_fill_kquants_neon(neon, pg_g_cpu_features);
+    pg_fill_gemm_neon(neon, pg_g_cpu_features);
 #endif
     g_built = 1;
 }

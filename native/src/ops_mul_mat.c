@@ -2,7 +2,13 @@
  * B2/A2 and B3/A3 (ggml's convention). Activations (src1, F32) are converted once per row into the
  * weight type's vec_dot_type in the shared work buffer (all threads share the rows, then a
  * barrier); then each thread computes a contiguous range of the larger output dimension, so in
- * decode (M = 1) every thread streams its own weight rows and no row is read twice. */
+ * decode (M = 1) every thread streams its own weight rows and no row is read twice.
+ *
+ * With several activation rows (M > 1) and a gemm kernel for the weight type, the dots are
+ * computed in blocks of up to PG_GEMM_MAX_NR weight rows × PG_GEMM_MAX_NC activation rows (each
+ * block one gemm call, which decodes every weight block once for all its activation rows); the
+ * threads' ranges are cut at multiples of the block size. A gemm computes each dot the same way
+ * whatever block it falls in, so results do not depend on the thread count. */
 #include <string.h>
 
 #include "ops.h"
@@ -21,6 +27,49 @@ size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
     (void)nth;
     size_t rb;
     return act_bytes(PG_SRC(all, t, 0), PG_SRC(all, t, 1), &rb);
+}
+
+/* [*a0, *a1) of [0, n) for thread ith of nth, cut at multiples of `unit` */
+static void split_units(int64_t n, int64_t unit, int ith, int nth, int64_t *a0, int64_t *a1) {
+    int64_t u0, u1;
+    pg_split((n + unit - 1) / unit, ith, nth, &u0, &u1);
+    *a0 = u0 * unit < n ? u0 * unit : n;
+    *a1 = u1 * unit < n ? u1 * unit : n;
+}
+
+/* Activation rows per outer block: about PG_MM_GEMM_ACT_BYTES of converted rows, which every
+ * block of weight rows then reuses from cache. */
+#define PG_MM_GEMM_ACT_BYTES (24u << 10)
+
+static void mul_mat_gemm(const pg_cparams *p, pg_tensor *t, const pg_tensor *w,
+                         const pg_tensor *x, pg_gemm_fn gemm, int convert, size_t ystride) {
+    const int64_t K = w->ne[0], N = w->ne[1];
+    const int64_t M = x->ne[1], B2 = x->ne[2], B3 = x->ne[3];
+    const int64_t r2 = B2 / w->ne[2], r3 = B3 / w->ne[3];
+    const int64_t MM = M * B2 * B3;
+    int64_t n0 = 0, n1 = N, m0 = 0, m1 = MM;
+    if (N >= MM) split_units(N, PG_GEMM_MAX_NR, p->ith, p->nth, &n0, &n1);
+    else split_units(MM, PG_GEMM_MAX_NC, p->ith, p->nth, &m0, &m1);
+    int64_t mblk = (int64_t)(PG_MM_GEMM_ACT_BYTES / (ystride ? ystride : 1));
+    mblk = mblk < PG_GEMM_MAX_NC ? PG_GEMM_MAX_NC : mblk - mblk % PG_GEMM_MAX_NC;
+
+    for (int64_t mb = m0; mb < m1; mb += mblk) {
+        const int64_t mbe = mb + mblk < m1 ? mb + mblk : m1;
+        for (int64_t n = n0; n < n1; n += PG_GEMM_MAX_NR) {
+            const int nr = (int)(n1 - n < PG_GEMM_MAX_NR ? n1 - n : PG_GEMM_MAX_NR);
+            int64_t nc;
+            for (int64_t m = mb; m < mbe; m += nc) {
+                const int64_t i1 = m % M, i2 = (m / M) % B2, i3 = m / (M * B2);
+                nc = mbe - m < M - i1 ? mbe - m : M - i1;   /* stay inside one (i2, i3) plane */
+                if (nc > PG_GEMM_MAX_NC) nc = PG_GEMM_MAX_NC;
+                const void *xr = convert ? (const void *)(p->work + (size_t)m * ystride)
+                                         : (const void *)pg_ptr(x, 0, i1, i2, i3);
+                const uint8_t *wr = pg_ptr(w, 0, 0, i2 / r2, i3 / r3) + n * w->nb[1];
+                float *dst = pg_ptr(t, 0, i1, i2, i3);
+                gemm(K, &dst[n], (size_t)t->nb[1], wr, (size_t)w->nb[1], xr, ystride, nr, (int)nc);
+            }
+        }
+    }
 }
 
 void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
@@ -46,6 +95,11 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
 
     /* split the larger output dimension: weight rows (N) or activation rows (M*B2*B3) */
     const int64_t MM = M * B2 * B3;
+    if (M > 1 && tr->gemm) {
+        const size_t ystride = convert ? rb : (size_t)x->nb[1];
+        mul_mat_gemm(p, t, w, x, tr->gemm, convert, ystride);
+        return;
+    }
     const int split_n = N >= MM;
     int64_t n0 = 0, n1 = N, m0 = 0, m1 = MM;
     if (split_n) pg_split(N, p->ith, p->nth, &n0, &n1);

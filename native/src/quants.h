@@ -5,6 +5,7 @@
  *   avx2   = scalar, then legacy_avx2 + kquants_avx2 override what they implement
  *   avx512 = avx2,   then legacy_avx512 + kquants_avx512 (optional extras)
  *   neon   = scalar, then legacy_neon + kquants_neon (which may use dotprod if `features` has it)
+ * and each table last gets its gemm fill (gemm_scalar / _avx2 / _avx512 / _neon).
  * A fill function only sets the members it implements and leaves the others alone. */
 #ifndef PG_QUANTS_H
 #define PG_QUANTS_H
@@ -21,6 +22,18 @@ typedef void (*pg_from_float_fn)(const float *restrict x, void *restrict y, int6
 /* *s = dot(x, y) over n elements; x in this type, y in vec_dot_type. */
 typedef void (*pg_vec_dot_fn)(int64_t n, float *restrict s, const void *restrict x,
                               const void *restrict y);
+/* A block of dots for prompt-sized MUL_MAT (gemm*.c): for i < nr weight rows (x, rows bx bytes
+ * apart) and j < nc activation rows (y, in vec_dot_type, rows by bytes apart), over n elements,
+ *     ((float *)((char *)s + j·bs))[i] = dot(x row i, y row j),
+ * with 1 <= nr <= PG_GEMM_MAX_NR and 1 <= nc <= PG_GEMM_MAX_NC. Each dot is computed by the
+ * same operations in the same order whatever nr, nc and the position in the block, so a
+ * MUL_MAT's result does not depend on how it was tiled (or on the thread count). Same tolerance
+ * against the scalar vec_dot as the path's vec_dot (integer block sums exact); the scalar
+ * gemms equal the scalar vec_dot bit for bit. */
+typedef void (*pg_gemm_fn)(int64_t n, float *restrict s, size_t bs, const void *restrict x,
+                           size_t bx, const void *restrict y, size_t by, int nr, int nc);
+#define PG_GEMM_MAX_NR 4
+#define PG_GEMM_MAX_NC 4
 
 typedef struct pg_type_traits {
     int32_t          block_size;     /* elements per block                                   */
@@ -30,6 +43,7 @@ typedef struct pg_type_traits {
     pg_from_float_fn from_float;     /* fast quantizer (for activations); may equal the ref  */
     pg_vec_dot_fn    vec_dot;        /* NULL: no dot kernel for this type                    */
     int32_t          vec_dot_type;   /* type the other operand of vec_dot must be in         */
+    pg_gemm_fn       gemm;           /* optional (NULL: MUL_MAT calls vec_dot pair by pair)  */
 } pg_type_traits;
 
 /* Traits of `type` for the current path; NULL if type is out of range. */
@@ -41,15 +55,22 @@ const pg_type_traits *pg_get_type_traits_for_path(int32_t type, int32_t path);
 /* Fill functions (see the comment at the top). `tbl` has PG_TYPE_COUNT entries. */
 void pg_fill_legacy_scalar(pg_type_traits *tbl);
 void pg_fill_kquants_scalar(pg_type_traits *tbl);
+void pg_fill_gemm_scalar(pg_type_traits *tbl);
 #if defined(__x86_64__)
 void pg_fill_legacy_avx2(pg_type_traits *tbl);
 void pg_fill_kquants_avx2(pg_type_traits *tbl);
 void pg_fill_legacy_avx512(pg_type_traits *tbl);
 void pg_fill_kquants_avx512(pg_type_traits *tbl);
+/* The avx2 and neon gemm fills replace the whole gemm column: a type without a kernel on that
+ * path gets NULL (the scalar gemm would be slower than the path's vec_dot). The avx512 fill
+ * (only with VNNI) overrides the types it has and keeps the avx2 kernels of the others. */
+void pg_fill_gemm_avx2(pg_type_traits *tbl);
+void pg_fill_gemm_avx512(pg_type_traits *tbl);
 #endif
 #if defined(__aarch64__)
 void pg_fill_legacy_neon(pg_type_traits *tbl, uint32_t features);
 void pg_fill_kquants_neon(pg_type_traits *tbl, uint32_t features);
+void pg_fill_gemm_neon(pg_type_traits *tbl, uint32_t features);
 #endif
 
 #endif

@@ -1,0 +1,467 @@
+/* Multi-row dot kernels (pg_type_traits.gemm): every gemm of every path this CPU can run against
+ * the scalar pairwise vec_dot, on blocks of every shape nr × nc up to 4 × 4 (odd ones included),
+ * rows of 1, 2, 7 blocks (legacy formats also 4, 5, 8 and 33: the SIMD kernels step 4 blocks at
+ * a time), strided rows and outputs.
+ *
+ * Tolerances (as for the vec_dot kernels, tests/test_quants_legacy.c and _kquants.c):
+ *   - scalar gemm: equal to the scalar vec_dot bit for bit;
+ *   - with every scale 1 (and integer mins / sums), all block terms are exact integers: every
+ *     gemm equals the scalar vec_dot exactly, which pins the integer sums;
+ *   - random data: |gemm − scalar vec_dot| <= 1e-5 · S, S = Σ|block terms| (legacy) or
+ *     Σ_e (|scale part_e| + |min part_e|)·|a_e| (K-quants);
+ *   - a dot does not depend on the block it is computed in (shape, position): bit for bit;
+ *   - nothing is written outside the nr × nc outputs, nothing read past the rows. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fp16.h"
+#include "kquants.h"
+#include "pg_test.h"
+#include "pyggml.h"
+#include "quants.h"
+#include "quants_legacy.h"
+
+static uint64_t g_rng = 0x243F6A8885A308D3ull;
+static uint64_t rnd(void) {   /* splitmix64 */
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static float rndf(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0) * 2 - 1; }
+
+static const int32_t k_types[] = {PG_TYPE_Q4_0, PG_TYPE_Q4_1, PG_TYPE_Q5_0, PG_TYPE_Q5_1,
+                                  PG_TYPE_Q8_0, PG_TYPE_Q2_K, PG_TYPE_Q3_K, PG_TYPE_Q4_K,
+                                  PG_TYPE_Q5_K, PG_TYPE_Q6_K};
+#define N_TYPES ((int)(sizeof(k_types) / sizeof(k_types[0])))
+/* what every path must have */
+static const int32_t k_required[] = {PG_TYPE_Q4_0, PG_TYPE_Q5_0, PG_TYPE_Q8_0, PG_TYPE_Q4_K,
+                                     PG_TYPE_Q6_K};
+
+static const char *tname(int32_t t) {
+    switch (t) {
+    case PG_TYPE_Q4_0: return "Q4_0"; case PG_TYPE_Q4_1: return "Q4_1";
+    case PG_TYPE_Q5_0: return "Q5_0"; case PG_TYPE_Q5_1: return "Q5_1";
+    case PG_TYPE_Q8_0: return "Q8_0"; case PG_TYPE_Q2_K: return "Q2_K";
+    case PG_TYPE_Q3_K: return "Q3_K"; case PG_TYPE_Q4_K: return "Q4_K";
+    case PG_TYPE_Q5_K: return "Q5_K"; case PG_TYPE_Q6_K: return "Q6_K";
+    default: return "?";
+    }
+}
+
+static const pg_type_traits *scalar_tr(int32_t type) {
+    return pg_get_type_traits_for_path(type, PG_PATH_SCALAR);
+}
+static int is_k(int32_t type) { return scalar_tr(type)->block_size == PG_QK_K; }
+
+/* Block counts per row tested for a type. */
+static int block_counts(int32_t type, int *out) {
+    static const int leg[] = {1, 2, 4, 5, 7, 8, 33}, kq[] = {1, 2, 7};
+    const int *src = is_k(type) ? kq : leg;
+    const int n = is_k(type) ? 3 : 7;
+    memcpy(out, src, (size_t)n * sizeof(int));
+    return n;
+}
+
+/* ---- data ------------------------------------------------------------------------------------ */
+
+/* Offsets of the fp16 fields of a weight block: d and the second one (m / dmin; -1: none). */
+static void fp16_fields(int32_t type, int *d_off, int *m_off) {
+    *d_off = 0;
+    *m_off = -1;
+    switch (type) {
+    case PG_TYPE_Q4_1: case PG_TYPE_Q5_1: *m_off = 2; break;
+    case PG_TYPE_Q2_K: *d_off = 80; *m_off = 82; break;
+    case PG_TYPE_Q3_K: *d_off = 108; break;
+    case PG_TYPE_Q4_K: case PG_TYPE_Q5_K: *m_off = 2; break;
+    case PG_TYPE_Q6_K: *d_off = 208; break;
+    default: break;
+    }
+}
+
+static void set_h(uint8_t *p, float v) { const pg_fp16 h = pg_fp32_to_fp16(v); memcpy(p, &h, 2); }
+
+/* A weight row of nb blocks. Legacy: random floats through the reference quantizer (Q8_0 also
+ * raw random bytes, −128 included). K-quants: random bytes with finite fp16 fields. */
+static void weight_row(int32_t type, uint8_t *w, int nb) {
+    const pg_type_traits *t = scalar_tr(type);
+    const int n = nb * t->block_size;
+    if (is_k(type)) {
+        int d_off, m_off;
+        fp16_fields(type, &d_off, &m_off);
+        for (int i = 0; i < nb * t->type_size; i++) w[i] = (uint8_t)rnd();
+        for (int b = 0; b < nb; b++) {
+            set_h(w + b * t->type_size + d_off, rndf() * 0.05f);
+            if (m_off >= 0) set_h(w + b * t->type_size + m_off, rndf() * 0.05f);
+        }
+        return;
+    }
+    float *x = malloc((size_t)n * sizeof(float));
+    const float scale = (float)(1 << (rnd() % 8));
+    for (int i = 0; i < n; i++) x[i] = rnd() % 16 == 0 ? 0.0f : rndf() * scale;
+    t->from_float_ref(x, w, n);
+    if (type == PG_TYPE_Q8_0 && rnd() % 2) {
+        pg_block_q8_0 *b = (pg_block_q8_0 *)w;
+        for (int k = 0; k < nb; k++)
+            for (int j = 0; j < PG_QK32; j++) b[k].qs[j] = (int8_t)(rnd() & 0xff);
+    }
+    free(x);
+}
+
+/* An activation row of nb blocks in the vec_dot_type (the scalar quantizer of random floats). */
+static void act_row(int32_t type, uint8_t *y, int nb) {
+    const pg_type_traits *t = scalar_tr(type);
+    const int n = nb * t->block_size;
+    float *x = malloc((size_t)n * sizeof(float));
+    const float scale = (float)(1 << (rnd() % 6));
+    for (int i = 0; i < n; i++) x[i] = rnd() % 16 == 0 ? 0.0f : rndf() * scale;
+    scalar_tr(t->vec_dot_type)->from_float_ref(x, y, n);
+    free(x);
+}
+
+/* Rows whose every block term is an exact integer: all d (and dmin) 1, integer m / s, K-quant
+ * activations with scale 1 and levels in −2..2. */
+static void exact_rows(int32_t type, uint8_t *w, uint8_t *y, int nb) {
+    const pg_type_traits *t = scalar_tr(type);
+    const int32_t vt = t->vec_dot_type;
+    const int ts = t->type_size, vs = scalar_tr(vt)->type_size;
+    int d_off, m_off;
+    fp16_fields(type, &d_off, &m_off);
+    for (int i = 0; i < nb * ts; i++) w[i] = (uint8_t)rnd();
+    for (int b = 0; b < nb; b++) {
+        set_h(w + b * ts + d_off, 1.0f);
+        if (m_off >= 0)
+            set_h(w + b * ts + m_off, is_k(type) ? 1.0f : (float)((int)(rnd() % 7) - 3));
+    }
+    if (vt == PG_TYPE_Q8_K) {
+        pg_block_q8_K *a = (pg_block_q8_K *)y;
+        for (int b = 0; b < nb; b++) {
+            a[b].d = 1.0f;
+            for (int e = 0; e < PG_QK_K; e++) a[b].qs[e] = (int8_t)((int)(rnd() % 5) - 2);
+            for (int g = 0; g < 16; g++) {
+                int s = 0;
+                for (int e = 0; e < 16; e++) s += a[b].qs[16 * g + e];
+                a[b].bsums[g] = (int16_t)s;
+            }
+        }
+        return;
+    }
+    for (int i = 0; i < nb * vs; i++) y[i] = (uint8_t)rnd();
+    for (int b = 0; b < nb; b++) {
+        set_h(y + b * vs, 1.0f);
+        if (vt == PG_TYPE_Q8_1) set_h(y + b * vs + 2, (float)((int)(rnd() % 2001) - 1000));
+        /* activations in −127..127, what every Q8 quantizer produces */
+        for (int j = vs - 32; j < vs; j++)
+            if (y[b * vs + j] == 0x80) y[b * vs + j] = 0x81;
+    }
+}
+
+/* ---- the bound S of the float rounding ------------------------------------------------------- */
+
+static double magnitude(int32_t type, const uint8_t *w, const uint8_t *y, int nb) {
+    const pg_type_traits *t = scalar_tr(type);
+    const pg_type_traits *vt = scalar_tr(t->vec_dot_type);
+    const int ts = t->type_size, vs = vt->type_size, bsz = t->block_size;
+    int d_off, m_off;
+    fp16_fields(type, &d_off, &m_off);
+    uint8_t wb[292], yb[292];
+    float wf[PG_QK_K], yf[PG_QK_K];
+    double mag = 0.0;
+    for (int b = 0; b < nb; b++) {
+        if (is_k(type)) {
+            vt->to_float(y + b * vs, yf, bsz);
+            for (int pass = 0; pass < (m_off >= 0 ? 2 : 1); pass++) {
+                memcpy(wb, w + b * ts, (size_t)ts);
+                if (m_off >= 0) set_h(wb + (pass ? d_off : m_off), 0.0f);
+                t->to_float(wb, wf, bsz);
+                for (int e = 0; e < bsz; e++) mag += fabs((double)wf[e] * yf[e]);
+            }
+            continue;
+        }
+        /* legacy: |d_x·d_y|·Σ|q_x·q_y| + |m_x·s_y|, levels decoded with d = 1, m = 0 */
+        pg_fp16 h;
+        memcpy(wb, w + b * ts, (size_t)ts);
+        memcpy(yb, y + b * vs, (size_t)vs);
+        memcpy(&h, wb, 2);
+        const double dx = pg_fp16_to_fp32(h);
+        memcpy(&h, yb, 2);
+        const double dy = pg_fp16_to_fp32(h);
+        double mx = 0, sy = 0;
+        if (m_off >= 0) {
+            memcpy(&h, wb + 2, 2);
+            mx = pg_fp16_to_fp32(h);
+            memcpy(&h, yb + 2, 2);
+            sy = pg_fp16_to_fp32(h);
+            set_h(wb + 2, 0.0f);
+        }
+        set_h(wb, 1.0f);
+        set_h(yb, 1.0f);
+        t->to_float(wb, wf, 32);
+        vt->to_float(yb, yf, 32);
+        double s = 0;
+        for (int e = 0; e < 32; e++) s += fabs((double)wf[e] * yf[e]);
+        mag += fabs(dx * dy) * s + fabs(mx * sy);
+    }
+    return mag;
+}
+
+/* ---- variants: the tables to test ------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;
+    const pg_type_traits *tbl;   /* PG_TYPE_COUNT entries */
+} variant;
+
+static int variants(variant *out) {
+    static const char *names[] = {"scalar", "avx2", "avx512", "neon"};
+    const int32_t cur = pg_cpu_path();
+    int n = 0;
+    for (int32_t p = PG_PATH_SCALAR; p <= PG_PATH_NEON; p++)
+        if (pg_path_compiled(p) && pg_set_cpu_path(p) == PG_OK)
+            out[n++] = (variant){names[p], pg_get_type_traits_for_path(0, p)};
+    pg_set_cpu_path(cur);
+#if defined(__aarch64__)
+    /* the neon path uses the dotprod kernels where the CPU has them: the plain ones too */
+    static pg_type_traits plain[PG_TYPE_COUNT];
+    for (int32_t t = 0; t < PG_TYPE_COUNT; t++) plain[t] = *pg_get_type_traits_for_path(t, 0);
+    pg_fill_gemm_neon(plain, PG_CPU_NEON);
+    out[n++] = (variant){"neon-no-dotprod", plain};
+#endif
+    return n;
+}
+
+/* ---- a block of rows ------------------------------------------------------------------------- */
+
+#define MAXR 4
+#define ROWMAX 2048   /* bytes of the longest row: 7 × 292 (Q8_K), 33 × 36 (Q8_1) */
+#define PAD 8         /* bytes between rows (a multiple of 4: the block structs' alignment) */
+
+typedef struct {
+    int32_t type;
+    int nb;
+    size_t wrow, yrow, bx, by;
+    uint8_t w[MAXR * (ROWMAX + PAD)];
+    uint8_t y[MAXR * (ROWMAX + PAD)];
+} rowset;
+
+static void rowset_init(rowset *r, int32_t type, int nb, int pad) {
+    const pg_type_traits *t = scalar_tr(type);
+    r->type = type;
+    r->nb = nb;
+    r->wrow = (size_t)nb * (size_t)t->type_size;
+    r->yrow = (size_t)nb * (size_t)scalar_tr(t->vec_dot_type)->type_size;
+    r->bx = r->wrow + (size_t)pad;
+    r->by = r->yrow + (size_t)pad;
+}
+
+static int64_t rowset_n(const rowset *r) { return (int64_t)r->nb * scalar_tr(r->type)->block_size; }
+
+/* want[j][i] = scalar vec_dot(weight row i, activation row j) */
+static void reference(const rowset *r, float want[MAXR][MAXR]) {
+    for (int j = 0; j < MAXR; j++)
+        for (int i = 0; i < MAXR; i++)
+            scalar_tr(r->type)->vec_dot(rowset_n(r), &want[j][i], r->w + i * r->bx,
+                                        r->y + j * r->by);
+}
+
+/* Runs gemm on rows (i0.., j0..) as an nr × nc block into an output of row stride 7 floats
+ * pre-filled with a guard value; checks nothing else was written. got[j][i] for the block. */
+static int run_block(pg_gemm_fn gemm, const rowset *r, int i0, int j0, int nr, int nc,
+                     float got[MAXR][MAXR]) {
+    float out[MAXR * 7];
+    const float guard = -12345.678f;
+    for (int k = 0; k < MAXR * 7; k++) out[k] = guard;
+    gemm(rowset_n(r), out, 7 * sizeof(float), r->w + i0 * r->bx, r->bx, r->y + j0 * r->by, r->by,
+         nr, nc);
+    int clean = 1;
+    for (int j = 0; j < MAXR; j++)
+        for (int k = 0; k < 7; k++) {
+            if (j < nc && k < nr) got[j][k] = out[j * 7 + k];
+            else clean &= out[j * 7 + k] == guard;
+        }
+    return clean;
+}
+
+/* ---- tests ----------------------------------------------------------------------------------- */
+
+PG_TEST(test_gemm_tables) {
+    variant v[8];
+    const int nv = variants(v);
+    for (int iv = 0; iv < nv; iv++) {
+        for (int k = 0; k < (int)(sizeof(k_required) / sizeof(k_required[0])); k++)
+            CHECK(v[iv].tbl[k_required[k]].gemm != NULL, "%s: no %s gemm", v[iv].name,
+                  tname(k_required[k]));
+        for (int it = 0; it < N_TYPES; it++) {
+            const pg_type_traits *t = &v[iv].tbl[k_types[it]];
+            CHECK(t->vec_dot_type == scalar_tr(k_types[it])->vec_dot_type, "%s %s vec_dot_type",
+                  v[iv].name, tname(k_types[it]));
+            if (iv > 0 && t->gemm)   /* a SIMD path never falls back to the scalar gemm */
+                CHECK(t->gemm != scalar_tr(k_types[it])->gemm, "%s %s: scalar gemm installed",
+                      v[iv].name, tname(k_types[it]));
+        }
+    }
+    CHECK(pg_get_type_traits_for_path(PG_TYPE_F32, PG_PATH_SCALAR)->gemm == NULL, "F32 gemm?");
+}
+
+/* Every shape of block against the scalar vec_dot (random data, strided rows, guarded output). */
+PG_TEST(test_gemm_matches_vec_dot) {
+    variant v[8];
+    const int nv = variants(v);
+    static rowset r;
+    int counts[8];
+    for (int iv = 0; iv < nv; iv++) {
+        for (int it = 0; it < N_TYPES; it++) {
+            const int32_t type = k_types[it];
+            const pg_gemm_fn gemm = v[iv].tbl[type].gemm;
+            if (!gemm) continue;
+            const int nbc = block_counts(type, counts);
+            for (int ic = 0; ic < nbc; ic++) {
+                rowset_init(&r, type, counts[ic], (ic % 2) * PAD);
+                for (int i = 0; i < MAXR; i++) weight_row(type, r.w + i * r.bx, r.nb);
+                for (int j = 0; j < MAXR; j++) act_row(type, r.y + j * r.by, r.nb);
+                float want[MAXR][MAXR], got[MAXR][MAXR];
+                reference(&r, want);
+                for (int nr = 1; nr <= MAXR; nr++) {
+                    for (int nc = 1; nc <= MAXR; nc++) {
+                        const int i0 = MAXR - nr, j0 = (nr + nc) % (MAXR - nc + 1);
+                        CHECK(run_block(gemm, &r, i0, j0, nr, nc, got),
+                              "%s %s %d blocks %dx%d: wrote outside the block", v[iv].name,
+                              tname(type), r.nb, nr, nc);
+                        for (int j = 0; j < nc; j++)
+                            for (int i = 0; i < nr; i++) {
+                                const float a = want[j0 + j][i0 + i], b = got[j][i];
+                                if (iv == 0) {
+                                    CHECK(memcmp(&a, &b, 4) == 0, "scalar %s %d blocks %dx%d "
+                                          "(%d,%d): %.9g vs vec_dot %.9g", tname(type), r.nb,
+                                          nr, nc, i, j, (double)b, (double)a);
+                                    continue;
+                                }
+                                const double tol = 1e-5 * magnitude(type, r.w + (i0 + i) * r.bx,
+                                                                    r.y + (j0 + j) * r.by, r.nb);
+                                CHECK(fabs((double)a - b) <= tol, "%s %s %d blocks %dx%d (%d,%d)"
+                                      ": %.9g vs vec_dot %.9g (tol %g)", v[iv].name, tname(type),
+                                      r.nb, nr, nc, i, j, (double)b, (double)a, tol);
+                            }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* All block terms exact integers: every gemm equals the scalar vec_dot exactly. */
+PG_TEST(test_gemm_integer_parts_exact) {
+    variant v[8];
+    const int nv = variants(v);
+    static rowset r;
+    int counts[8];
+    for (int iv = 0; iv < nv; iv++) {
+        for (int it = 0; it < N_TYPES; it++) {
+            const int32_t type = k_types[it];
+            const pg_gemm_fn gemm = v[iv].tbl[type].gemm;
+            if (!gemm) continue;
+            const int nbc = block_counts(type, counts);
+            for (int ic = 0; ic < nbc; ic++) {
+                rowset_init(&r, type, counts[ic], 0);
+                for (int k = 0; k < MAXR; k++) exact_rows(type, r.w + k * r.bx, r.y + k * r.by,
+                                                          r.nb);
+                float want[MAXR][MAXR], got[MAXR][MAXR];
+                reference(&r, want);
+                run_block(gemm, &r, 0, 0, MAXR, MAXR, got);
+                int ok = 1;
+                for (int j = 0; j < MAXR; j++)
+                    for (int i = 0; i < MAXR; i++)
+                        ok &= got[j][i] == want[j][i] && want[j][i] == floorf(want[j][i]);
+                CHECK(ok, "%s %s %d blocks: integer dots differ (e.g. %.1f vs %.1f)", v[iv].name,
+                      tname(type), r.nb, (double)got[0][0], (double)want[0][0]);
+            }
+        }
+    }
+}
+
+/* A dot is the same bits whatever block computes it: every shape at every position against
+ * the full 4 × 4 block. */
+PG_TEST(test_gemm_independent_of_tiling) {
+    variant v[8];
+    const int nv = variants(v);
+    static rowset r;
+    for (int iv = 0; iv < nv; iv++) {
+        for (int it = 0; it < N_TYPES; it++) {
+            const int32_t type = k_types[it];
+            const pg_gemm_fn gemm = v[iv].tbl[type].gemm;
+            if (!gemm) continue;
+            rowset_init(&r, type, is_k(type) ? 2 : 7, 0);
+            for (int i = 0; i < MAXR; i++) weight_row(type, r.w + i * r.bx, r.nb);
+            for (int j = 0; j < MAXR; j++) act_row(type, r.y + j * r.by, r.nb);
+            float full[MAXR][MAXR], got[MAXR][MAXR];
+            run_block(gemm, &r, 0, 0, MAXR, MAXR, full);
+            int same = 1;
+            for (int nr = 1; nr <= MAXR; nr++)
+                for (int nc = 1; nc <= MAXR; nc++)
+                    for (int i0 = 0; i0 + nr <= MAXR; i0++)
+                        for (int j0 = 0; j0 + nc <= MAXR; j0++) {
+                            run_block(gemm, &r, i0, j0, nr, nc, got);
+                            for (int j = 0; j < nc; j++)
+                                for (int i = 0; i < nr; i++)
+                                    same &= memcmp(&got[j][i], &full[j0 + j][i0 + i], 4) == 0;
+                        }
+            CHECK(same, "%s %s: a dot depends on its block", v[iv].name, tname(type));
+        }
+    }
+}
+
+/* No kernel reads past its rows: the block's last weight row and last activation row each end
+ * exactly at an inaccessible page (a stray read crashes the run). */
+static uint8_t *rows_before_guard(size_t bytes, void **map, size_t *map_size) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t data_pages = (bytes + page - 1) / page;
+    *map_size = (data_pages + 1) * page;
+    uint8_t *m = mmap(NULL, *map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    mprotect(m + data_pages * page, page, PROT_NONE);
+    *map = m;
+    return m + data_pages * page - bytes;
+}
+
+PG_TEST(test_gemm_stays_inside_rows) {
+    variant v[8];
+    const int nv = variants(v);
+    int counts[8];
+    for (int iv = 0; iv < nv; iv++) {
+        for (int it = 0; it < N_TYPES; it++) {
+            const int32_t type = k_types[it];
+            const pg_gemm_fn gemm = v[iv].tbl[type].gemm;
+            if (!gemm) continue;
+            const pg_type_traits *t = scalar_tr(type);
+            const int nbc = block_counts(type, counts);
+            for (int ic = 0; ic < nbc; ic++) {
+                const int nb = counts[ic];
+                const size_t wrow = (size_t)nb * (size_t)t->type_size;
+                const size_t yrow = (size_t)nb * (size_t)scalar_tr(t->vec_dot_type)->type_size;
+                for (int shape = 0; shape < 3; shape++) {
+                    const int nr = shape == 0 ? 1 : shape == 1 ? 3 : 4, nc = 5 - nr;
+                    void *mw, *my;
+                    size_t sw, sy;
+                    uint8_t *w = rows_before_guard(wrow * (size_t)nr, &mw, &sw);
+                    uint8_t *y = rows_before_guard(yrow * (size_t)nc, &my, &sy);
+                    CHECK(w && y, "mmap failed");
+                    if (!w || !y) return;
+                    for (int i = 0; i < nr; i++) weight_row(type, w + (size_t)i * wrow, nb);
+                    for (int j = 0; j < nc; j++) act_row(type, y + (size_t)j * yrow, nb);
+                    float out[16];
+                    gemm((int64_t)nb * t->block_size, out, 4 * sizeof(float), w, wrow, y, yrow, nr,
+                         nc);
+                    int finite = 1;
+                    for (int k = 0; k < nc; k++)
+                        for (int i = 0; i < nr; i++) finite &= out[4 * k + i] == out[4 * k + i];
+                    CHECK(finite, "%s %s: NaN", v[iv].name, tname(type));
+                    munmap(mw, sw);
+                    munmap(my, sy);
+                }
+            }
+        }
+    }
+}
