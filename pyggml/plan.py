@@ -93,6 +93,9 @@ class PlanningAllocator:
     def alloc_buffer(self, n_bytes: int, usage: BufferUsage = BufferUsage.ANY) -> PlanningBuffer:
         return PlanningBuffer(self.buft, n_bytes, usage)
 
+    def get_alloc_size(self, tensor) -> int:
+        return self.buft.get_alloc_size(tensor)
+
 
 class PlanningBufferType(BufferType):
     def __init__(self, device: "PlanningDevice"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pyggml.backend.base import BufferUsage, alloc_tensors
 from pyggml.context import Context
 from pyggml.errors import ModelError
 from pyggml.types import GGMLType, as_type
@@ -145,16 +146,11 @@ class KVCache:
         self.buffers = []
         self.bytes_by_buffer_type: dict[str, int] = {}
         for bt, layers in groups.values():
-            tensors = [t for il in layers for t in (self.k[il], self.v[il])]
-            align = getattr(bt, "alignment", 64)
-            sizes = [-(-t.nbytes() // align) * align for t in tensors]
-            buf = bt.alloc_buffer(sum(sizes))
-            off = 0
-            for t, n in zip(tensors, sizes):
-                t.data, t.buffer = buf.base + off, buf
-                off += n
+            buf = alloc_tensors(bt, [t for il in layers for t in (self.k[il], self.v[il])],
+                                BufferUsage.ANY)
             self.buffers.append(buf)
-            self.bytes_by_buffer_type[bt.name] = self.bytes_by_buffer_type.get(bt.name, 0) + sum(sizes)
+            self.bytes_by_buffer_type[bt.name] = (self.bytes_by_buffer_type.get(bt.name, 0)
+                                                  + buf.n_bytes)
 
     # ---- cells -------------------------------------------------------------------------------
     @property

@@ -16,7 +16,8 @@ from typing import Iterator
 
 import numpy as np
 
-from pyggml.backend.base import BufferUsage, DeviceType, default_registry, is_host_tensor, tensor_get
+from pyggml.backend.base import (BufferUsage, DeviceType, alloc_tensors, default_registry,
+                                 is_host_tensor, tensor_get)
 from pyggml.backend.cpu import CpuBackend, host_array
 from pyggml.context import Context
 from pyggml.errors import ModelError, PyggmlError
@@ -184,30 +185,23 @@ class LLM:
             return
         ctx = Context(no_alloc=True, name="device-weights")
         for dev, names in by_dev.items():
-            bt = self._device_backend(dev).get_default_buffer_type()
-            align = bt.alignment
-            src_names = {n: ("token_embd.weight" if n == "output.weight" and n not in
-                             self.model.tensors else n) for n in names}
-            sizes = {n: -(-self.model.tensor_info(src_names[n]).nbytes // align) * align
-                     for n in names}
-            buf = bt.alloc_buffer(sum(sizes.values()), BufferUsage.WEIGHTS)
-            off = 0
+            # a tied output matrix placed on a device is a copy of token_embd there
+            src_of = {n: ("token_embd.weight" if n == "output.weight" and n not in
+                          self.model.tensors else n) for n in names}
             placed = {}
             for n in names:
-                info = self.model.tensor_info(src_names[n])
-                t = ctx.new_tensor(info.type, info.ne[: max(info.n_dims, 1)], name=n)
-                t.data, t.buffer = buf.base + off, buf
-                off += sizes[n]
-                placed[src_names[n], n] = t
+                info = self.model.tensor_info(src_of[n])
+                placed[n] = ctx.new_tensor(info.type, info.ne[: max(info.n_dims, 1)], name=n)
+            bt = self._device_backend(dev).get_default_buffer_type()
+            buf = alloc_tensors(bt, placed.values(), BufferUsage.WEIGHTS)
             by_src: dict[str, list] = {}
-            for (src, _), t in placed.items():
-                by_src.setdefault(src, []).append(t)
+            for n, t in placed.items():
+                by_src.setdefault(src_of[n], []).append(t)
             self.model.copy_tensors_to(lambda info, data: [buf.set_tensor(t, data)
                                                            for t in by_src[info.name]],
                                        names=list(by_src), progress=progress,
                                        desc=f"weights to {dev}")
-            for (_, n), t in placed.items():
-                self.weights[n] = t
+            self.weights.update(placed)
             self.weight_buffers[dev] = buf
 
     # ---- memory ----------------------------------------------------------------------------
