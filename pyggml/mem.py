@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -216,12 +217,13 @@ def estimate(model=None, *, devices=(), **settings) -> MemReport:
     return rep
 
 
-def measure(model=None, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int = 2048,
-            n_threads: int | None = None, type_k: str = "f16", type_v: str = "f16",
+def measure(model=None, *, config=None, n_ctx: int = 2048, n_ubatch: int = 512,
+            n_batch: int = 2048, n_threads: int | None = None, type_k="f16", type_v="f16",
             logits_all: bool = False, flash_attn: bool = True, n_gpu_layers: int = 0,
             offload=None, warmup: str = "fill", gen: int = 0, prompt: str = PROMPT) -> MemReport:
-    """Load the model with the runtime, plan the same configuration, warm up (see the module
-    docstring), optionally generate `gen` tokens greedily, and measure."""
+    """Load the model with the runtime (config: an offload config, as LLM takes it), plan the
+    same configuration, warm up (see the module docstring), optionally generate `gen` tokens
+    greedily, and measure."""
     from pyggml.llm.runtime import LLM
     if warmup not in WARMUPS:
         raise PyggmlError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
@@ -230,13 +232,16 @@ def measure(model=None, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int 
     default_registry().devices()        # backend modules and drivers: part of "before loading"
     peak_reset = reset_peak_rss()
     rss0 = current_rss()
-    llm = LLM(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
-              n_threads_batch=n_threads, type_k=type_k, type_v=type_v, logits_all=logits_all,
-              flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, offload=offload, progress=False)
+    llm = LLM(model, config=config, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+              n_threads=n_threads, n_threads_batch=n_threads, type_k=type_k, type_v=type_v,
+              logits_all=logits_all, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers,
+              offload=offload, progress=False)
     try:
-        plan = plan_memory(llm.path, n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=n_batch,
-                           type_k=type_k, type_v=type_v, logits_all=logits_all,
-                           flash_attn=flash_attn, offload=llm.offload)
+        n_ubatch = llm.n_ubatch
+        plan = plan_memory(llm.path, n_ctx=llm.n_ctx, n_ubatch=llm.n_ubatch,
+                           n_batch=llm.n_batch, n_seq_max=llm.n_seq_max, type_k=llm.kv.types_k,
+                           type_v=llm.kv.types_v, logits_all=logits_all, flash_attn=flash_attn,
+                           offload=llm.offload)
         rss_load = current_rss()
         at_load = _resident_parts(llm)
         allocated = {
@@ -329,12 +334,19 @@ def _add_notes(rep: MemReport) -> None:
             rep.notes.append(f"{d.device} shares system RAM ({d.uma}): its {human(d.total)} "
                              f"count against system RAM too; offloading to it frees no RAM.")
     ng, bg, ns, bs = plan.kv_split()
+    cells = {x.cells for x in plan.kv_layers if x.sliding}
     if ns and plan.n_swa_cells and plan.n_swa_cells < plan.n_ctx:
-        rep.notes.append(
-            f"The KV cache keeps all {plan.n_ctx} cells for the {ns} sliding-window layers too "
-            f"({human(bs)}); a window-sized cache ({plan.n_swa_cells} cells = window "
-            f"{plan.facts.get('sliding_window')} + n_ubatch, as llama.cpp) would hold "
-            f"{human(bs * plan.n_swa_cells // plan.n_ctx)}.")
+        if cells == {plan.n_ctx}:
+            rep.notes.append(
+                f"swa_full: the KV cache keeps all {plan.n_ctx} cells for the {ns} sliding-window "
+                f"layers too ({human(bs)}); the window-sized cache ({plan.n_swa_cells} cells = "
+                f"window {plan.facts.get('sliding_window')} + n_ubatch, as llama.cpp) would hold "
+                f"{human(plan.kv_swa_window_bytes() - bg)}.")
+        else:
+            rep.notes.append(
+                f"the {ns} sliding-window layers keep {'/'.join(map(str, sorted(cells)))} KV "
+                f"cells (window {plan.facts.get('sliding_window')} + n_ubatch, padded to 256, "
+                f"as llama.cpp), the {ng} global layers all {plan.n_ctx}.")
     if plan.logits_all:
         rep.notes.append("logits for every position: the compute buffer holds n_ubatch rows of "
                          "logits, as llama.cpp always reserves.")
@@ -373,7 +385,7 @@ def format_report(rep: MemReport) -> str:
         for x in plan.kv_layers:
             by[x.device][1 if x.sliding else 0] += x.bytes
         ref_g = human(bg) if ref else None
-        ref_s = human(bs * plan.n_swa_cells // plan.n_ctx) if ref and plan.n_swa_cells else None
+        ref_s = human(plan.kv_swa_window_bytes() - bg) if ref and plan.n_swa_cells else None
         out.append(_row(f"  {ng} global layers", [human(by[d.device][0]) for d in devs], ref_g))
         out.append(_row(f"  {ns} sliding-window layers", [human(by[d.device][1]) for d in devs],
                         ref_s))
@@ -449,16 +461,22 @@ def format_report(rep: MemReport) -> str:
 
 # ---- sweeps ------------------------------------------------------------------------------------
 
-def sweep(model, n_ctxs, n_ubatches, *, devices=(), **settings) -> list[dict]:
+def sweep(model, n_ctxs, n_ubatches, *, devices=(), config=None, **settings) -> list[dict]:
     """Plan every (n_ctx, n_ubatch): rows of n_ctx, n_ubatch, and per device compute / kv /
-    weights / total, plus system_ram. Planning only."""
+    weights / total, plus system_ram. Planning only. config: an offload config whose sizes the
+    sweep replaces."""
+    if config is not None:
+        from pyggml.memplan import load_run_config
+        config = load_run_config(config)
     pm = model if isinstance(model, PlanningModel) else PlanningModel(model)
     devs = devices if isinstance(devices, Devices) else Devices(list(devices))
     rows = []
     try:
         for ub in n_ubatches:
             for n_ctx in n_ctxs:
-                plan = plan_memory(pm, n_ctx=n_ctx, n_ubatch=ub, devices=devs,
+                cfg = None if config is None else config.with_values(
+                    {"context": {"n_ctx": n_ctx, "n_ubatch": ub}}, "sweep")
+                plan = plan_memory(pm, config=cfg, n_ctx=n_ctx, n_ubatch=ub, devices=devs,
                                    with_no_inplace=False, **settings)
                 row = {"n_ctx": n_ctx, "n_ubatch": plan.n_ubatch,
                        "compute": plan.compute_bytes, "kv": plan.kv_bytes,
@@ -510,20 +528,22 @@ def virtual_device_arg(text: str) -> VirtualDevice:
 
 
 def add_arguments(p) -> None:
+    from pyggml.plan import add_offload_arguments
     p.add_argument("-m", "--model", default=None, help="GGUF file (default: Gemma 3 270M)")
     p.add_argument("-c", "--ctx-size", dest="ctx", action="append",
-                   help="context size (integer) or config file")
-    p.add_argument("-b", "--batch-size", type=int, default=2048)
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512)
+                   help="context size (integer; default 4096) or an offload config file")
+    p.add_argument("-b", "--batch-size", type=int, default=None, help="default 2048")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=None, help="default 512")
     p.add_argument("-t", "--threads", type=int, default=None)
-    p.add_argument("-ctk", "--cache-type-k", default="f16")
-    p.add_argument("-ctv", "--cache-type-v", default="f16")
+    p.add_argument("-ctk", "--cache-type-k", default=None, help="f16 (default), f32, q8_0")
+    p.add_argument("-ctv", "--cache-type-v", default=None)
     p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
+    add_offload_arguments(p)
     p.add_argument("--logits-all", action="store_true",
                    help="logits for every position (llama.cpp's compute-buffer worst case)")
     p.add_argument("--virtual-device", action="append", default=[], metavar="NAME=SIZE[:igpu]",
-                   help="a planning-only device (implies --plan-only)")
+                   help="a planning-only device (implies --plan-only); -ngl goes to it")
     p.add_argument("--plan-only", action="store_true", help="no loading, no compute")
     p.add_argument("--warmup", choices=WARMUPS, default="fill")
     p.add_argument("--gen", type=int, default=0, help="generate N tokens after the warm-up")
@@ -546,32 +566,33 @@ def add_arguments(p) -> None:
     p.add_argument("--emit-yaml", default=None, help="write the fit as a config file")
 
 
-def _settings(args, n_ctx: int) -> dict:
-    return {"n_ctx": n_ctx, "n_ubatch": args.ubatch_size, "n_batch": args.batch_size,
-            "type_k": args.cache_type_k, "type_v": args.cache_type_v,
-            "logits_all": args.logits_all, "flash_attn": args.flash_attn != "off",
-            "n_gpu_layers": args.n_gpu_layers}
+DEFAULTS = {"n_ctx": 4096, "n_batch": 2048, "n_ubatch": 512}       # pyggml run's
+
+
+def _run_config(args, virtual):
+    """The command line as an offload Config (file, llama.cpp flags, --set), with -ngl going
+    to the first virtual device when some are declared and no file names devices."""
+    from pyggml.plan import config_from_cli, split_ctx
+    _, path = split_ctx(args.ctx)
+    cfg = config_from_cli(args, always=True)
+    if virtual and path is None and (args.n_gpu_layers or 0) > 0:
+        cfg = cfg.with_values({"devices": [virtual[0].name]}, "--virtual-device")
+    kv = {k: v for k, v in (("type_k", args.cache_type_k), ("type_v", args.cache_type_v)) if v}
+    if kv:
+        cfg = cfg.with_values({"kv": kv}, "-ctk/-ctv")
+    return cfg
 
 
 def cmd_mem(args) -> int:
-    n_ctx, config = None, None
-    for v in args.ctx or []:
-        if v.isdigit():
-            n_ctx = int(v)
-        else:
-            config = v
-    if config is not None:
-        raise PyggmlError("offload configs are not supported by `pyggml mem` yet")
-    n_ctx = n_ctx or 2048
+    from pyggml.memplan import virtual_devices_of
     virtual = [virtual_device_arg(v) for v in args.virtual_device]
-    settings = _settings(args, n_ctx)
+    cfg = _run_config(args, virtual)
+    planning_only = args.plan_only or bool(virtual) or bool(virtual_devices_of(cfg))
+    common = {"logits_all": args.logits_all, "flash_attn": args.flash_attn != "off"}
     if args.fit:
         from pyggml.memfit import budgets_arg, fit
-        res = fit(args.model, budgets_arg(args.budget), devices=virtual,
-                  min_ctx=args.min_ctx, max_ctx=args.max_ctx, n_ubatch=args.ubatch_size,
-                  n_batch=args.batch_size, type_k=args.cache_type_k,
-                  type_v=args.cache_type_v, flash_attn=args.flash_attn != "off",
-                  logits_all=args.logits_all, prefer=args.prefer)
+        res = fit(args.model, budgets_arg(args.budget), config=cfg, devices=virtual,
+                  min_ctx=args.min_ctx, max_ctx=args.max_ctx, prefer=args.prefer, **common)
         print(res.summary())
         if args.emit_yaml:
             with open(args.emit_yaml, "w") as f:
@@ -579,9 +600,10 @@ def cmd_mem(args) -> int:
             print(f"wrote {args.emit_yaml}")
         return 0 if res.fits else 1
     if args.sweep_ctx or args.sweep_ub:
-        rows = sweep(args.model, args.sweep_ctx or [n_ctx], args.sweep_ub or [args.ubatch_size],
-                     devices=virtual, **{k: v for k, v in settings.items()
-                                         if k not in ("n_ctx", "n_ubatch")})
+        ctx = cfg.get(("context", "n_ctx")) or DEFAULTS["n_ctx"]
+        ub = cfg.get(("context", "n_ubatch")) or DEFAULTS["n_ubatch"]
+        rows = sweep(args.model, args.sweep_ctx or [ctx], args.sweep_ub or [ub], devices=virtual,
+                     config=cfg, **common)
         print(format_sweep(rows))
         if args.sweep_csv:
             write_sweep_csv(rows, args.sweep_csv)
@@ -591,12 +613,13 @@ def cmd_mem(args) -> int:
             plot_sweep(rows, args.sweep_plot)
             print(f"wrote {args.sweep_plot}")
         return 0
-    if args.plan_only or virtual:
-        rep = estimate(args.model, devices=virtual, **settings)
+    if planning_only:
+        rep = estimate(args.model, devices=virtual, config=cfg, **DEFAULTS, **common)
     else:
-        settings.pop("n_ctx")
-        rep = measure(args.model, n_ctx=n_ctx, n_threads=args.threads, warmup=args.warmup,
-                      gen=args.gen, **settings)
+        rep = measure(args.model, config=cfg, n_threads=args.threads, warmup=args.warmup,
+                      gen=args.gen, **DEFAULTS, **common)
+    for w in rep.plan.offload.warnings:
+        print(f"pyggml: warning: {w}", file=sys.stderr)
     print(format_report(rep))
     if args.json:
         with open(args.json, "w") as f:

@@ -29,7 +29,6 @@ from pyggml.memplan import (
     Devices,
     MemoryPlan,
     PlanningModel,
-    VirtualDevice,
     human,
     parse_size,
     plan_memory,
@@ -58,8 +57,7 @@ class FitResult:
     budgets: dict[str, int]
     runtime: int                    # system RAM the runtime itself is given (estimate or given)
     plan: MemoryPlan | None
-    settings: dict                  # n_ubatch, n_batch, type_k, type_v, flash_attn, logits_all
-    virtual: list[VirtualDevice] = field(default_factory=list)
+    config: object | None           # the offload config (pyggml.offload_config.Config) found
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -87,33 +85,17 @@ class FitResult:
         return "\n".join(lines)
 
     def to_config(self) -> dict:
-        """The result as an offload config (the schema of pyggml.offload_config)."""
-        s = self.settings
-        cfg: dict = {}
-        if self.virtual:
-            cfg["virtual_devices"] = [
-                {"name": v.name, "memory": human(v.total).replace(" ", ""), "kind": v.kind}
-                for v in self.virtual]
-        if self.gpu_device and self.n_gpu_layers:
-            cfg["devices"] = [self.gpu_device]
-            cfg["gpu_layers"] = self.n_gpu_layers
-        else:
-            cfg["gpu_layers"] = 0
-        cfg["kv"] = {"type_k": s["type_k"], "type_v": s["type_v"]}
-        cfg["context"] = {"n_ctx": self.n_ctx, "n_batch": s["n_batch"],
-                          "n_ubatch": s["n_ubatch"]}
-        return cfg
+        """The result as an offload config (plain data of pyggml.offload_config's schema)."""
+        return {} if self.config is None else self.config.data
 
     def to_yaml(self) -> str:
-        import yaml
+        from pyggml.offload_config import dump_yaml
         head = [f"# written by `pyggml mem --fit` for {self.model}"]
         head += ["# " + line for line in self.summary().splitlines()]
-        if self.virtual:
-            head.append("# the devices above are planning-only: on the machine that has the GPU, "
-                        "put its name (`pyggml plan` lists them) under devices")
-        body = yaml.safe_dump(self.to_config(), sort_keys=False, default_flow_style=False,
-                              width=100)
-        return "\n".join(head) + "\n" + body
+        if self.to_config().get("virtual_devices"):
+            head.append("# virtual_devices are planning-only: to run this on the machine that "
+                        "has the GPU, put its name (`pyggml plan` lists them) in devices")
+        return "\n".join(head) + "\n" + dump_yaml(self.to_config())
 
 
 def default_budgets(devs: Devices, names, margin: float) -> dict[str, int]:
@@ -135,23 +117,51 @@ def _need(plan: MemoryPlan, runtime: int) -> dict[str, int]:
     return need
 
 
-def fit(model=None, budgets: dict | None = None, *, devices=(), gpu_device: str | None = None,
-        min_ctx: int | None = None, max_ctx: int | None = None, n_ubatch: int = 512,
-        n_batch: int = 2048, type_k: str = "f16", type_v: str = "f16", flash_attn: bool = True,
-        logits_all: bool = False, runtime: int | str | None = None, margin: float = 0.05,
-        prefer: str = "gpu_layers", max_gpu_layers: int | None = None) -> FitResult:
-    """See the module docstring. budgets: {device: bytes or '6GiB'}; missing devices get
-    default_budgets. runtime: system RAM the runtime needs besides its buffers (default:
-    pyggml.mem.runtime_overhead_estimate)."""
+def _size_text(n: int) -> str | int:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n % scale == 0:
+            return f"{n // scale}{unit}"
+    return n
+
+
+def fit(model=None, budgets: dict | None = None, *, config=None, devices=(),
+        gpu_device: str | None = None, min_ctx: int | None = None, max_ctx: int | None = None,
+        n_ubatch: int | None = None, n_batch: int | None = None, type_k: str | None = None,
+        type_v: str | None = None, flash_attn: bool = True, logits_all: bool = False,
+        runtime: int | str | None = None, margin: float = 0.05, prefer: str = "gpu_layers",
+        max_gpu_layers: int | None = None) -> FitResult:
+    """See the module docstring. config: a base offload config (path, Config or dict: its rules,
+    KV placement, devices and sizes are kept; gpu_layers and context.n_ctx are what is searched).
+    budgets: {device: bytes or '6GiB'}; missing devices get default_budgets. runtime: system RAM
+    the runtime needs besides its buffers (default: pyggml.mem.runtime_overhead_estimate)."""
+    from pyggml.memplan import load_run_config, virtual_devices_of
     if prefer not in ("gpu_layers", "ctx"):
         raise ConfigError(f"prefer must be 'gpu_layers' or 'ctx', got {prefer!r}")
     pm = model if isinstance(model, PlanningModel) else PlanningModel(model)
     devs = devices if isinstance(devices, Devices) else Devices(list(devices))
     try:
         hp = pm.hparams
-        gpu = gpu_device or devs.first_gpu()
+        base = load_run_config(config if config is not None else {})
+        devs.add_virtual(virtual_devices_of(base))
+        declared = [d for d in base.get(("devices",)) or [] if str(d).lower() != "cpu"]
+        gpu = gpu_device or (str(declared[0]) if declared else None) or devs.first_gpu()
         if gpu is not None:
             gpu = devs.get(gpu).name
+        # the base config's values stay; what the search sets is marked as the advisor's
+        values: dict = {"context": {}}
+        for key, v in (("n_ubatch", n_ubatch), ("n_batch", n_batch)):
+            if v is not None:
+                values["context"][key] = v
+        kv = {k: v for k, v in (("type_k", type_k), ("type_v", type_v)) if v is not None}
+        if kv:
+            values["kv"] = kv
+        cli_virtual = [v for v in devs.virtual.values()
+                       if v.name not in {x.name for x in virtual_devices_of(base)}]
+        if cli_virtual and (gpu in {v.name for v in cli_virtual}):
+            values["virtual_devices"] = (
+                list(base.get(("virtual_devices",)) or []) +
+                [{"name": v.name, "memory": _size_text(v.total), "kind": v.kind}
+                 for v in cli_virtual])
         names = ([gpu] if gpu else []) + [CPU]
         given = {devs.get(k).name if k.upper() != CPU else CPU: parse_size(v)
                  for k, v in (budgets or {}).items()}
@@ -161,28 +171,34 @@ def fit(model=None, budgets: dict | None = None, *, devices=(), gpu_device: str 
             from pyggml.mem import runtime_overhead_estimate
             runtime = runtime_overhead_estimate(pm.facts())
         runtime = parse_size(runtime)
-        settings = {"n_ubatch": n_ubatch, "n_batch": n_batch, "type_k": type_k,
-                    "type_v": type_v, "flash_attn": flash_attn, "logits_all": logits_all}
         top = hp.n_layer + 1 if gpu else 0
         if max_gpu_layers is not None:
             top = min(top, max_gpu_layers)
         hi_ctx = max_ctx or hp.n_ctx_train
         lo_ctx = min(min_ctx or min(4096, hp.n_ctx_train), hi_ctx)
         checks: list[Check] = []
-        plans: dict[tuple[int, int], MemoryPlan] = {}
+        found: dict[tuple[int, int], tuple[MemoryPlan, object]] = {}
+
+        def candidate(ngl: int, n_ctx: int):
+            v = {k: (dict(x) if isinstance(x, dict) else x) for k, x in values.items()}
+            v["context"] = dict(values["context"], n_ctx=n_ctx)
+            v["gpu_layers"] = ngl
+            if not declared or gpu_device:
+                v["devices"] = [gpu] if ngl and gpu else ["cpu"]
+            return base.with_values(v, "pyggml mem --fit")
 
         def check(ngl: int, n_ctx: int) -> Check:
             for c in checks:
                 if (c.n_gpu_layers, c.n_ctx) == (ngl, n_ctx):
                     return c
-            plan = plan_memory(pm, n_ctx=n_ctx, n_gpu_layers=ngl,
-                               gpu_device=gpu if ngl else None, devices=devs,
-                               with_no_inplace=False, **settings)
+            cfg = candidate(ngl, n_ctx)
+            plan = plan_memory(pm, config=cfg, devices=devs, with_no_inplace=False,
+                               flash_attn=flash_attn, logits_all=logits_all)
             need = _need(plan, runtime)
             over = {d: need.get(d, 0) - b for d, b in budget.items() if need.get(d, 0) > b}
             c = Check(ngl, n_ctx, not over, need, over)
             checks.append(c)
-            plans[ngl, n_ctx] = plan
+            found[ngl, n_ctx] = (plan, cfg)
             return c
 
         def largest_ctx(ngl: int, lo: int) -> int | None:
@@ -226,10 +242,11 @@ def fit(model=None, budgets: dict | None = None, *, devices=(), gpu_device: str 
             c = check(0, min(lo_ctx, CTX_STEP))
             notes.append("even n_ctx 256 on the CPU is over budget by " +
                          ", ".join(f"{d} {human(o)}" for d, o in c.over.items()))
-            return FitResult(pm.path, False, 0, 0, gpu, budget, runtime, plans.get((0, c.n_ctx)),
-                             settings, list(devs.virtual.values()), checks, notes)
+            plan, cfg = found[0, c.n_ctx]
+            return FitResult(pm.path, False, 0, 0, gpu, budget, runtime, plan, cfg, checks,
+                             notes)
         ngl, n_ctx = best
-        plan = plans[best]
+        plan, cfg = found[best]
         for d in plan.devices:
             if d.uma and d.device != CPU and d.total:
                 notes.append(f"{d.device} shares system RAM ({d.uma}): its {human(d.total)} "
@@ -237,10 +254,10 @@ def fit(model=None, budgets: dict | None = None, *, devices=(), gpu_device: str 
         if ngl < top:
             nxt = [c for c in checks if c.n_gpu_layers == ngl + 1 and not c.fits]
             if nxt:
-                notes.append(f"gpu_layers {ngl + 1} does not fit: over by " +
-                             ", ".join(f"{d} {human(o)}" for d, o in nxt[0].over.items()))
+                notes.append(f"gpu_layers {ngl + 1} does not fit at n_ctx {nxt[0].n_ctx}: over "
+                             "by " + ", ".join(f"{d} {human(o)}" for d, o in nxt[0].over.items()))
         return FitResult(pm.path, True, ngl, n_ctx, gpu if ngl else None, budget, runtime, plan,
-                         settings, list(devs.virtual.values()), checks, notes)
+                         cfg, checks, notes)
     finally:
         if not isinstance(devices, Devices):
             devs.close()

@@ -16,8 +16,9 @@ compares them). What it costs: opening the GGUF's tensor table and planning one 
 Devices. Real devices come from the registry; their backends are asked only `supports_op` and
 `offload_op` (no memory is allocated on them). A `VirtualDevice` is a planning-only device with a
 declared memory size: a GPU you do not have (`kind="gpu"`) or an integrated one (`kind="igpu"`,
-UMA). Its backend claims every op (a GPU backend with a kernel for each op the model uses) and,
-like the Vulkan backend, offloads matrix products over 32+ rows from host weights.
+UMA), declared on the command line or in a config (`virtual_devices:`). Its backend follows the
+Vulkan backend's op rules (pyggml's GPU backend is what would run there) and, like it, offloads
+matrix products over 32+ rows from host weights.
 
 UMA. A device whose memory is the host's (an integrated GPU, a software rasterizer such as
 lavapipe, or a Vulkan device whose only heap is device-local and host-visible) holds its buffers in
@@ -44,7 +45,7 @@ from pyggml.backend.base import (
     default_registry,
 )
 from pyggml.errors import ConfigError, PyggmlError
-from pyggml.offload import CPU, OffloadPlan, plan_from_args
+from pyggml.offload import CPU, OffloadPlan, pin_phase_ops, plan_from_args
 from pyggml.types import Op, VIEW_OPS
 
 MiB = 1 << 20
@@ -152,15 +153,24 @@ class PlanningBackend(Backend):
 # ---- planning-only devices ---------------------------------------------------------------------
 
 class VirtualBackend(PlanningBackend):
-    """A virtual device's backend: every op but `unsupported_ops`; offloads MUL_MAT over 32+ rows
-    from host weights (as the Vulkan backend does)."""
+    """A virtual device's backend: the Vulkan backend's op rules (pyggml's GPU backend: what a
+    GPU you do not have would run), with one storage binding of `max_bind` bytes; refuses
+    `unsupported_ops` too; offloads MUL_MAT over 32+ rows from host weights, as Vulkan does."""
+
+    max_wg_count = (65535, 65535, 65535)
+    cfg = None
 
     def __init__(self, device: "VirtualDevice"):
         super().__init__(device, device.buft, None)
+        self.max_bind = device.max_bind
 
     def supports_op(self, node) -> bool:
-        return node.op in VIEW_OPS or node.op == Op.NONE or \
-            node.op.name not in self.device.unsupported_ops
+        from pyggml.backend.vulkan_ops import why_unsupported
+        if node.op in VIEW_OPS or node.op == Op.NONE:
+            return True
+        if node.op.name in self.device.unsupported_ops:
+            return False
+        return why_unsupported(node, self) is None
 
     def offload_op(self, node) -> bool:
         return node.op == Op.MUL_MAT and node.ne[1] >= OFFLOAD_MIN_BATCH and self.supports_op(node)
@@ -169,11 +179,12 @@ class VirtualBackend(PlanningBackend):
 class VirtualDevice(Device):
     """A planning-only device: a name, a memory size, a kind ("gpu": own memory; "igpu": shares
     system RAM, i.e. UMA). alignment / max_size: its buffer type's (max_size None: no limit).
-    unsupported_ops: op names its backend refuses (they run on the CPU in the plan)."""
+    unsupported_ops: op names its backend refuses besides the Vulkan backend's rules (they run
+    on the CPU in the plan); max_bind: the largest tensor one shader binding may cover."""
 
     def __init__(self, name: str, memory: int | str, kind: str = "gpu", *,
                  alignment: int = 256, max_size: int | str | None = None,
-                 unsupported_ops=(), description: str = ""):
+                 unsupported_ops=(), description: str = "", max_bind: int = 1 << 30):
         kind = kind.lower()
         if kind not in ("gpu", "igpu"):
             raise ConfigError(f"virtual device '{name}': kind must be 'gpu' or 'igpu', got "
@@ -187,6 +198,7 @@ class VirtualDevice(Device):
         self.description = (description or
                             f"virtual {kind.upper()} ({human(self.total)}, planning only)")
         self.unsupported_ops = frozenset(o.upper() for o in unsupported_ops)
+        self.max_bind = max_bind
         self.buft = PlanningBufferType(name, alignment,
                                        None if max_size is None else parse_size(max_size),
                                        is_host=False, device=self)
@@ -292,6 +304,7 @@ class KVLayer:
     device: str
     bytes: int
     sliding: bool
+    cells: int                      # KV cells of its space (n_ctx, or the window-sized space)
 
 
 @dataclass
@@ -347,13 +360,12 @@ class MemoryPlan:
         return len(g), sum(x.bytes for x in g), len(s), sum(x.bytes for x in s)
 
     def kv_swa_window_bytes(self) -> int:
-        """KV bytes if sliding-window layers kept only n_swa_cells cells (llama.cpp's SWA cache)."""
+        """KV bytes with sliding-window layers keeping n_swa_cells cells (llama.cpp's SWA
+        cache; what pyggml's cache holds too unless swa_full)."""
         if not self.n_swa_cells:
             return self.kv_bytes
-        out = 0
-        for x in self.kv_layers:
-            out += x.bytes * self.n_swa_cells // self.n_ctx if x.sliding else x.bytes
-        return out
+        return sum(x.bytes * self.n_swa_cells // x.cells if x.sliding else x.bytes
+                   for x in self.kv_layers)
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("offload", "reports")}
@@ -363,6 +375,13 @@ class MemoryPlan:
 
 
 # ---- planning ----------------------------------------------------------------------------------
+
+def _type_name(t) -> str:
+    """A KV type, or per-layer types ("f16", or "f16,q8_0" when layers differ)."""
+    ts = list(t) if isinstance(t, (list, tuple)) else [t]
+    names = [x if isinstance(x, str) else x.name.lower() for x in ts]
+    return ",".join(dict.fromkeys(n.lower() for n in names))
+
 
 class PlanningModel:
     """A GGUF model opened for planning: tensor table, hyper-parameters and mapped weight tensors
@@ -400,12 +419,25 @@ class Devices:
         self.registry = registry or default_registry()
         self.real = {d.name: d for d in self.registry.devices()}
         self.virtual = {}
+        self.add_virtual(virtual)
+        self._backends: dict[str, PlanningBackend] = {}
+
+    def add_virtual(self, virtual) -> None:
+        """Add VirtualDevices; one declared again (same name, size and kind) is kept once."""
         for v in virtual:
-            if any(v.name.lower() == n.lower() for n in list(self.real) + list(self.virtual)):
+            old = next((d for n, d in self.virtual.items() if n.lower() == v.name.lower()), None)
+            if old is not None and (old.total, old.kind) == (v.total, v.kind):
+                continue
+            if old is not None or any(v.name.lower() == n.lower() for n in self.real):
                 raise ConfigError(f"virtual device '{v.name}' has the name of another device "
                                   f"({', '.join(list(self.real) + list(self.virtual))})")
             self.virtual[v.name] = v
-        self._backends: dict[str, PlanningBackend] = {}
+
+    def catalog(self):
+        """These devices as pyggml.offload's DeviceCatalog (virtual ones as planning-only)."""
+        from pyggml.offload import DeviceCatalog
+        return DeviceCatalog.from_registry(self.registry,
+                                           {n: v.total for n, v in self.virtual.items()})
 
     def names(self) -> list[str]:
         """Non-CPU devices (virtual ones first: a config declares them to use them), then CPU."""
@@ -455,6 +487,19 @@ def _kind(dev) -> str:
     return f"virtual {k}" if isinstance(dev, VirtualDevice) else k
 
 
+def virtual_devices_of(cfg) -> list[VirtualDevice]:
+    """The `virtual_devices` a config declares (a Config, a dict, or None)."""
+    items = (cfg.get(("virtual_devices",)) if hasattr(cfg, "where_of") else
+             (cfg or {}).get("virtual_devices")) or []
+    return [VirtualDevice(it["name"], it["memory"], it.get("kind", "gpu")) for it in items]
+
+
+def load_run_config(config, sets=()):
+    """A config (path, Config or dict) as a validated pyggml.offload_config.Config."""
+    from pyggml.offload_config import load_config
+    return load_config(config, sets)
+
+
 def make_offload(pm: PlanningModel, devices: Devices, n_gpu_layers: int = 0,
                  gpu_device: str | None = None, **kw) -> OffloadPlan:
     """llama.cpp-style flags as an OffloadPlan over real and virtual devices (-ngl goes to
@@ -466,14 +511,18 @@ def make_offload(pm: PlanningModel, devices: Devices, n_gpu_layers: int = 0,
                           n_gpu_layers, gpu, **kw)
 
 
-def plan_memory(model, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int = 2048,
-                n_seq_max: int = 1, type_k: str = "f16", type_v: str = "f16",
+def plan_memory(model, *, config=None, sets=(), n_ctx: int = 2048, n_ubatch: int = 512,
+                n_batch: int = 2048, n_seq_max: int = 1, type_k="f16", type_v="f16",
                 logits_all: bool = False, flash_attn: bool = True, n_gpu_layers: int = 0,
                 gpu_device: str | None = None, offload: OffloadPlan | None = None,
-                devices: Devices | list | None = None, with_no_inplace: bool = True) -> MemoryPlan:
+                devices: Devices | list | None = None, with_no_inplace: bool = True,
+                swa_full: bool = False) -> MemoryPlan:
     """Plan one configuration (see the module docstring). model: a path or a PlanningModel;
-    devices: a Devices or a list of VirtualDevice (with the registry's); offload: a plan, else
-    one is made from n_gpu_layers / gpu_device."""
+    devices: a Devices or a list of VirtualDevice (with the registry's). Where weights go:
+    `offload` (a plan), else `config` (an offload config: path, Config or dict, amended by
+    `sets`; its sizes and KV types replace the keyword arguments, as in the runtime, and its
+    `virtual_devices` join the devices), else n_gpu_layers / gpu_device. swa_full: sliding-
+    window layers keep n_ctx cells (as LLM(swa_full=True)), else a window-sized space."""
     import time
 
     from pyggml.context import Context
@@ -482,17 +531,29 @@ def plan_memory(model, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int =
     from pyggml.sched import Scheduler
 
     t0 = time.perf_counter()
-    for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
-        if not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {v!r}")
     own_pm = not isinstance(model, PlanningModel)
     pm = PlanningModel(model) if own_pm else model
     own_devs = not isinstance(devices, Devices)
     devs = devices if not own_devs else Devices(devices or ())
     try:
         hp = pm.hparams
+        if offload is not None:
+            plan = offload
+        elif config is not None:
+            from pyggml.offload import plan_from_config
+            cfg = load_run_config(config, sets)
+            devs.add_virtual(virtual_devices_of(cfg))
+            plan, st = plan_from_config(cfg, pm.model.tensors, hp.n_layer, hp.tied_output,
+                                        catalog=devs.catalog())
+            n_ctx, n_batch = st.n_ctx or n_ctx, st.n_batch or n_batch
+            n_ubatch, n_seq_max = st.n_ubatch or n_ubatch, st.n_seq_max or n_seq_max
+            type_k, type_v = st.type_k or type_k, st.type_v or type_v
+        else:
+            plan = make_offload(pm, devs, n_gpu_layers, gpu_device)
+        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
         n_ubatch = min(n_ubatch, n_batch)
-        plan = offload or make_offload(pm, devs, n_gpu_layers, gpu_device)
         used = plan.devices_used()
         backends = [devs.backend(n) for n in used if n != CPU] + [devs.backend(CPU)]
         by_name = {b.device.name: b for b in backends}
@@ -506,10 +567,14 @@ def plan_memory(model, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int =
         dev_names: dict[str, list[str]] = {}
         for name, p in plan.weights.items():
             dev_names.setdefault(p.device, []).append(name)
+        if "output.weight" in plan.weights and "output.weight" not in weights:
+            weights["output.weight"] = weights["token_embd.weight"]     # tied: the CPU's copy
         for dev, names in dev_names.items():
             bt = by_name[dev].get_default_buffer_type() if dev != CPU else None
             align = bt.alignment if bt is not None else 1
             sizes = {}
+            if dev == CPU:              # mapped: a tied output on the CPU is token_embd itself
+                names = [n for n in names if n in pm.model.tensors]
             for n in names:
                 src = "token_embd.weight" if n == "output.weight" and n not in pm.model.tensors \
                     else n
@@ -533,26 +598,29 @@ def plan_memory(model, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int =
                 weights[n] = t
 
         kv_bufts = [by_name[p.device].get_default_buffer_type() for p in plan.kv]
-        kv = KVCache(hp, n_ctx, type_k, type_v, n_seq_max, kv_bufts)
+        kv = KVCache(hp, n_ctx, type_k, type_v, n_seq_max, kv_bufts, n_ubatch=n_ubatch,
+                     swa_full=swa_full)
         kv_layers = [KVLayer(il, plan.kv[il].device, kv.k[il].nbytes() + kv.v[il].nbytes(),
-                             hp.layer_is_swa(il)) for il in range(hp.n_layer)]
+                             hp.layer_is_swa(il), kv.k[il].ne[1]) for il in range(hp.n_layer)]
         kv_by_dev: dict[str, int] = {}
         for x in kv_layers:
             kv_by_dev[x.device] = kv_by_dev.get(x.device, 0) + x.bytes
 
         n_out = n_ubatch if logits_all else min(n_seq_max, n_ubatch)
-        gp = GraphParams(n_ubatch, n_out, n_ctx)
+        gp = GraphParams(n_ubatch, n_out, n_ctx,               # the runtime's worst case
+                         kv.spaces["swa"].n_cells if "swa" in kv.spaces else 0)
         gs = graph_size(hp.n_layer) * 2
         oo = plan.op_offload
         scheds = {"prefill": Scheduler(backends, n_copies=plan.n_copies,
                                        op_offload=oo["prefill"], graph_size=gs, debug=0)}
-        if oo["decode"] != oo["prefill"]:
+        if oo["decode"] != oo["prefill"] or plan.phase_ops:      # as the runtime
             scheds["decode"] = Scheduler(backends, n_copies=plan.n_copies,
                                          op_offload=oo["decode"], graph_size=gs, debug=0)
         reports = {}
         comp = {b.device.name: [0, 0, 0, 0] for b in backends}
         for phase, sched in scheds.items():
             g, _, _ = build_graph(hp, weights, kv, gp, flash_attn, not logits_all)
+            pin_phase_ops(sched, g, plan, phase, weights)
             sched.reserve(g)
             rep = sched.galloc.report(with_no_inplace=with_no_inplace)
             reports[phase] = rep
@@ -581,12 +649,13 @@ def plan_memory(model, *, n_ctx: int = 2048, n_ubatch: int = 512, n_batch: int =
                 kv=kv_by_dev.get(name, 0), compute=c[0], compute_naive=c[1],
                 compute_no_inplace=c[2] if with_no_inplace else None, compute_lower_bound=c[3],
                 staging=staging_bytes(dev, transfer), memory=mem))
-        n_swa = 0
+        n_swa = 0          # llama.cpp's SWA cache: window * n_seq_max + n_ubatch, padded
         if hp.sliding_window and any(x.sliding for x in kv_layers):
             n_swa = min(n_ctx, -(-(hp.sliding_window * n_seq_max + n_ubatch) // 256) * 256)
         return MemoryPlan(
             model=pm.path, n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=n_batch, n_seq_max=n_seq_max,
-            type_k=str(type_k), type_v=str(type_v), logits_all=logits_all, flash_attn=flash_attn,
+            type_k=_type_name(type_k), type_v=_type_name(type_v), logits_all=logits_all,
+            flash_attn=flash_attn,
             devices=out, kv_layers=kv_layers, offload=plan, reports=reports, n_swa_cells=n_swa,
             plan_seconds=time.perf_counter() - t0, facts=pm.facts())
     finally:

@@ -109,16 +109,24 @@ def test_virtual_device_plans_without_hardware(tiny_models):
         pm.close()
 
 
-def test_sliding_window_layers_and_llamacpp_cache_size(tiny_models):
+def test_sliding_window_layers_keep_a_window_sized_cache(tiny_models):
     # gemma3: layers 0-4 sliding (window 16, pattern 6), layer 5 global
     tm = tiny_models.get(arch="gemma3", weight_type="q8_0", n_layer=6, sliding_window=16)
     plan = plan_memory(tm.path, n_ctx=1024, n_ubatch=128)
     ng, bg, ns, bs = plan.kv_split()
-    assert (ng, ns) == (1, 5) and bs == 5 * bg
-    assert plan.n_swa_cells == 256                     # 16 + 128 padded to 256
-    assert plan.kv_swa_window_bytes() == bg + bs * 256 // 1024
-    rep = estimate(tm.path, n_ctx=1024, n_ubatch=128)
-    assert any("sliding-window layers too" in n for n in rep.notes)
+    assert (ng, ns) == (1, 5)
+    assert plan.n_swa_cells == 256                     # 16 + 128 padded to 256, as llama.cpp
+    assert {x.cells for x in plan.kv_layers} == {256, 1024}
+    assert bs == 5 * bg * 256 // 1024 and plan.kv_swa_window_bytes() == plan.kv_bytes
+    full = plan_memory(tm.path, n_ctx=1024, n_ubatch=128, swa_full=True)
+    assert full.kv_split() == (1, bg, 5, 5 * bg) and full.kv_swa_window_bytes() == plan.kv_bytes
+    with LLM(tm.path, n_ctx=1024, n_ubatch=128, n_threads=1) as llm:
+        assert llm.kv.n_bytes == plan.kv_bytes
+        assert llm.compute_buffer_size(CPU) == plan.device(CPU).compute
+    notes = estimate(tm.path, n_ctx=1024, n_ubatch=128).notes
+    assert any("5 sliding-window layers keep 256 KV cells" in n for n in notes)
+    notes = estimate(tm.path, n_ctx=1024, n_ubatch=128, swa_full=True).notes
+    assert any("swa_full: the KV cache keeps all 1024 cells" in n for n in notes)
     assert llamacpp_reference(plan) is None            # not the model llama.cpp was measured on
 
 
@@ -131,9 +139,10 @@ def test_parse_size():
 
 def test_measured_peak_rss_is_close_to_the_prediction(tiny_models):
     # weights, KV and compute big enough to be seen in RSS (~90 MiB), CPU only
+    # (a window as long as the context: one cell space for every layer)
     tm = tiny_models.get(arch="gemma3", weight_type="f16", n_layer=4, n_embd=512, n_ff=2048,
                          n_head=8, n_head_kv=4, head_dim=64, n_vocab=8192, n_ctx_train=8192,
-                         sliding_window=256)
+                         sliding_window=8192)
     rep = measure(tm.path, n_ctx=8192, n_ubatch=512, n_threads=2, warmup="ubatch")
     m = rep.measured
     assert m.peak_reset and m.tokens_evaluated == 512

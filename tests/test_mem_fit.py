@@ -15,19 +15,15 @@ RUNTIME = 100 * MiB          # system RAM given to the runtime itself in these t
 
 
 def _model(tiny_models):
-    return tiny_models.get(arch="gemma3", weight_type="q8_0", n_layer=4, n_embd=256, n_ff=512,
-                           n_head=4, n_head_kv=2, head_dim=64, n_vocab=1024, n_ctx_train=16384,
-                           sliding_window=64)
+    # llama: every layer global, so the KV cache grows with n_ctx in every layer
+    return tiny_models.get(arch="llama", weight_type="q8_0", n_layer=4, n_embd=256, n_ff=512,
+                           n_head=4, n_head_kv=2, head_dim=64, n_vocab=1024, n_ctx_train=16384)
 
 
 def _run_yaml(path, model_path):
-    """Run a config the advisor wrote: load it, evaluate a full ubatch, return the LLM."""
-    cfg = yaml.safe_load(open(path))
-    ctx = cfg["context"]
-    llm = LLM(model_path, n_ctx=ctx["n_ctx"], n_batch=ctx["n_batch"], n_ubatch=ctx["n_ubatch"],
-              type_k=cfg["kv"]["type_k"], type_v=cfg["kv"]["type_v"],
-              n_gpu_layers=cfg.get("gpu_layers", 0), n_threads=1)
-    llm.eval([(7 * i + 3) % 1000 for i in range(min(ctx["n_ubatch"], ctx["n_ctx"]))])
+    """Run a config the advisor wrote, as `pyggml run -c` does: evaluate a full ubatch."""
+    llm = LLM(model_path, config=str(path), n_threads=1)
+    llm.eval([(7 * i + 3) % 1000 for i in range(min(llm.n_ubatch, llm.n_ctx))])
     return llm
 
 
@@ -113,7 +109,7 @@ def test_virtual_device_yaml_and_cli(tiny_models, tmp_path, capsys):
     text = capsys.readouterr().out
     assert text.startswith("fits: gpu_layers 5 on laptop")
     cfg = yaml.safe_load(out.read_text())
-    assert cfg["virtual_devices"] == [{"name": "laptop", "memory": "64.00MiB", "kind": "gpu"}]
+    assert cfg["virtual_devices"] == [{"name": "laptop", "memory": "64MiB", "kind": "gpu"}]
     assert cfg["devices"] == ["laptop"] and cfg["gpu_layers"] == 5
     assert cfg["context"]["n_ctx"] >= 512
     assert "planning-only" in out.read_text()
