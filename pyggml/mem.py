@@ -220,7 +220,8 @@ def estimate(model=None, *, devices=(), **settings) -> MemReport:
 def measure(model=None, *, config=None, n_ctx: int = 2048, n_ubatch: int = 512,
             n_batch: int = 2048, n_threads: int | None = None, type_k="f16", type_v="f16",
             logits_all: bool = False, flash_attn: bool = True, n_gpu_layers: int = 0,
-            offload=None, warmup: str = "fill", gen: int = 0, prompt: str = PROMPT) -> MemReport:
+            offload=None, warmup: str = "fill", gen: int = 0, prompt: str = PROMPT,
+            swa_full: bool = False) -> MemReport:
     """Load the model with the runtime (config: an offload config, as LLM takes it), plan the
     same configuration, warm up (see the module docstring), optionally generate `gen` tokens
     greedily, and measure."""
@@ -235,13 +236,13 @@ def measure(model=None, *, config=None, n_ctx: int = 2048, n_ubatch: int = 512,
     llm = LLM(model, config=config, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
               n_threads=n_threads, n_threads_batch=n_threads, type_k=type_k, type_v=type_v,
               logits_all=logits_all, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers,
-              offload=offload, progress=False)
+              offload=offload, progress=False, swa_full=swa_full)
     try:
         n_ubatch = llm.n_ubatch
         plan = plan_memory(llm.path, n_ctx=llm.n_ctx, n_ubatch=llm.n_ubatch,
                            n_batch=llm.n_batch, n_seq_max=llm.n_seq_max, type_k=llm.kv.types_k,
                            type_v=llm.kv.types_v, logits_all=logits_all, flash_attn=flash_attn,
-                           offload=llm.offload)
+                           offload=llm.offload, swa_full=swa_full)
         rss_load = current_rss()
         at_load = _resident_parts(llm)
         allocated = {
@@ -540,6 +541,8 @@ def add_arguments(p) -> None:
     p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
     add_offload_arguments(p)
+    p.add_argument("--swa-full", action="store_true",
+                   help="sliding-window layers keep all n_ctx cells (llama.cpp's --swa-full)")
     p.add_argument("--logits-all", action="store_true",
                    help="logits for every position (llama.cpp's compute-buffer worst case)")
     p.add_argument("--virtual-device", action="append", default=[], metavar="NAME=SIZE[:igpu]",
@@ -588,7 +591,8 @@ def cmd_mem(args) -> int:
     virtual = [virtual_device_arg(v) for v in args.virtual_device]
     cfg = _run_config(args, virtual)
     planning_only = args.plan_only or bool(virtual) or bool(virtual_devices_of(cfg))
-    common = {"logits_all": args.logits_all, "flash_attn": args.flash_attn != "off"}
+    common = {"logits_all": args.logits_all, "flash_attn": args.flash_attn != "off",
+              "swa_full": args.swa_full}
     if args.fit:
         from pyggml.memfit import budgets_arg, fit
         res = fit(args.model, budgets_arg(args.budget), config=cfg, devices=virtual,

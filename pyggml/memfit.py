@@ -128,8 +128,8 @@ def fit(model=None, budgets: dict | None = None, *, config=None, devices=(),
         gpu_device: str | None = None, min_ctx: int | None = None, max_ctx: int | None = None,
         n_ubatch: int | None = None, n_batch: int | None = None, type_k: str | None = None,
         type_v: str | None = None, flash_attn: bool = True, logits_all: bool = False,
-        runtime: int | str | None = None, margin: float = 0.05, prefer: str = "gpu_layers",
-        max_gpu_layers: int | None = None) -> FitResult:
+        swa_full: bool = False, runtime: int | str | None = None, margin: float = 0.05,
+        prefer: str = "gpu_layers", max_gpu_layers: int | None = None) -> FitResult:
     """See the module docstring. config: a base offload config (path, Config or dict: its rules,
     KV placement, devices and sizes are kept; gpu_layers and context.n_ctx are what is searched).
     budgets: {device: bytes or '6GiB'}; missing devices get default_budgets. runtime: system RAM
@@ -193,7 +193,7 @@ def fit(model=None, budgets: dict | None = None, *, config=None, devices=(),
                     return c
             cfg = candidate(ngl, n_ctx)
             plan = plan_memory(pm, config=cfg, devices=devs, with_no_inplace=False,
-                               flash_attn=flash_attn, logits_all=logits_all)
+                               flash_attn=flash_attn, logits_all=logits_all, swa_full=swa_full)
             need = _need(plan, runtime)
             over = {d: need.get(d, 0) - b for d, b in budget.items() if need.get(d, 0) > b}
             c = Check(ngl, n_ctx, not over, need, over)

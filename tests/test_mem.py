@@ -3,6 +3,7 @@ reserves (CPU and, where a Vulkan device exists, offloaded), virtual devices pla
 hardware, UMA devices count against system RAM, the measured peak RSS after a warm-up is close to
 the prediction, and `pyggml mem` prints and writes the report."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from pyggml.llm.runtime import LLM
 from pyggml.mem import MiB, estimate, format_report, llamacpp_reference, measure
 from pyggml.memplan import CPU, PlanningModel, VirtualDevice, parse_size, plan_memory, uma_reason
 
+REPO = Path(__file__).resolve().parent.parent
 NO_VULKAN = vulkan.unavailable_reason()
 needs_vulkan = pytest.mark.skipif(NO_VULKAN is not None, reason=f"no Vulkan device: {NO_VULKAN}")
 
@@ -185,3 +187,38 @@ def test_cli_mem_measures(tiny_models, capsys):
     text = capsys.readouterr().out
     assert "measured after warm-up (256 tokens (full context), then 4 generated tokens)" in text
     assert "predicted RSS" in text
+
+
+def test_config_with_a_virtual_device_in_mem_and_plan(tiny_models, tmp_path, capsys):
+    tm = _model(tiny_models)
+    cfg = tmp_path / "laptop.yaml"
+    cfg.write_text("virtual_devices:\n"
+                   "  - {name: laptop, memory: 512MiB}\n"
+                   "devices: [laptop]\n"
+                   "gpu_layers: all\n"
+                   "kv: {type_k: f32, type_v: f32}\n"
+                   "context: {n_ctx: 1024, n_ubatch: 64}\n")
+    out_json = tmp_path / "mem.json"
+    assert main(["mem", "-m", str(tm.path), "-c", str(cfg), "--json", str(out_json)]) == 0
+    d = json.loads(out_json.read_text())
+    assert d["measured"] is None                                  # planning only
+    p = d["plan"]
+    assert (p["n_ctx"], p["n_ubatch"], p["type_k"]) == (1024, 64, "f32")
+    devs = {x["device"]: x for x in p["devices"]}
+    assert devs["laptop"]["memory"] == [512 << 20, 512 << 20]
+    assert devs["laptop"]["kv"] == sum(x["bytes"] for x in p["kv_layers"]) > 0
+    assert "laptop" in capsys.readouterr().out
+    # pyggml plan reads the same config against the same planning-only device
+    assert main(["plan", "-m", str(tm.path), "-c", str(cfg)]) == 0
+    assert "laptop" in capsys.readouterr().out
+
+
+def test_example_config_plans_as_the_runtime_runs(tiny_models):
+    tm = _model(tiny_models)
+    cfg = REPO / "configs" / "cpu-only.yaml"
+    plan = plan_memory(tm.path, config=str(cfg), n_ctx=512, n_ubatch=64)
+    with LLM(tm.path, config=str(cfg), n_ctx=512, n_ubatch=64) as llm:
+        assert plan.n_ctx == llm.n_ctx and plan.n_ubatch == llm.n_ubatch
+        assert plan.device(CPU).compute == llm.compute_buffer_size(CPU)
+        assert plan.kv_bytes == llm.kv.n_bytes
+        assert [d.device for d in plan.devices] == [b.device.name for b in llm.backends]

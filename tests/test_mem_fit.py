@@ -113,3 +113,19 @@ def test_virtual_device_yaml_and_cli(tiny_models, tmp_path, capsys):
     assert cfg["devices"] == ["laptop"] and cfg["gpu_layers"] == 5
     assert cfg["context"]["n_ctx"] >= 512
     assert "planning-only" in out.read_text()
+
+
+def test_fit_keeps_the_base_config_and_its_yaml_loads(tiny_models, tmp_path):
+    tm = _model(tiny_models)
+    base = {"kv": {"device": "cpu"}, "context": {"n_ubatch": 64}}     # --no-kv-offload
+    res = fit(tm.path, {"dgpu": "16MiB", CPU: "4GiB"}, config=base, runtime=RUNTIME,
+              devices=[VirtualDevice("dgpu", "16MiB")], min_ctx=512, max_ctx=4096)
+    assert res.fits and res.n_gpu_layers == 5 and res.n_ctx == 4096
+    cfg = res.to_config()
+    assert cfg["kv"] == {"device": "cpu"} and cfg["context"]["n_ubatch"] == 64
+    assert res.plan.device(CPU).kv == res.plan.kv_bytes              # the rule still holds
+    assert res.plan.device("dgpu").kv == 0
+    path = tmp_path / "fit.yaml"
+    path.write_text(res.to_yaml())
+    again = plan_memory(tm.path, config=str(path))                   # the file plans the same
+    assert again.n_ctx == 4096 and again.device("dgpu").total == res.plan.device("dgpu").total
