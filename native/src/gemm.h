@@ -30,6 +30,11 @@ static inline pg_gemm_rows pg_gemm_rows_of(const void *x, size_t bx, const void 
     return r;
 }
 
+#if defined(__aarch64__)
+/* gemm_dotprod.c: the SDOT kernels, installed by pg_fill_gemm_neon when the CPU has them. */
+void pg_fill_gemm_dotprod(pg_type_traits *tbl);
+#endif
+
 /* out[j][i] -> s + j·bs (bytes) + i floats, for i < nr, j < nc. */
 static inline void pg_gemm_store(float *s, size_t bs, const float out[PG_GC][PG_GR], int nr,
                                  int nc) {
