@@ -83,11 +83,14 @@ def resident_bytes(ranges) -> int | None:
         fd = os.open("/proc/self/pagemap", os.O_RDONLY)
     except OSError:
         return None
+    spans: list[list[int]] = []          # page ranges, merged: a page counts once
+    for first, last in sorted((b // page, (b + n - 1) // page) for b, n in ranges if n > 0):
+        if spans and first <= spans[-1][1] + 1:
+            spans[-1][1] = max(spans[-1][1], last)
+        else:
+            spans.append([first, last])
     try:
-        for base, size in ranges:
-            if size <= 0:
-                continue
-            first, last = base // page, (base + size - 1) // page
+        for first, last in spans:
             raw = os.pread(fd, 8 * (last - first + 1), 8 * first)
             entries = np.frombuffer(raw, dtype=np.uint64)
             total += int(np.count_nonzero(entries >> np.uint64(63))) * page

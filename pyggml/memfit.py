@@ -85,8 +85,13 @@ class FitResult:
         return "\n".join(lines)
 
     def to_config(self) -> dict:
-        """The result as an offload config (plain data of pyggml.offload_config's schema)."""
-        return {} if self.config is None else self.config.data
+        """The result as an offload config (plain data of pyggml.offload_config's schema, keys
+        in the schema's order)."""
+        from pyggml.offload_config import SCHEMA
+        data = {} if self.config is None else self.config.data
+        order = list(SCHEMA["properties"])
+        return {k: data[k] for k in sorted(data, key=lambda k: (order.index(k) if k in order
+                                                                 else len(order)))}
 
     def to_yaml(self) -> str:
         from pyggml.offload_config import dump_yaml
