@@ -111,6 +111,31 @@ def test_virtual_device_plans_without_hardware(tiny_models):
         pm.close()
 
 
+def test_planning_reads_no_weight_byte_and_allocates_nothing(tiny_models):
+    from pyggml.mem import resident_bytes
+    tm = tiny_models.get(arch="gemma3", weight_type="f16", n_layer=4, n_embd=512, n_ff=2048,
+                         n_head=8, n_head_kv=4, head_dim=64, n_vocab=8192, n_ctx_train=8192,
+                         sliding_window=8192)
+    pm = PlanningModel(tm.path)
+    try:
+        buf = pm.model.parts[0].buffer
+        start = buf.base + min(i.offset for i in pm.model.tensors.values()) + (1 << 20)
+        devs = [VirtualDevice("laptop", "1GiB")]
+        free0 = [d.memory()[0] for d in vulkan.devices()] if NO_VULKAN is None else []
+        plan = plan_memory(pm, n_ctx=4096, n_ubatch=512, n_gpu_layers=3, devices=devs)
+        if NO_VULKAN is None:
+            plan_memory(pm, n_ctx=4096, n_ubatch=512, n_gpu_layers=99)   # the real device
+            # asking the real backend about ops opens the device: its fixed tables, no buffer
+            free1 = [d.memory()[0] for d in vulkan.devices()]
+            assert all(0 <= a - b <= 64 << 10 for a, b in zip(free0, free1))
+        assert plan.device("laptop").weights > 0
+        # past the first MiB of tensor data (the kernel maps pages around a fault), nothing of
+        # the mapped file is in this process's page tables: no weight byte was read
+        assert resident_bytes([(start, buf.base + buf.size - start)]) == 0
+    finally:
+        pm.close()
+
+
 def test_sliding_window_layers_keep_a_window_sized_cache(tiny_models):
     # gemma3: layers 0-4 sliding (window 16, pattern 6), layer 5 global
     tm = tiny_models.get(arch="gemma3", weight_type="q8_0", n_layer=6, sliding_window=16)
