@@ -247,3 +247,24 @@ def test_example_config_plans_as_the_runtime_runs(tiny_models):
         assert plan.device(CPU).compute == llm.compute_buffer_size(CPU)
         assert plan.kv_bytes == llm.kv.n_bytes
         assert [d.device for d in plan.devices] == [b.device.name for b in llm.backends]
+
+
+def test_gemma_against_llamacpp_figures():
+    # the default model, planning only (< 1 s): llama.cpp at n_ctx 2048 reserves 514.50 MiB
+    # (n_ubatch 512) and 128.63 MiB (128) of compute buffer with logits for every position; its
+    # KV cache is 6.00 + 15.00 MiB and its model buffer 235.16 MiB
+    pm = PlanningModel(None)
+    try:
+        for ub, theirs in ((512, 514.50), (128, 128.63)):
+            all_rows = plan_memory(pm, n_ctx=2048, n_ubatch=ub, logits_all=True)
+            last = plan_memory(pm, n_ctx=2048, n_ubatch=ub)
+            ref = llamacpp_reference(all_rows)
+            assert ref["compute"] == int(theirs * MiB)
+            assert all_rows.compute_bytes <= ref["compute"]             # no larger than theirs
+            assert last.compute_bytes < all_rows.compute_bytes / 9      # far smaller
+            assert round(last.device(CPU).weights / MiB, 2) == round(ref["weights"] / MiB, 2)
+            assert last.kv_bytes == ref["kv"]                           # same cache layout
+        assert plan_memory(pm, n_ctx=2048, n_ubatch=512).kv_split() == (3, 6 * MiB, 15,
+                                                                        15 * MiB)
+    finally:
+        pm.close()
