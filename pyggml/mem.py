@@ -43,7 +43,6 @@ from pyggml.memplan import (
     PlanningModel,
     VirtualDevice,
     human,
-    parse_size,
     plan_memory,
 )
 
