@@ -1,15 +1,13 @@
 /* Multi-row dot kernels (pg_type_traits.gemm) with AVX-512 VNNI; installed on the avx512 path
  * only when the CPU has AVX512-VNNI (this file is compiled with F/BW/VL/VNNI).
  *
- * Every call computes a 4 × 4 block (gemm.h): 4 weight rows × 4 activation rows, 16 zmm
- * accumulators. What the pairwise vec_dot repeats per pair is done here once per row or column:
- *   - legacy formats, 4 blocks per step: each weight row's 4 blocks are read with two 64-byte
- *     loads and rearranged with word permutes (vpermt2w) into unsigned levels laid out like the
- *     activations [block b: 32 bytes | block b+1: 32 bytes], plus their fp16 scales (and mins,
- *     5th bits) converted once; each activation row's blocks, scales and offset correction are
- *     loaded once. Per pair and two blocks: one VPDPBUSD (started from the column's offset
- *     term −c·Σa, so Σ(q − c)·a comes out exact for c = 8, 16 and for Q8_0's q ^ 0x80 − 128),
- *     one conversion, one scale product d_x·d_y and one FMA;
+ * Every call computes a 4 × 4 block (gemm.h): 4 weight rows × 4 activation rows. What the
+ * pairwise vec_dot repeats per pair is done here once per row or column:
+ *   - legacy formats, one block per step: the four weight rows' levels share two registers
+ *     (one 128-bit lane per row), each activation row's 16-byte halves are broadcast to the four
+ *     lanes, two VPDPBUSD per activation row give every row's partial sums at once, and a
+ *     4 × 4 transpose-add leaves the 16 block dots in one register: one conversion, one scale
+ *     product and one FMA per block for all 16 dots (details above the kernels);
  *   - K-quants, one super-block per step: each weight row is decoded once into four 64-level
  *     rows and their int16 sub-block scales; per pair, four maddubs + VPDPWSSD give the scaled
  *     integer sums, the mins (or the −4 / −32 offsets) come from the activation's bsums, and
@@ -30,12 +28,6 @@
 #define PG_UNROLL _Pragma("GCC unroll 16")
 
 /* ---- shared pieces --------------------------------------------------------------------------- */
-
-/* [v0 | v1] of two 32-byte loads */
-AINL __m512i load2x32(const void *p0, const void *p1) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
-                              _mm256_loadu_si256((const __m256i *)p1), 1);
-}
 
 /* Lanes 0..7 = v[k], lanes 8..15 = v[k + 1] (v: up to 8 floats). */
 AINL __m512 spread2(__m256 v, int k) {
@@ -62,231 +54,130 @@ AINL void store_acc(float *s, size_t bs, __m512 acc[PG_GR][PG_GC], int nr, int n
     pg_gemm_store(s, bs, out, nr, nc);
 }
 
-/* ---- legacy formats: word gathers over four blocks ------------------------------------------ */
+/* ---- legacy formats: four rows per register ------------------------------------------------- */
 
-/* Four consecutive blocks of stride S are read as two 64-byte windows, at 0 and at
- * OFF1(S) = min(64, 4S − 64): both inside the four blocks, together covering every field
- * gathered below. WI(o, S): the vpermt2w index of the 16-bit word at byte o of the group. */
-#define OFF1(S) ((4 * (S) - 64) < 64 ? (4 * (S) - 64) : 64)
-#define WI(o, S) ((o) + 2 <= 64 ? (o) / 2 : 32 + ((o) - OFF1(S)) / 2)
+/* Per block b, the four weight rows' 32 levels go into two registers, one 128-bit lane per row:
+ * W0 = [row 0 elements 0..15 | row 1 | row 2 | row 3], W1 the same for elements 16..31. Each
+ * activation row's half t (16 bytes) is broadcast to the four lanes, so one VPDPBUSD per half
+ * and activation row j gives, in lane (i, k), the partial dot of weight row i over bytes
+ * 4k..4k+3 of the half. A 4 × 4 transpose-add turns the four activation rows' vectors into one
+ * vector of the 16 block dots (lane 4i + j), converted and scaled once: one accumulator holds
+ * all 16 dots. Unsigned levels q and Σ(q − c)·a = Σ q·a − Σ c·a (c = 8, 16; Q8_0 as q ^ 0x80
+ * with c = 128), both exact. */
 
-typedef struct { __m512i lo, hi; } group64;
-
-AINL group64 load_group(const char *p, int stride) {
-    return (group64){_mm512_loadu_si512(p), _mm512_loadu_si512(p + OFF1(stride))};
+/* [Σ p0, Σ p1, Σ p2, Σ p3] within each 128-bit lane (lane i holds row i's partial sums) */
+AINL __m512i transpose_add4(__m512i p0, __m512i p1, __m512i p2, __m512i p3) {
+    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1),
+                                         _mm512_unpackhi_epi32(p0, p1));
+    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p2, p3),
+                                         _mm512_unpackhi_epi32(p2, p3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
 }
 
-AINL __m512i gather_words(group64 g, const uint16_t *idx) {
-    return _mm512_permutex2var_epi16(g.lo, _mm512_loadu_si512(idx), g.hi);
+/* the 16 bytes at p0..p3 in lanes 0..3 */
+AINL __m512i load4x16(const char *p0, const char *p1, const char *p2, const char *p3) {
+    __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p0));
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)p1), 1);
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)p2), 2);
+    return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)p3), 3);
 }
 
-/* words 0..3: the fp16 at byte F of blocks 0..3; words 4..7: at byte G; 8..15: the 32-bit qh
- * at byte H (two words per block) */
-#define D4(F, S) WI(F, S), WI((S) + (F), S), WI(2 * (S) + (F), S), WI(3 * (S) + (F), S)
-#define H8(H, S) WI(H, S), WI((H) + 2, S), WI((S) + (H), S), WI((S) + (H) + 2, S),                 \
-                 WI(2 * (S) + (H), S), WI(2 * (S) + (H) + 2, S), WI(3 * (S) + (H), S),             \
-                 WI(3 * (S) + (H) + 2, S)
-/* 16 bytes at byte o as 8 words */
-#define W8(o, S) WI(o, S), WI((o) + 2, S), WI((o) + 4, S), WI((o) + 6, S), WI((o) + 8, S),         \
-                 WI((o) + 10, S), WI((o) + 12, S), WI((o) + 14, S)
-/* the 16 qs bytes (at byte Q) of blocks k and k+1, each twice: [qs_k | qs_k | qs_k+1 | qs_k+1] */
-#define QS2(k, Q, S) W8((k) * (S) + (Q), S), W8((k) * (S) + (Q), S),                               \
-                     W8(((k) + 1) * (S) + (Q), S), W8(((k) + 1) * (S) + (Q), S)
-#define Z8 0, 0, 0, 0, 0, 0, 0, 0
-
-static const uint16_t k_fields_q4_0[32] = {D4(0, 18), D4(0, 18), Z8, Z8, Z8};
-static const uint16_t k_fields_q4_1[32] = {D4(0, 20), D4(2, 20), Z8, Z8, Z8};
-static const uint16_t k_fields_q5_0[32] = {D4(0, 22), D4(0, 22), H8(2, 22), Z8, Z8};
-static const uint16_t k_fields_q5_1[32] = {D4(0, 24), D4(2, 24), H8(4, 24), Z8, Z8};
-static const uint16_t k_fields_q8_0[32] = {D4(0, 34), D4(0, 34), Z8, Z8, Z8};
-static const uint16_t k_fields_q8_1[32] = {D4(0, 36), D4(2, 36), Z8, Z8, Z8};
-static const uint16_t k_qs_q4_0[2][32] = {{QS2(0, 2, 18)}, {QS2(2, 2, 18)}};
-static const uint16_t k_qs_q4_1[2][32] = {{QS2(0, 4, 20)}, {QS2(2, 4, 20)}};
-static const uint16_t k_qs_q5_0[2][32] = {{QS2(0, 6, 22)}, {QS2(2, 6, 22)}};
-static const uint16_t k_qs_q5_1[2][32] = {{QS2(0, 8, 24)}, {QS2(2, 8, 24)}};
-
-/* [qs_k | qs_k | qs_k+1 | qs_k+1] -> low nibbles in 128-bit lanes 0 and 2, high nibbles in 1
- * and 3: the 32 levels of block k, then of block k+1, in element order. */
-AINL __m512i split_nibbles(__m512i v) {
-    const __m512i cnt = _mm512_setr_epi64(0, 0, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
-                                          0x0004000400040004LL, 0x0004000400040004LL);
-    return _mm512_and_si512(_mm512_srlv_epi16(v, cnt), _mm512_set1_epi8(0x0F));
+/* the fp16 at p0..p3 as floats, lane 4i + j = f(p_i) (rows = 1) or f(p_j) (rows = 0) */
+AINL __m512 fp16_grid(const char *p0, const char *p1, const char *p2, const char *p3, int rows) {
+    uint16_t h[4];
+    memcpy(&h[0], p0, 2);
+    memcpy(&h[1], p1, 2);
+    memcpy(&h[2], p2, 2);
+    memcpy(&h[3], p3, 2);
+    uint64_t u;
+    memcpy(&u, h, 8);
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)u));
+    const __m512i idx = rows ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                             : _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
 }
 
-/* One weight row over a step: unsigned levels of blocks (0,1) and (2,3), d_x spread per block,
- * and for Q4_1/Q5_1 m_x in lanes 0 and 8 only. */
-typedef struct { __m512i q01, q23; __m512 d01, d23, m01, m23; } wstep;
-/* One activation row over a step: levels, the offset term −c·Σa per 4-byte group, d_y, s_y. */
-typedef struct { __m512i a01, a23, o01, o23; __m512 d01, d23, s01, s23; } astep;
-
-/* Weight kinds: 0 = 4-bit (Q4_0, Q4_1), 1 = 5-bit (Q5_0, Q5_1), 2 = Q8_0. */
-AINL wstep load_w4(const char *p, int stride, int kind, int has_m, const uint16_t *fields,
-                   const uint16_t (*qs)[32]) {
-    wstep w;
-    __m256 f;
-    if (kind == 2) {
-        const pg_block_q8_0 *x = (const pg_block_q8_0 *)p;
-        const __m512i flip = _mm512_set1_epi8((char)0x80);
-        w.q01 = _mm512_xor_si512(load2x32(x[0].qs, x[1].qs), flip);
-        w.q23 = _mm512_xor_si512(load2x32(x[2].qs, x[3].qs), flip);
-        f = _mm256_cvtph_ps(_mm512_castsi512_si128(gather_words(load_group(p, stride), fields)));
-    } else {
-        const group64 g = load_group(p, stride);
-        const __m512i hw = gather_words(g, fields);
-        w.q01 = split_nibbles(gather_words(g, qs[0]));
-        w.q23 = split_nibbles(gather_words(g, qs[1]));
-        if (kind == 1) {
-            const __m128i qh = _mm512_extracti32x4_epi32(hw, 1);
-            const __m512i bit4 = _mm512_set1_epi8(0x10);
-            w.q01 = _mm512_mask_add_epi8(w.q01, _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(qh)),
-                                         w.q01, bit4);
-            w.q23 = _mm512_mask_add_epi8(w.q23,
-                                         _cvtu64_mask64((uint64_t)_mm_extract_epi64(qh, 1)),
-                                         w.q23, bit4);
-        }
-        f = _mm256_cvtph_ps(_mm512_castsi512_si128(hw));
-    }
-    w.d01 = spread2(f, 0);
-    w.d23 = spread2(f, 2);
-    if (has_m) {
-        w.m01 = _mm512_maskz_mov_ps(0x0101, spread2(f, 4));
-        w.m23 = _mm512_maskz_mov_ps(0x0101, spread2(f, 6));
-    } else {
-        w.m01 = w.m23 = _mm512_setzero_ps();
-    }
-    return w;
+/* 5th bits: bits 0..15 (elements 0..15) of the four rows' qh as the byte mask of W0 (lo) and
+ * bits 16..31 as that of W1 (hi) */
+AINL void qh_masks(const char *p0, const char *p1, const char *p2, const char *p3, __mmask64 *lo,
+                   __mmask64 *hi) {
+    uint32_t q[4];
+    memcpy(&q[0], p0, 4);
+    memcpy(&q[1], p1, 4);
+    memcpy(&q[2], p2, 4);
+    memcpy(&q[3], p3, 4);
+    const __m128i v = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)q),
+                                       _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11,
+                                                     14, 15));
+    *lo = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(v));
+    *hi = _cvtu64_mask64((uint64_t)_mm_extract_epi64(v, 1));
 }
 
-/* off: the weights' offset c (0: none); q8_1: activations in Q8_1 (with s). */
-AINL astep load_a4(const char *p, int off, int q8_1) {
-    astep a;
-    const int stride = q8_1 ? 36 : 34;
-    const int qs = q8_1 ? 4 : 2;
-    a.a01 = load2x32(p + qs, p + stride + qs);
-    a.a23 = load2x32(p + 2 * stride + qs, p + 3 * stride + qs);
-    const __m256 f = _mm256_cvtph_ps(_mm512_castsi512_si128(
-        gather_words(load_group(p, stride), q8_1 ? k_fields_q8_1 : k_fields_q8_0)));
-    a.d01 = spread2(f, 0);
-    a.d23 = spread2(f, 2);
-    a.s01 = q8_1 ? spread2(f, 4) : _mm512_setzero_ps();
-    a.s23 = q8_1 ? spread2(f, 6) : _mm512_setzero_ps();
-    const __m512i z = _mm512_setzero_si512(), c = _mm512_set1_epi8((char)off);
-    a.o01 = off ? _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, c, a.a01)) : z;
-    a.o23 = off ? _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, c, a.a23)) : z;
-    return a;
-}
-
-/* The last blocks one at a time, in the low 256 bits (the high half is zero everywhere, so it
- * adds exact zeros). */
-AINL wstep load_w1(const char *p, int kind, int has_m) {
-    wstep w;
-    float d, m = 0.0f;
-    __m256i q;
-    if (kind == 2) {
-        const pg_block_q8_0 *x = (const pg_block_q8_0 *)p;
-        q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x->qs),
-                             _mm256_set1_epi8((char)0x80));
-        d = h2f(x->d);
-    } else {
-        const int qs_off = kind == 1 ? (has_m ? 8 : 6) : (has_m ? 4 : 2);
-        const __m128i t = _mm_loadu_si128((const __m128i *)(p + qs_off));
-        q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
-        if (kind == 1) {
-            uint32_t qh;
-            memcpy(&qh, p + (has_m ? 4 : 2), 4);
-            q = _mm256_mask_add_epi8(q, _cvtu32_mask32(qh), q, _mm256_set1_epi8(0x10));
-        }
-        uint16_t h;
-        memcpy(&h, p, 2);
-        d = h2f(h);
-        if (has_m) {
-            memcpy(&h, p + 2, 2);
-            m = h2f(h);
-        }
-    }
-    w.q01 = _mm512_zextsi256_si512(q);
-    w.d01 = _mm512_maskz_broadcastss_ps(0x00FF, _mm_set_ss(d));
-    w.m01 = _mm512_maskz_broadcastss_ps(0x0001, _mm_set_ss(m));
-    w.q23 = _mm512_setzero_si512();
-    w.d23 = w.m23 = _mm512_setzero_ps();
-    return w;
-}
-
-AINL astep load_a1(const char *p, int off, int q8_1) {
-    astep a;
-    uint16_t h;
-    a.a01 = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(p + (q8_1 ? 4 : 2))));
-    memcpy(&h, p, 2);
-    a.d01 = _mm512_maskz_broadcastss_ps(0x00FF, _mm_set_ss(h2f(h)));
-    memcpy(&h, p + 2, 2);
-    a.s01 = q8_1 ? _mm512_maskz_broadcastss_ps(0x00FF, _mm_set_ss(h2f(h))) : _mm512_setzero_ps();
-    const __m512i z = _mm512_setzero_si512();
-    a.o01 = off ? _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, _mm512_set1_epi8((char)off), a.a01))
-                : z;
-    a.a23 = a.o23 = z;
-    a.d23 = a.s23 = _mm512_setzero_ps();
-    return a;
-}
-
-/* acc += (Σ(q − c)·a)·(d_x·d_y) per lane [+ m_x·s_y in lanes 0 and 8] */
-AINL __m512 leg_step(__m512 acc, __m512i q, __m512 dx, __m512 mx, __m512i a, __m512i o,
-                     __m512 dy, __m512 sy, int has_m) {
-    const __m512i p = _mm512_dpbusd_epi32(o, q, a);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dx, dy), acc);
-    return has_m ? _mm512_fmadd_ps(mx, sy, acc) : acc;
-}
-
-AINL void leg_pairs(__m512 acc[PG_GR][PG_GC], const wstep *w, const astep *a, int has_m,
-                    int two) {
-    PG_UNROLL for (int i = 0; i < PG_GR; i++) {
-        PG_UNROLL for (int j = 0; j < PG_GC; j++) {
-            acc[i][j] = leg_step(acc[i][j], w[i].q01, w[i].d01, w[i].m01, a[j].a01, a[j].o01,
-                                 a[j].d01, a[j].s01, has_m);
-            if (two)
-                acc[i][j] = leg_step(acc[i][j], w[i].q23, w[i].d23, w[i].m23, a[j].a23,
-                                     a[j].o23, a[j].d23, a[j].s23, has_m);
-        }
-    }
-}
-
-/* STRIDE: weight block bytes; KIND: 0/1/2 as load_w4; OFF: offset c of the levels; HAS_M:
- * Q4_1/Q5_1 (activations in Q8_1). */
-#define PG_GEMM_LEGACY_512(name, STRIDE, KIND, OFF, HAS_M, FIELDS, QS)                             \
+/* STRIDE, QS, QH (0: none), M (0: none): weight block bytes and field offsets; OFF: offset c of
+ * the levels; Q8: Q8_0 weights (signed bytes, stored + 128); activations in Q8_1 when M. */
+#define PG_GEMM_LEGACY_512(name, STRIDE, QS, QH, M, OFF, Q8)                                       \
     static void name(int64_t n, float *restrict s, size_t bs, const void *restrict vx,             \
                      size_t bx, const void *restrict vy, size_t by, int nr, int nc) {              \
         const pg_gemm_rows r = pg_gemm_rows_of(vx, bx, vy, by, nr, nc);                            \
-        const int ystride = HAS_M ? 36 : 34;                                                       \
-        const int64_t nb = n / PG_QK32;                                                            \
-        __m512 acc[PG_GR][PG_GC];                                                                  \
-        PG_UNROLL for (int i = 0; i < PG_GR; i++)                                                  \
-            PG_UNROLL for (int j = 0; j < PG_GC; j++) acc[i][j] = _mm512_setzero_ps();             \
-        int64_t b = 0;                                                                             \
-        for (; b + 4 <= nb; b += 4) {                                                              \
-            astep a[PG_GC];                                                                        \
-            wstep w[PG_GR];                                                                        \
-            PG_UNROLL for (int j = 0; j < PG_GC; j++)                                              \
-                a[j] = load_a4(r.y[j] + b * ystride, OFF, HAS_M);                                  \
-            PG_UNROLL for (int i = 0; i < PG_GR; i++)                                              \
-                w[i] = load_w4(r.x[i] + b * STRIDE, STRIDE, KIND, HAS_M, FIELDS, QS);              \
-            leg_pairs(acc, w, a, HAS_M, 1);                                                        \
+        const int ys = M ? 36 : 34, yq = M ? 4 : 2;                                                \
+        const __m512i m4 = _mm512_set1_epi8(0x0F), c = _mm512_set1_epi8((char)OFF);                \
+        __m512 acc = _mm512_setzero_ps();                                                          \
+        for (int64_t b = 0; b < n / PG_QK32; b++) {                                                \
+            const char *x0 = r.x[0] + b * STRIDE, *x1 = r.x[1] + b * STRIDE,                       \
+                       *x2 = r.x[2] + b * STRIDE, *x3 = r.x[3] + b * STRIDE;                       \
+            const char *y0 = r.y[0] + b * ys, *y1 = r.y[1] + b * ys, *y2 = r.y[2] + b * ys,        \
+                       *y3 = r.y[3] + b * ys;                                                      \
+            __m512i w0, w1;                                                                        \
+            if (Q8) {                                                                              \
+                const __m512i flip = _mm512_set1_epi8((char)0x80);                                 \
+                w0 = _mm512_xor_si512(load4x16(x0 + QS, x1 + QS, x2 + QS, x3 + QS), flip);         \
+                w1 = _mm512_xor_si512(load4x16(x0 + QS + 16, x1 + QS + 16, x2 + QS + 16,           \
+                                               x3 + QS + 16), flip);                               \
+            } else {                                                                               \
+                const __m512i z = load4x16(x0 + QS, x1 + QS, x2 + QS, x3 + QS);                    \
+                w0 = _mm512_and_si512(z, m4);                                                      \
+                w1 = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);                                \
+                if (QH) {                                                                          \
+                    __mmask64 klo, khi;                                                            \
+                    qh_masks(x0 + QH, x1 + QH, x2 + QH, x3 + QH, &klo, &khi);                      \
+                    const __m512i b4 = _mm512_set1_epi8(0x10);                                     \
+                    w0 = _mm512_mask_add_epi8(w0, klo, w0, b4);                                    \
+                    w1 = _mm512_mask_add_epi8(w1, khi, w1, b4);                                    \
+                }                                                                                  \
+            }                                                                                      \
+            __m512i p[4];                                                                          \
+            const char *yj[4] = {y0, y1, y2, y3};                                                  \
+            PG_UNROLL for (int j = 0; j < 4; j++) {                                                \
+                const __m512i a0 = _mm512_broadcast_i32x4(                                         \
+                    _mm_loadu_si128((const __m128i *)(yj[j] + yq)));                               \
+                const __m512i a1 = _mm512_broadcast_i32x4(                                         \
+                    _mm_loadu_si128((const __m128i *)(yj[j] + yq + 16)));                          \
+                const __m512i z = _mm512_setzero_si512();                                          \
+                p[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, w0, a0), w1, a1);                \
+                if (OFF)                                                                           \
+                    p[j] = _mm512_sub_epi32(                                                       \
+                        p[j], _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, c, a0), c, a1));          \
+            }                                                                                      \
+            const __m512i dots = transpose_add4(p[0], p[1], p[2], p[3]);                           \
+            const __m512 sc = _mm512_mul_ps(fp16_grid(x0, x1, x2, x3, 1),                          \
+                                            fp16_grid(y0, y1, y2, y3, 0));                         \
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), sc, acc);                              \
+            if (M)                                                                                 \
+                acc = _mm512_fmadd_ps(fp16_grid(x0 + M, x1 + M, x2 + M, x3 + M, 1),                \
+                                      fp16_grid(y0 + 2, y1 + 2, y2 + 2, y3 + 2, 0), acc);          \
         }                                                                                          \
-        for (; b < nb; b++) {                                                                      \
-            astep a[PG_GC];                                                                        \
-            wstep w[PG_GR];                                                                        \
-            PG_UNROLL for (int j = 0; j < PG_GC; j++)                                              \
-                a[j] = load_a1(r.y[j] + b * ystride, OFF, HAS_M);                                  \
-            PG_UNROLL for (int i = 0; i < PG_GR; i++)                                              \
-                w[i] = load_w1(r.x[i] + b * STRIDE, KIND, HAS_M);                                  \
-            leg_pairs(acc, w, a, HAS_M, 0);                                                        \
-        }                                                                                          \
-        store_acc(s, bs, acc, nr, nc);                                                             \
+        float g[16], out[PG_GC][PG_GR];                                                            \
+        _mm512_storeu_ps(g, acc);                                                                  \
+        for (int j = 0; j < PG_GC; j++)                                                            \
+            for (int i = 0; i < PG_GR; i++) out[j][i] = g[4 * i + j];                              \
+        pg_gemm_store(s, bs, out, nr, nc);                                                         \
     }
 
-PG_GEMM_LEGACY_512(gemm_q4_0_512, 18, 0, 8, 0, k_fields_q4_0, k_qs_q4_0)
-PG_GEMM_LEGACY_512(gemm_q5_0_512, 22, 1, 16, 0, k_fields_q5_0, k_qs_q5_0)
-PG_GEMM_LEGACY_512(gemm_q8_0_512, 34, 2, 128, 0, k_fields_q8_0, k_qs_q4_0)
-PG_GEMM_LEGACY_512(gemm_q4_1_512, 20, 0, 0, 1, k_fields_q4_1, k_qs_q4_1)
-PG_GEMM_LEGACY_512(gemm_q5_1_512, 24, 1, 0, 1, k_fields_q5_1, k_qs_q5_1)
+PG_GEMM_LEGACY_512(gemm_q4_0_512, 18, 2, 0, 0, 8, 0)
+PG_GEMM_LEGACY_512(gemm_q5_0_512, 22, 6, 2, 0, 16, 0)
+PG_GEMM_LEGACY_512(gemm_q8_0_512, 34, 2, 0, 0, 128, 1)
+PG_GEMM_LEGACY_512(gemm_q4_1_512, 20, 4, 0, 2, 0, 0)
+PG_GEMM_LEGACY_512(gemm_q5_1_512, 24, 8, 4, 2, 0, 0)
 
 /* ---- K-quants × Q8_K ------------------------------------------------------------------------ */
 
