@@ -179,15 +179,15 @@ int32_t pg_node_supported(const pg_tensor *all, int32_t n, int32_t i, char *reas
         const pg_tensor *v = s[2], *m = s[3];
         if (!a || !b || !v) BAD("needs q, k, v");
         if (a->type != F32 || t->type != F32) FAIL("q and output must be F32");
-        if ((b->type != F32 && b->type != PG_TYPE_F16) || v->type != b->type) FAIL("k, v must be both F16 or F32");
+        /* any K type with a dot kernel (F16, F32, Q8_0 caches), any V type with to_float */
         const pg_type_traits *tk = pg_get_type_traits(b->type);
         if (!tk->vec_dot || (tk->vec_dot_type != F32 && !pg_get_type_traits(tk->vec_dot_type)->from_float))
             FAIL("no dot kernel for k type %d", b->type);
+        if (v->type != F32 && !pg_get_type_traits(v->type)->to_float) FAIL("cannot convert v rows");
         if (b->ne[0] != a->ne[0] || v->ne[1] != b->ne[1] || v->ne[2] != b->ne[2] || b->ne[2] <= 0 ||
             a->ne[2] % b->ne[2] || a->ne[3] != b->ne[3] || v->ne[3] != b->ne[3])
             BAD("q, k, v shapes do not fit");
         if (a->ne[2] / b->ne[2] > 64) FAIL("more than 64 query heads per KV head");
-        if (v->type != F32 && !pg_get_type_traits(v->type)->to_float) FAIL("cannot convert v rows");
         if (t->ne[0] != v->ne[0] || t->ne[1] != a->ne[2] || t->ne[2] != a->ne[1] || t->ne[3] != a->ne[3])
             BAD("output shape is not [Dv, H, n_q, B]");
         if (m && ((m->type != F32 && m->type != PG_TYPE_F16) || m->ne[0] != b->ne[1] || m->ne[1] < a->ne[1] ||

@@ -16,7 +16,7 @@ from pyggml.context import Context
 from pyggml.errors import ModelError
 from pyggml.graph import Graph
 from pyggml.tensor import Tensor
-from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType
+from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType, row_size
 
 # graph capacity: ~40 nodes per layer plus inputs and output
 def graph_size(n_layer: int) -> int:
@@ -161,8 +161,11 @@ def build_graph(hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True,
                                             idxs, name=f"k_store-{il}"))
         g.build_forward_expand(ops.set_rows(ctx, cv, ops.reshape_2d(ctx, v, Dv * Hkv, T),
                                             idxs, name=f"v_store-{il}"))
-        kview = ops.view_3d(ctx, ck, D, n_kv, Hkv, ck.nb[1], ck.nb[0] * D, 0, name=f"k_view-{il}")
-        vview = ops.view_3d(ctx, cv, Dv, n_kv, Hkv, cv.nb[1], cv.nb[0] * Dv, 0, name=f"v_view-{il}")
+        # heads within a cell's row: one head is row_size(D) bytes (blocks, for quantized caches)
+        kview = ops.view_3d(ctx, ck, D, n_kv, Hkv, ck.nb[1], row_size(ck.type, D), 0,
+                            name=f"k_view-{il}")
+        vview = ops.view_3d(ctx, cv, Dv, n_kv, Hkv, cv.nb[1], row_size(cv.type, Dv), 0,
+                            name=f"v_view-{il}")
         qp = ops.permute(ctx, q, 0, 2, 1, 3)                       # [D, T, H]
         mask = inp.mask_swa if swa else inp.mask
         if flash_attn:

@@ -115,6 +115,10 @@ class LLM:
                     for p in self.offload.kv]
         self.kv = KVCache(self.hparams, n_ctx, type_k, type_v, n_seq_max, kv_bufts,
                           n_ubatch=self.n_ubatch, swa_full=swa_full)
+        if not flash_attn and any(t.name.startswith("Q") for t in self.kv.types_v):
+            self.close()
+            raise ModelError("a quantized V cache needs flash attention (flash_attn=True / -fa "
+                             "on): without it V is read transposed, which quantized rows cannot be")
         # one scheduler per phase when the phases differ in op offload (prefill may move big
         # matmuls to a GPU while decode stays next to host weights)
         oo = self.offload.op_offload
@@ -155,13 +159,13 @@ class LLM:
 
     def _init_backends(self, n_threads, n_threads_batch) -> None:
         """One backend per device the plan uses, in its priority order, the CPU last."""
-        reg = default_registry()
         self.backend = CpuBackend(n_threads, n_threads_batch)
         self.backends = []
         for name in self.offload.devices_used():
             if name == CPU:
                 continue
-            dev = reg.device(name)
+            # only here: listing devices loads every backend module (Vulkan: its driver)
+            dev = default_registry().device(name)
             self.backends.append(dev.init_backend())
         self.backends.append(self.backend)
         self._by_device = {b.device.name: b for b in self.backends}
@@ -237,7 +241,8 @@ class LLM:
         return total
 
     def memory_report(self) -> dict:
-        return {"weights_bytes": sum(t.nbytes() for t in self.weights.values()),
+        unique = {id(t): t for t in self.weights.values()}     # a tied output may alias
+        return {"weights_bytes": sum(t.nbytes() for t in unique.values()),
                 "kv_cache_bytes": self.kv.n_bytes,
                 "compute_buffer_bytes": self.compute_buffer_size()}
 
@@ -300,6 +305,8 @@ class LLM:
         for tokens, sid in seqs:
             self._seq_pos[sid] += len(tokens)
         logits = np.concatenate(rows) if len(rows) > 1 else rows[0]
+        if len(seqs) == 1:          # no selection: no second copy of (maybe large) logits
+            return {seqs[0][1]: logits if self.logits_all else logits[-1]}
         out_sids = sids[want]
         result = {}
         for _, sid in seqs:
