@@ -1,11 +1,12 @@
 /* Helpers shared by the gemm kernel files (gemm.c and the per-ISA gemm_*.c; see quants.h for
  * the contract of pg_type_traits.gemm).
  *
- * The SIMD kernels always compute a full PG_GEMM_MAX_NR × PG_GEMM_MAX_NC block: a smaller block
- * repeats its first row (or column) in the unused slots, and only the nr × nc wanted dots are
- * stored. One compiled body per type, and every dot goes through the same instructions whatever
- * the block's shape (results independent of tiling). Repeated rows are read again, never rows
- * past the caller's. */
+ * The SIMD kernels are written for blocks of PG_GR = 4 weight rows × PG_GC activation rows and
+ * always compute a full one: a smaller block repeats its first row (or column) in the unused
+ * slots, and only the nr × nc wanted dots are stored. PG_GEMM_BY4 makes such a kernel one of up
+ * to PG_GEMM_MAX_NR rows (a group of 4 rows at a time). One compiled body per type, and every dot
+ * goes through the same instructions whatever the block's shape (results independent of
+ * tiling). Repeated rows are read again, never rows past the caller's. */
 #ifndef PG_GEMM_H
 #define PG_GEMM_H
 
@@ -13,7 +14,7 @@
 
 #include "quants.h"
 
-#define PG_GR PG_GEMM_MAX_NR
+#define PG_GR 4
 #define PG_GC PG_GEMM_MAX_NC
 
 /* Row pointers of the block: x[i] = weight row i, y[j] = activation row j. */
@@ -29,6 +30,15 @@ static inline pg_gemm_rows pg_gemm_rows_of(const void *x, size_t bx, const void 
     for (int j = 0; j < PG_GC; j++) r.y[j] = (const char *)y + (j < nc ? (size_t)j * by : 0);
     return r;
 }
+
+/* name: a gemm of up to PG_GEMM_MAX_NR rows from body4, one of up to PG_GR rows */
+#define PG_GEMM_BY4(name, body4)                                                                   \
+    static void name(int64_t n, float *restrict s, size_t bs, const void *restrict x, size_t bx,  \
+                     const void *restrict y, size_t by, int nr, int nc) {                         \
+        for (int i0 = 0; i0 < nr; i0 += PG_GR)                                                     \
+            body4(n, s + i0, bs, (const char *)x + (size_t)i0 * bx, bx, y, by,                     \
+                  nr - i0 < PG_GR ? nr - i0 : PG_GR, nc);                                          \
+    }
 
 #if defined(__aarch64__)
 /* gemm_dotprod.c: the SDOT kernels, installed by pg_fill_gemm_neon when the CPU has them. */

@@ -91,7 +91,7 @@ AINL __m256i w_levels(const char *blk, int kind, int has_m) {
 /* STRIDE: weight block bytes; KIND: as w_levels; OFF: offset c of the levels (Q4_0: 8, Q5_0:
  * 16, else 0); HAS_M: Q4_1/Q5_1 with Q8_1 activations. */
 #define PG_GEMM_LEGACY_AVX2(name, STRIDE, KIND, OFF, HAS_M)                                        \
-    static void name(int64_t n, float *restrict s, size_t bs, const void *restrict vx,             \
+    static void name##_4(int64_t n, float *restrict s, size_t bs, const void *restrict vx,         \
                      size_t bx, const void *restrict vy, size_t by, int nr, int nc) {              \
         const pg_gemm_rows r = pg_gemm_rows_of(vx, bx, vy, by, nr, nc);                            \
         const int ys = HAS_M ? 36 : 34, yq = HAS_M ? 4 : 2;                                        \
@@ -135,7 +135,8 @@ AINL __m256i w_levels(const char *blk, int kind, int has_m) {
             }                                                                                      \
         }                                                                                          \
         store_acc(s, bs, acc, nr, nc);                                                             \
-    }
+    }                                                                                              \
+    PG_GEMM_BY4(name, name##_4)
 
 PG_GEMM_LEGACY_AVX2(gemm_q4_0_avx2, 18, 0, 8, 0)
 PG_GEMM_LEGACY_AVX2(gemm_q5_0_avx2, 22, 1, 16, 0)
@@ -265,7 +266,7 @@ AINL void decode_q6_K(const pg_block_q6_K *x, krow *k) {
 /* SHIFT < 0: format with mins (acc += d·dy·Σ − dmin·dy·mins); else levels offset by 2^SHIFT
  * (acc += d·dy·(Σ − 2^SHIFT·Σ sc·bsums)). */
 #define PG_GEMM_KQUANT_AVX2(name, XT, DECODE, SHIFT)                                               \
-    static void name(int64_t n, float *restrict s, size_t bs, const void *restrict vx,             \
+    static void name##_4(int64_t n, float *restrict s, size_t bs, const void *restrict vx,         \
                      size_t bx, const void *restrict vy, size_t by, int nr, int nc) {              \
         const pg_gemm_rows r = pg_gemm_rows_of(vx, bx, vy, by, nr, nc);                            \
         __m256 acc[PG_GR];                                                                         \
@@ -305,7 +306,8 @@ AINL void decode_q6_K(const pg_block_q6_K *x, krow *k) {
             }                                                                                      \
         }                                                                                          \
         store_acc(s, bs, acc, nr, nc);                                                             \
-    }
+    }                                                                                              \
+    PG_GEMM_BY4(name, name##_4)
 
 PG_GEMM_KQUANT_AVX2(gemm_q2_K_avx2, pg_block_q2_K, decode_q2_K, -1)
 PG_GEMM_KQUANT_AVX2(gemm_q3_K_avx2, pg_block_q3_K, decode_q3_K, 2)

@@ -1,17 +1,19 @@
 /* Multi-row dot kernels (pg_type_traits.gemm) with AVX-512 VNNI; installed on the avx512 path
  * only when the CPU has AVX512-VNNI (this file is compiled with F/BW/VL/VNNI).
  *
- * Every call computes a 4 × 4 block (gemm.h): 4 weight rows × 4 activation rows. What the
- * pairwise vec_dot repeats per pair is done here once per row or column:
- *   - legacy formats, one block per step: the four weight rows' levels share two registers
- *     (one 128-bit lane per row), each activation row's 16-byte halves are broadcast to the four
- *     lanes, two VPDPBUSD per activation row give every row's partial sums at once, and a
- *     4 × 4 transpose-add leaves the 16 block dots in one register: one conversion, one scale
- *     product and one FMA per block for all 16 dots (details above the kernels);
- *   - K-quants, one super-block per step: each weight row is decoded once into four 64-level
- *     rows and their int16 sub-block scales; per pair, four maddubs + VPDPWSSD give the scaled
- *     integer sums, the mins (or the −4 / −32 offsets) come from the activation's bsums, and
- *     one FMA scales [Σ 8 lanes | min 8 lanes] by [d·dy | −dmin·dy].
+ * What the pairwise vec_dot repeats per pair is done here once per weight row or activation
+ * row of the block:
+ *   - legacy formats, one block per step, up to 8 weight rows × 4 activation rows: each group
+ *     of four weight rows shares two registers (one 128-bit lane per row), each activation
+ *     row's 16-byte halves are broadcast to the four lanes, two VPDPBUSD per activation row and
+ *     group give every row's partial sums at once, and a 4 × 4 transpose-add leaves a group's
+ *     16 block dots in one register: one conversion, one scale product and one FMA per block
+ *     for 16 dots; the two groups share the activation rows' loads, offsets and scales;
+ *   - K-quants, one super-block per step, 4 × 4 blocks (twice for 8 weight rows) with 16 zmm
+ *     accumulators: each weight row is decoded once into four 64-level rows and their int16
+ *     sub-block scales; per pair, four maddubs + VPDPWSSD give the scaled integer sums, the
+ *     mins (or the −4 / −32 offsets) come from the activation's bsums, and one FMA scales
+ *     [Σ 8 lanes | min 8 lanes] by [d·dy | −dmin·dy].
  * Integer sums are exact; the fp32 scaling is accumulated per lane and summed at the end, an
  * order different from vec_dot's (same tolerance as the vec_dot kernels; tests/test_gemm.c). */
 #include <immintrin.h>
@@ -113,64 +115,86 @@ AINL void qh_masks(const char *p0, const char *p1, const char *p2, const char *p
     *hi = _cvtu64_mask64((uint64_t)_mm_extract_epi64(v, 1));
 }
 
-/* STRIDE, QS, QH (0: none), M (0: none): weight block bytes and field offsets; OFF: offset c of
- * the levels; Q8: Q8_0 weights (signed bytes, stored + 128); activations in Q8_1 when M. */
+/* The levels of 4 weight rows for one block: w0 = elements 0..15, w1 = 16..31, row i in lane i.
+ * QS, QH (0: none): offsets of qs and qh in the block; Q8: Q8_0 (signed bytes, stored + 128). */
+AINL void leg_rows(const char *const *x, int QS, int QH, int Q8, __m512i *w0, __m512i *w1) {
+    if (Q8) {
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        *w0 = _mm512_xor_si512(load4x16(x[0] + QS, x[1] + QS, x[2] + QS, x[3] + QS), flip);
+        *w1 = _mm512_xor_si512(load4x16(x[0] + QS + 16, x[1] + QS + 16, x[2] + QS + 16,
+                                        x[3] + QS + 16), flip);
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i z = load4x16(x[0] + QS, x[1] + QS, x[2] + QS, x[3] + QS);
+    *w0 = _mm512_and_si512(z, m4);
+    *w1 = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+    if (QH) {
+        __mmask64 klo, khi;
+        qh_masks(x[0] + QH, x[1] + QH, x[2] + QH, x[3] + QH, &klo, &khi);
+        const __m512i b4 = _mm512_set1_epi8(0x10);
+        *w0 = _mm512_mask_add_epi8(*w0, klo, *w0, b4);
+        *w1 = _mm512_mask_add_epi8(*w1, khi, *w1, b4);
+    }
+}
+
+/* G groups of 4 weight rows (xr[0..4G)) × 4 activation rows (yr). STRIDE: weight block bytes;
+ * M (0: none): offset of m, activations in Q8_1; OFF: offset c of the levels. The activation
+ * rows' broadcasts, offset terms and scales are shared by the groups. */
+AINL void legacy_512(int64_t n, float *s, size_t bs, const char *const *xr, const char *const *yr,
+                     int nr, int nc, const int G, const int STRIDE, const int QS, const int QH,
+                     const int M, const int OFF, const int Q8) {
+    const int ys = M ? 36 : 34, yq = M ? 4 : 2;
+    const __m512i c = _mm512_set1_epi8((char)OFF), z = _mm512_setzero_si512();
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t b = 0; b < n / PG_QK32; b++) {
+        const char *x[8], *y[4];
+        PG_UNROLL for (int i = 0; i < 4 * G; i++) x[i] = xr[i] + b * STRIDE;
+        PG_UNROLL for (int j = 0; j < 4; j++) y[j] = yr[j] + b * ys;
+        __m512i w0[2], w1[2], p[2][4];
+        PG_UNROLL for (int g = 0; g < G; g++) leg_rows(x + 4 * g, QS, QH, Q8, &w0[g], &w1[g]);
+        PG_UNROLL for (int j = 0; j < 4; j++) {
+            const __m512i a0 =
+                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[j] + yq)));
+            const __m512i a1 =
+                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[j] + yq + 16)));
+            const __m512i o = OFF ? _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, c, a0), c, a1) : z;
+            PG_UNROLL for (int g = 0; g < G; g++) {
+                p[g][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, w0[g], a0), w1[g], a1);
+                if (OFF) p[g][j] = _mm512_sub_epi32(p[g][j], o);
+            }
+        }
+        const __m512 dy = fp16_grid(y[0], y[1], y[2], y[3], 0);
+        const __m512 sy = M ? fp16_grid(y[0] + 2, y[1] + 2, y[2] + 2, y[3] + 2, 0) : dy;
+        PG_UNROLL for (int g = 0; g < G; g++) {
+            const char *const *xg = x + 4 * g;
+            const __m512i dots = transpose_add4(p[g][0], p[g][1], p[g][2], p[g][3]);
+            const __m512 sc = _mm512_mul_ps(fp16_grid(xg[0], xg[1], xg[2], xg[3], 1), dy);
+            acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), sc, acc[g]);
+            if (M)
+                acc[g] = _mm512_fmadd_ps(fp16_grid(xg[0] + M, xg[1] + M, xg[2] + M, xg[3] + M, 1),
+                                         sy, acc[g]);
+        }
+    }
+    float v[2][16];
+    PG_UNROLL for (int g = 0; g < G; g++) _mm512_storeu_ps(v[g], acc[g]);
+    for (int j = 0; j < nc; j++) {   /* lane 4i + j of group g: weight row 4g + i */
+        float *d = (float *)((char *)s + (size_t)j * bs);
+        for (int i = 0; i < nr; i++) d[i] = v[i / 4][4 * (i % 4) + j];
+    }
+}
+
+/* The kernel for up to 8 weight rows: one group of 4 rows when nr <= 4, else two (the rows
+ * of a group past nr repeat the first row; the columns past nc the first column). Every dot
+ * takes the same instructions in either. */
 #define PG_GEMM_LEGACY_512(name, STRIDE, QS, QH, M, OFF, Q8)                                       \
     static void name(int64_t n, float *restrict s, size_t bs, const void *restrict vx,             \
                      size_t bx, const void *restrict vy, size_t by, int nr, int nc) {              \
-        const pg_gemm_rows r = pg_gemm_rows_of(vx, bx, vy, by, nr, nc);                            \
-        const int ys = M ? 36 : 34, yq = M ? 4 : 2;                                                \
-        const __m512i m4 = _mm512_set1_epi8(0x0F), c = _mm512_set1_epi8((char)OFF);                \
-        __m512 acc = _mm512_setzero_ps();                                                          \
-        for (int64_t b = 0; b < n / PG_QK32; b++) {                                                \
-            const char *x0 = r.x[0] + b * STRIDE, *x1 = r.x[1] + b * STRIDE,                       \
-                       *x2 = r.x[2] + b * STRIDE, *x3 = r.x[3] + b * STRIDE;                       \
-            const char *y0 = r.y[0] + b * ys, *y1 = r.y[1] + b * ys, *y2 = r.y[2] + b * ys,        \
-                       *y3 = r.y[3] + b * ys;                                                      \
-            __m512i w0, w1;                                                                        \
-            if (Q8) {                                                                              \
-                const __m512i flip = _mm512_set1_epi8((char)0x80);                                 \
-                w0 = _mm512_xor_si512(load4x16(x0 + QS, x1 + QS, x2 + QS, x3 + QS), flip);         \
-                w1 = _mm512_xor_si512(load4x16(x0 + QS + 16, x1 + QS + 16, x2 + QS + 16,           \
-                                               x3 + QS + 16), flip);                               \
-            } else {                                                                               \
-                const __m512i z = load4x16(x0 + QS, x1 + QS, x2 + QS, x3 + QS);                    \
-                w0 = _mm512_and_si512(z, m4);                                                      \
-                w1 = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);                                \
-                if (QH) {                                                                          \
-                    __mmask64 klo, khi;                                                            \
-                    qh_masks(x0 + QH, x1 + QH, x2 + QH, x3 + QH, &klo, &khi);                      \
-                    const __m512i b4 = _mm512_set1_epi8(0x10);                                     \
-                    w0 = _mm512_mask_add_epi8(w0, klo, w0, b4);                                    \
-                    w1 = _mm512_mask_add_epi8(w1, khi, w1, b4);                                    \
-                }                                                                                  \
-            }                                                                                      \
-            __m512i p[4];                                                                          \
-            const char *yj[4] = {y0, y1, y2, y3};                                                  \
-            PG_UNROLL for (int j = 0; j < 4; j++) {                                                \
-                const __m512i a0 = _mm512_broadcast_i32x4(                                         \
-                    _mm_loadu_si128((const __m128i *)(yj[j] + yq)));                               \
-                const __m512i a1 = _mm512_broadcast_i32x4(                                         \
-                    _mm_loadu_si128((const __m128i *)(yj[j] + yq + 16)));                          \
-                const __m512i z = _mm512_setzero_si512();                                          \
-                p[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, w0, a0), w1, a1);                \
-                if (OFF)                                                                           \
-                    p[j] = _mm512_sub_epi32(                                                       \
-                        p[j], _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, c, a0), c, a1));          \
-            }                                                                                      \
-            const __m512i dots = transpose_add4(p[0], p[1], p[2], p[3]);                           \
-            const __m512 sc = _mm512_mul_ps(fp16_grid(x0, x1, x2, x3, 1),                          \
-                                            fp16_grid(y0, y1, y2, y3, 0));                         \
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), sc, acc);                              \
-            if (M)                                                                                 \
-                acc = _mm512_fmadd_ps(fp16_grid(x0 + M, x1 + M, x2 + M, x3 + M, 1),                \
-                                      fp16_grid(y0 + 2, y1 + 2, y2 + 2, y3 + 2, 0), acc);          \
-        }                                                                                          \
-        float g[16], out[PG_GC][PG_GR];                                                            \
-        _mm512_storeu_ps(g, acc);                                                                  \
-        for (int j = 0; j < PG_GC; j++)                                                            \
-            for (int i = 0; i < PG_GR; i++) out[j][i] = g[4 * i + j];                              \
-        pg_gemm_store(s, bs, out, nr, nc);                                                         \
+        const char *x[8], *y[4];                                                                   \
+        for (int i = 0; i < 8; i++) x[i] = (const char *)vx + (i < nr ? (size_t)i * bx : 0);       \
+        for (int j = 0; j < 4; j++) y[j] = (const char *)vy + (j < nc ? (size_t)j * by : 0);       \
+        if (nr <= 4) legacy_512(n, s, bs, x, y, nr, nc, 1, STRIDE, QS, QH, M, OFF, Q8);            \
+        else legacy_512(n, s, bs, x, y, nr, nc, 2, STRIDE, QS, QH, M, OFF, Q8);                    \
     }
 
 PG_GEMM_LEGACY_512(gemm_q4_0_512, 18, 2, 0, 0, 8, 0)
@@ -353,7 +377,7 @@ AINL __m512 kstep_offset(__m512 acc, const krow *k, const pg_block_q8_K *y, int 
 
 /* SHIFT < 0: format with mins; else the offset 2^SHIFT. */
 #define PG_GEMM_KQUANT_512(name, XT, DECODE, SHIFT)                                                \
-    static void name(int64_t n, float *restrict s, size_t bs, const void *restrict vx,             \
+    static void name##_4(int64_t n, float *restrict s, size_t bs, const void *restrict vx,         \
                      size_t bx, const void *restrict vy, size_t by, int nr, int nc) {              \
         const pg_gemm_rows r = pg_gemm_rows_of(vx, bx, vy, by, nr, nc);                            \
         __m512 acc[PG_GR][PG_GC];                                                                  \
@@ -370,7 +394,8 @@ AINL __m512 kstep_offset(__m512 acc, const krow *k, const pg_block_q8_K *y, int 
             }                                                                                      \
         }                                                                                          \
         store_acc(s, bs, acc, nr, nc);                                                             \
-    }
+    }                                                                                              \
+    PG_GEMM_BY4(name, name##_4)
 
 AINL krow decode_q4_K(const pg_block_q4_K *x) { return decode_k4(x->qs, x->scales, &x->d, NULL); }
 AINL krow decode_q5_K(const pg_block_q5_K *x) {

@@ -57,7 +57,7 @@ static inline void gn_store(float *s, size_t bs, const float32x4_t acc[PG_GR], i
 /* XT: weight block; VALUES: its signed levels (quants_legacy_neon.h); HAS_M: Q4_1/Q5_1 with
  * Q8_1 activations (acc += m_x·s_y per block). */
 #define GN_GEMM_LEGACY(name, XT, VALUES, HAS_M)                                                    \
-    static void GN_FN(name)(int64_t n, float *restrict s, size_t bs, const void *restrict vx,      \
+    static void GN_FN(name##_4)(int64_t n, float *restrict s, size_t bs, const void *restrict vx,  \
                             size_t bx, const void *restrict vy, size_t by, int nr, int nc) {       \
         const pg_gemm_rows r = pg_gemm_rows_of(vx, bx, vy, by, nr, nc);                            \
         const size_t ys = HAS_M ? sizeof(pg_block_q8_1) : sizeof(pg_block_q8_0);                   \
@@ -94,7 +94,8 @@ static inline void gn_store(float *s, size_t bs, const float32x4_t acc[PG_GR], i
             }                                                                                      \
         }                                                                                          \
         gn_store(s, bs, acc, nr, nc);                                                              \
-    }
+    }                                                                                              \
+    PG_GEMM_BY4(GN_FN(name), GN_FN(name##_4))
 
 GN_GEMM_LEGACY(gemm_q4_0, pg_block_q4_0, q4_0_values, 0)
 GN_GEMM_LEGACY(gemm_q5_0, pg_block_q5_0, q5_0_values, 0)
@@ -236,7 +237,7 @@ static inline int32x4_t gn_mins(const int16_t *mn, const int16_t *bsums) {
 
 /* G32: the scale is shared by groups 2k and 2k + 1 (Q4_K, Q5_K); MINS: the format has mins. */
 #define GN_GEMM_KQUANT(name, XT, DECODE, G32, MINS)                                                \
-    static void GN_FN(name)(int64_t n, float *restrict s, size_t bs, const void *restrict vx,      \
+    static void GN_FN(name##_4)(int64_t n, float *restrict s, size_t bs, const void *restrict vx,  \
                             size_t bx, const void *restrict vy, size_t by, int nr, int nc) {       \
         const pg_gemm_rows r = pg_gemm_rows_of(vx, bx, vy, by, nr, nc);                            \
         float32x4_t acc[PG_GR];                                                                    \
@@ -272,7 +273,8 @@ static inline int32x4_t gn_mins(const int16_t *mn, const int16_t *bsums) {
             }                                                                                      \
         }                                                                                          \
         gn_store(s, bs, acc, nr, nc);                                                              \
-    }
+    }                                                                                              \
+    PG_GEMM_BY4(GN_FN(name), GN_FN(name##_4))
 
 GN_GEMM_KQUANT(gemm_q2_K, pg_block_q2_K, gn_decode_q2_K, 0, 1)
 GN_GEMM_KQUANT(gemm_q3_K, pg_block_q3_K, gn_decode_q3_K, 0, 0)

@@ -39,7 +39,7 @@ static void split_units(int64_t n, int64_t unit, int ith, int nth, int64_t *a0, 
 
 /* Activation rows per outer block: about PG_MM_GEMM_ACT_BYTES of converted rows, which every
  * block of weight rows then reuses from cache. */
-#define PG_MM_GEMM_ACT_BYTES (24u << 10)
+#define PG_MM_GEMM_ACT_BYTES (128u << 10)
 
 static void mul_mat_gemm(const pg_cparams *p, pg_tensor *t, const pg_tensor *w,
                          const pg_tensor *x, pg_gemm_fn gemm, int convert, size_t ystride) {

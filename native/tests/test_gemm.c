@@ -1,5 +1,6 @@
 /* Multi-row dot kernels (pg_type_traits.gemm): every gemm of every path this CPU can run against
- * the scalar pairwise vec_dot, on blocks of every shape nr × nc up to 4 × 4 (odd ones included),
+ * the scalar pairwise vec_dot, on blocks of every shape nr × nc up to PG_GEMM_MAX_NR ×
+ * PG_GEMM_MAX_NC (odd ones included),
  * rows of 1, 2, 7 blocks (legacy formats also 4, 5, 8 and 33: the SIMD kernels step 4 blocks at
  * a time), strided rows and outputs.
  *
@@ -235,7 +236,9 @@ static int variants(variant *out) {
 
 /* ---- a block of rows ------------------------------------------------------------------------- */
 
-#define MAXR 4
+#define MAXR PG_GEMM_MAX_NR   /* weight rows */
+#define MAXC PG_GEMM_MAX_NC   /* activation rows */
+#define OUTS 11                /* output row stride (floats) of the tests' blocks */
 #define ROWMAX 2048   /* bytes of the longest row: 7 × 292 (Q8_K), 33 × 36 (Q8_1) */
 #define PAD 8         /* bytes between rows (a multiple of 4: the block structs' alignment) */
 
@@ -244,7 +247,7 @@ typedef struct {
     int nb;
     size_t wrow, yrow, bx, by;
     uint8_t w[MAXR * (ROWMAX + PAD)];
-    uint8_t y[MAXR * (ROWMAX + PAD)];
+    uint8_t y[MAXC * (ROWMAX + PAD)];
 } rowset;
 
 static void rowset_init(rowset *r, int32_t type, int nb, int pad) {
@@ -260,27 +263,27 @@ static void rowset_init(rowset *r, int32_t type, int nb, int pad) {
 static int64_t rowset_n(const rowset *r) { return (int64_t)r->nb * scalar_tr(r->type)->block_size; }
 
 /* want[j][i] = scalar vec_dot(weight row i, activation row j) */
-static void reference(const rowset *r, float want[MAXR][MAXR]) {
-    for (int j = 0; j < MAXR; j++)
+static void reference(const rowset *r, float want[MAXC][MAXR]) {
+    for (int j = 0; j < MAXC; j++)
         for (int i = 0; i < MAXR; i++)
             scalar_tr(r->type)->vec_dot(rowset_n(r), &want[j][i], r->w + i * r->bx,
                                         r->y + j * r->by);
 }
 
-/* Runs gemm on rows (i0.., j0..) as an nr × nc block into an output of row stride 7 floats
+/* Runs gemm on rows (i0.., j0..) as an nr × nc block into an output of row stride OUTS floats
  * pre-filled with a guard value; checks nothing else was written. got[j][i] for the block. */
 static int run_block(pg_gemm_fn gemm, const rowset *r, int i0, int j0, int nr, int nc,
-                     float got[MAXR][MAXR]) {
-    float out[MAXR * 7];
+                     float got[MAXC][MAXR]) {
+    float out[MAXC * OUTS];
     const float guard = -12345.678f;
-    for (int k = 0; k < MAXR * 7; k++) out[k] = guard;
-    gemm(rowset_n(r), out, 7 * sizeof(float), r->w + i0 * r->bx, r->bx, r->y + j0 * r->by, r->by,
-         nr, nc);
+    for (int k = 0; k < MAXC * OUTS; k++) out[k] = guard;
+    gemm(rowset_n(r), out, OUTS * sizeof(float), r->w + i0 * r->bx, r->bx, r->y + j0 * r->by,
+         r->by, nr, nc);
     int clean = 1;
-    for (int j = 0; j < MAXR; j++)
-        for (int k = 0; k < 7; k++) {
-            if (j < nc && k < nr) got[j][k] = out[j * 7 + k];
-            else clean &= out[j * 7 + k] == guard;
+    for (int j = 0; j < MAXC; j++)
+        for (int k = 0; k < OUTS; k++) {
+            if (j < nc && k < nr) got[j][k] = out[j * OUTS + k];
+            else clean &= out[j * OUTS + k] == guard;
         }
     return clean;
 }
@@ -321,12 +324,12 @@ PG_TEST(test_gemm_matches_vec_dot) {
             for (int ic = 0; ic < nbc; ic++) {
                 rowset_init(&r, type, counts[ic], (ic % 2) * PAD);
                 for (int i = 0; i < MAXR; i++) weight_row(type, r.w + i * r.bx, r.nb);
-                for (int j = 0; j < MAXR; j++) act_row(type, r.y + j * r.by, r.nb);
-                float want[MAXR][MAXR], got[MAXR][MAXR];
+                for (int j = 0; j < MAXC; j++) act_row(type, r.y + j * r.by, r.nb);
+                float want[MAXC][MAXR], got[MAXC][MAXR];
                 reference(&r, want);
                 for (int nr = 1; nr <= MAXR; nr++) {
-                    for (int nc = 1; nc <= MAXR; nc++) {
-                        const int i0 = MAXR - nr, j0 = (nr + nc) % (MAXR - nc + 1);
+                    for (int nc = 1; nc <= MAXC; nc++) {
+                        const int i0 = MAXR - nr, j0 = (nr + nc) % (MAXC - nc + 1);
                         CHECK(run_block(gemm, &r, i0, j0, nr, nc, got),
                               "%s %s %d blocks %dx%d: wrote outside the block", v[iv].name,
                               tname(type), r.nb, nr, nc);
@@ -366,13 +369,13 @@ PG_TEST(test_gemm_integer_parts_exact) {
             const int nbc = block_counts(type, counts);
             for (int ic = 0; ic < nbc; ic++) {
                 rowset_init(&r, type, counts[ic], 0);
-                for (int k = 0; k < MAXR; k++) exact_rows(type, r.w + k * r.bx, r.y + k * r.by,
-                                                          r.nb);
-                float want[MAXR][MAXR], got[MAXR][MAXR];
+                for (int k = 0; k < MAXR; k++)
+                    exact_rows(type, r.w + k * r.bx, r.y + (k % MAXC) * r.by, r.nb);
+                float want[MAXC][MAXR], got[MAXC][MAXR];
                 reference(&r, want);
-                run_block(gemm, &r, 0, 0, MAXR, MAXR, got);
+                run_block(gemm, &r, 0, 0, MAXR, MAXC, got);
                 int ok = 1;
-                for (int j = 0; j < MAXR; j++)
+                for (int j = 0; j < MAXC; j++)
                     for (int i = 0; i < MAXR; i++)
                         ok &= got[j][i] == want[j][i] && want[j][i] == floorf(want[j][i]);
                 CHECK(ok, "%s %s %d blocks: integer dots differ (e.g. %.1f vs %.1f)", v[iv].name,
@@ -383,7 +386,7 @@ PG_TEST(test_gemm_integer_parts_exact) {
 }
 
 /* A dot is the same bits whatever block computes it: every shape at every position against
- * the full 4 × 4 block. */
+ * the full block. */
 PG_TEST(test_gemm_independent_of_tiling) {
     variant v[8];
     const int nv = variants(v);
@@ -395,14 +398,14 @@ PG_TEST(test_gemm_independent_of_tiling) {
             if (!gemm) continue;
             rowset_init(&r, type, is_k(type) ? 2 : 7, 0);
             for (int i = 0; i < MAXR; i++) weight_row(type, r.w + i * r.bx, r.nb);
-            for (int j = 0; j < MAXR; j++) act_row(type, r.y + j * r.by, r.nb);
-            float full[MAXR][MAXR], got[MAXR][MAXR];
-            run_block(gemm, &r, 0, 0, MAXR, MAXR, full);
+            for (int j = 0; j < MAXC; j++) act_row(type, r.y + j * r.by, r.nb);
+            float full[MAXC][MAXR], got[MAXC][MAXR];
+            run_block(gemm, &r, 0, 0, MAXR, MAXC, full);
             int same = 1;
             for (int nr = 1; nr <= MAXR; nr++)
-                for (int nc = 1; nc <= MAXR; nc++)
+                for (int nc = 1; nc <= MAXC; nc++)
                     for (int i0 = 0; i0 + nr <= MAXR; i0++)
-                        for (int j0 = 0; j0 + nc <= MAXR; j0++) {
+                        for (int j0 = 0; j0 + nc <= MAXC; j0++) {
                             run_block(gemm, &r, i0, j0, nr, nc, got);
                             for (int j = 0; j < nc; j++)
                                 for (int i = 0; i < nr; i++)
@@ -441,8 +444,9 @@ PG_TEST(test_gemm_stays_inside_rows) {
                 const int nb = counts[ic];
                 const size_t wrow = (size_t)nb * (size_t)t->type_size;
                 const size_t yrow = (size_t)nb * (size_t)scalar_tr(t->vec_dot_type)->type_size;
-                for (int shape = 0; shape < 3; shape++) {
-                    const int nr = shape == 0 ? 1 : shape == 1 ? 3 : 4, nc = 5 - nr;
+                for (int shape = 0; shape < 4; shape++) {
+                    static const int shapes[4][2] = {{1, 4}, {3, 2}, {4, 1}, {MAXR, MAXC}};
+                    const int nr = shapes[shape][0], nc = shapes[shape][1];
                     void *mw, *my;
                     size_t sw, sy;
                     uint8_t *w = rows_before_guard(wrow * (size_t)nr, &mw, &sw);
@@ -451,12 +455,13 @@ PG_TEST(test_gemm_stays_inside_rows) {
                     if (!w || !y) return;
                     for (int i = 0; i < nr; i++) weight_row(type, w + (size_t)i * wrow, nb);
                     for (int j = 0; j < nc; j++) act_row(type, y + (size_t)j * yrow, nb);
-                    float out[16];
-                    gemm((int64_t)nb * t->block_size, out, 4 * sizeof(float), w, wrow, y, yrow, nr,
-                         nc);
+                    float out[MAXC * MAXR];
+                    gemm((int64_t)nb * t->block_size, out, MAXR * sizeof(float), w, wrow, y, yrow,
+                         nr, nc);
                     int finite = 1;
                     for (int k = 0; k < nc; k++)
-                        for (int i = 0; i < nr; i++) finite &= out[4 * k + i] == out[4 * k + i];
+                        for (int i = 0; i < nr; i++)
+                            finite &= out[MAXR * k + i] == out[MAXR * k + i];
                     CHECK(finite, "%s %s: NaN", v[iv].name, tname(type));
                     munmap(mw, sw);
                     munmap(my, sy);
