@@ -138,63 +138,83 @@ AINL void leg_rows(const char *const *x, int QS, int QH, int Q8, __m512i *w0, __
     }
 }
 
-/* G groups of 4 weight rows (xr[0..4G)) × 4 activation rows (yr). STRIDE: weight block bytes;
- * M (0: none): offset of m, activations in Q8_1; OFF: offset c of the levels. The activation
- * rows' broadcasts, offset terms and scales are shared by the groups. */
+/* G groups of 4 weight rows (xr[0..4G)) × C groups of 4 activation rows (yr[0..4C)).
+ * STRIDE: weight block bytes; M (0: none): offset of m, activations in Q8_1; OFF: offset c of the
+ * levels. Each weight row group's levels and scales serve all activation rows; each activation
+ * row's broadcasts, offset term and scales serve all weight row groups. */
 AINL void legacy_512(int64_t n, float *s, size_t bs, const char *const *xr, const char *const *yr,
-                     int nr, int nc, const int G, const int STRIDE, const int QS, const int QH,
-                     const int M, const int OFF, const int Q8) {
+                     int nr, int nc, const int G, const int C, const int STRIDE, const int QS,
+                     const int QH, const int M, const int OFF, const int Q8) {
     const int ys = M ? 36 : 34, yq = M ? 4 : 2;
     const __m512i c = _mm512_set1_epi8((char)OFF), z = _mm512_setzero_si512();
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 acc[2][2];   /* [row group][column group], lane 4i + j */
+    PG_UNROLL for (int g = 0; g < G; g++)
+        PG_UNROLL for (int h = 0; h < C; h++) acc[g][h] = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / PG_QK32; b++) {
-        const char *x[8], *y[4];
+        const char *x[8], *y[8];
         PG_UNROLL for (int i = 0; i < 4 * G; i++) x[i] = xr[i] + b * STRIDE;
-        PG_UNROLL for (int j = 0; j < 4; j++) y[j] = yr[j] + b * ys;
-        __m512i w0[2], w1[2], p[2][4];
-        PG_UNROLL for (int g = 0; g < G; g++) leg_rows(x + 4 * g, QS, QH, Q8, &w0[g], &w1[g]);
-        PG_UNROLL for (int j = 0; j < 4; j++) {
-            const __m512i a0 =
-                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[j] + yq)));
-            const __m512i a1 =
-                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[j] + yq + 16)));
-            const __m512i o = OFF ? _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, c, a0), c, a1) : z;
+        PG_UNROLL for (int j = 0; j < 4 * C; j++) y[j] = yr[j] + b * ys;
+        __m512i w0[2], w1[2];
+        __m512 dx[2];
+        PG_UNROLL for (int g = 0; g < G; g++) {
+            leg_rows(x + 4 * g, QS, QH, Q8, &w0[g], &w1[g]);
+            dx[g] = fp16_grid(x[4 * g], x[4 * g + 1], x[4 * g + 2], x[4 * g + 3], 1);
+        }
+        PG_UNROLL for (int h = 0; h < C; h++) {
+            const char *const *yh = y + 4 * h;
+            __m512i p[2][4];
+            PG_UNROLL for (int j = 0; j < 4; j++) {
+                const __m512i a0 =
+                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(yh[j] + yq)));
+                const __m512i a1 =
+                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(yh[j] + yq + 16)));
+                /* the sums start from −c·Σa (the same for every weight row) */
+                const __m512i o =
+                    OFF ? _mm512_sub_epi32(
+                              z, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, c, a0), c, a1))
+                        : z;
+                PG_UNROLL for (int g = 0; g < G; g++)
+                    p[g][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o, w0[g], a0), w1[g], a1);
+            }
+            const __m512 dy = fp16_grid(yh[0], yh[1], yh[2], yh[3], 0);
+            const __m512 sy = M ? fp16_grid(yh[0] + 2, yh[1] + 2, yh[2] + 2, yh[3] + 2, 0) : dy;
             PG_UNROLL for (int g = 0; g < G; g++) {
-                p[g][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, w0[g], a0), w1[g], a1);
-                if (OFF) p[g][j] = _mm512_sub_epi32(p[g][j], o);
+                const char *const *xg = x + 4 * g;
+                const __m512i dots = transpose_add4(p[g][0], p[g][1], p[g][2], p[g][3]);
+                acc[g][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(dx[g], dy),
+                                            acc[g][h]);
+                if (M)
+                    acc[g][h] = _mm512_fmadd_ps(
+                        fp16_grid(xg[0] + M, xg[1] + M, xg[2] + M, xg[3] + M, 1), sy, acc[g][h]);
             }
         }
-        const __m512 dy = fp16_grid(y[0], y[1], y[2], y[3], 0);
-        const __m512 sy = M ? fp16_grid(y[0] + 2, y[1] + 2, y[2] + 2, y[3] + 2, 0) : dy;
-        PG_UNROLL for (int g = 0; g < G; g++) {
-            const char *const *xg = x + 4 * g;
-            const __m512i dots = transpose_add4(p[g][0], p[g][1], p[g][2], p[g][3]);
-            const __m512 sc = _mm512_mul_ps(fp16_grid(xg[0], xg[1], xg[2], xg[3], 1), dy);
-            acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), sc, acc[g]);
-            if (M)
-                acc[g] = _mm512_fmadd_ps(fp16_grid(xg[0] + M, xg[1] + M, xg[2] + M, xg[3] + M, 1),
-                                         sy, acc[g]);
-        }
     }
-    float v[2][16];
-    PG_UNROLL for (int g = 0; g < G; g++) _mm512_storeu_ps(v[g], acc[g]);
-    for (int j = 0; j < nc; j++) {   /* lane 4i + j of group g: weight row 4g + i */
+    float v[2][2][16];
+    PG_UNROLL for (int g = 0; g < G; g++)
+        PG_UNROLL for (int h = 0; h < C; h++) _mm512_storeu_ps(v[g][h], acc[g][h]);
+    for (int j = 0; j < nc; j++) {   /* weight row 4g + i, activation row 4h + k: lane 4i + k */
         float *d = (float *)((char *)s + (size_t)j * bs);
-        for (int i = 0; i < nr; i++) d[i] = v[i / 4][4 * (i % 4) + j];
+        for (int i = 0; i < nr; i++) d[i] = v[i / 4][j / 4][4 * (i % 4) + j % 4];
     }
 }
 
-/* The kernel for up to 8 weight rows: one group of 4 rows when nr <= 4, else two (the rows
- * of a group past nr repeat the first row; the columns past nc the first column). Every dot
- * takes the same instructions in either. */
+/* The kernel for up to 8 × 8 rows: one or two groups of 4 weight rows and of 4 activation rows
+ * (the rows of a group past nr repeat the first weight row, past nc the first activation row).
+ * Every dot takes the same instructions whatever the groups. */
 #define PG_GEMM_LEGACY_512(name, STRIDE, QS, QH, M, OFF, Q8)                                       \
     static void name(int64_t n, float *restrict s, size_t bs, const void *restrict vx,             \
                      size_t bx, const void *restrict vy, size_t by, int nr, int nc) {              \
-        const char *x[8], *y[4];                                                                   \
+        const char *x[8], *y[8];                                                                   \
         for (int i = 0; i < 8; i++) x[i] = (const char *)vx + (i < nr ? (size_t)i * bx : 0);       \
-        for (int j = 0; j < 4; j++) y[j] = (const char *)vy + (j < nc ? (size_t)j * by : 0);       \
-        if (nr <= 4) legacy_512(n, s, bs, x, y, nr, nc, 1, STRIDE, QS, QH, M, OFF, Q8);            \
-        else legacy_512(n, s, bs, x, y, nr, nc, 2, STRIDE, QS, QH, M, OFF, Q8);                    \
+        for (int j = 0; j < 8; j++) y[j] = (const char *)vy + (j < nc ? (size_t)j * by : 0);       \
+        if (nr <= 4 && nc <= 4)                                                                    \
+            legacy_512(n, s, bs, x, y, nr, nc, 1, 1, STRIDE, QS, QH, M, OFF, Q8);                  \
+        else if (nr <= 4)                                                                          \
+            legacy_512(n, s, bs, x, y, nr, nc, 1, 2, STRIDE, QS, QH, M, OFF, Q8);                  \
+        else if (nc <= 4)                                                                          \
+            legacy_512(n, s, bs, x, y, nr, nc, 2, 1, STRIDE, QS, QH, M, OFF, Q8);                  \
+        else                                                                                       \
+            legacy_512(n, s, bs, x, y, nr, nc, 2, 2, STRIDE, QS, QH, M, OFF, Q8);                  \
     }
 
 PG_GEMM_LEGACY_512(gemm_q4_0_512, 18, 2, 0, 0, 8, 0)

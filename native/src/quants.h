@@ -33,7 +33,7 @@ typedef void (*pg_vec_dot_fn)(int64_t n, float *restrict s, const void *restrict
 typedef void (*pg_gemm_fn)(int64_t n, float *restrict s, size_t bs, const void *restrict x,
                            size_t bx, const void *restrict y, size_t by, int nr, int nc);
 #define PG_GEMM_MAX_NR 8
-#define PG_GEMM_MAX_NC 4
+#define PG_GEMM_MAX_NC 8
 
 typedef struct pg_type_traits {
     int32_t          block_size;     /* elements per block                                   */
