@@ -3,17 +3,17 @@
  *
  * What the pairwise vec_dot repeats per pair is done here once per weight row or activation
  * row of the block:
- *   - legacy formats, one block per step, up to 8 weight rows × 4 activation rows: each group
- *     of four weight rows shares two registers (one 128-bit lane per row), each activation
- *     row's 16-byte halves are broadcast to the four lanes, two VPDPBUSD per activation row and
- *     group give every row's partial sums at once, and a 4 × 4 transpose-add leaves a group's
- *     16 block dots in one register: one conversion, one scale product and one FMA per block
- *     for 16 dots; the two groups share the activation rows' loads, offsets and scales;
- *   - K-quants, one super-block per step, 4 × 4 blocks (twice for 8 weight rows) with 16 zmm
- *     accumulators: each weight row is decoded once into four 64-level rows and their int16
- *     sub-block scales; per pair, four maddubs + VPDPWSSD give the scaled integer sums, the
- *     mins (or the −4 / −32 offsets) come from the activation's bsums, and one FMA scales
- *     [Σ 8 lanes | min 8 lanes] by [d·dy | −dmin·dy].
+ *   - legacy formats, one block per step, blocks of up to 8 × 8 (two groups of 4 weight rows ×
+ *     two groups of 4 activation rows): each group of four weight rows shares two registers
+ *     (one 128-bit lane per row), each activation row's 16-byte halves are broadcast to the
+ *     four lanes, two VPDPBUSD per activation row and group give every row's partial sums at
+ *     once, and a 4 × 4 transpose-add leaves 16 block dots in one register: one conversion,
+ *     one scale product and one FMA per block for 16 dots. Weight groups are decoded once for
+ *     all activation rows, activation rows loaded once for all weight groups;
+ *   - K-quants, one super-block per step, the same layout: per 16-element slice one maddubs and
+ *     one VPDPWSSD (with the weight rows' sub-block scales, one per lane) per activation row and
+ *     group; mins (or the −4 / −32 offsets) through madd with the activation rows' bsums; a
+ *     transpose-add and one conversion and FMA per group and super-block.
  * Integer sums are exact; the fp32 scaling is accumulated per lane and summed at the end, an
  * order different from vec_dot's (same tolerance as the vec_dot kernels; tests/test_gemm.c). */
 #include <immintrin.h>
@@ -28,33 +28,6 @@
 
 #define AINL static inline __attribute__((always_inline))
 #define PG_UNROLL _Pragma("GCC unroll 16")
-
-/* ---- shared pieces --------------------------------------------------------------------------- */
-
-/* Lanes 0..7 = v[k], lanes 8..15 = v[k + 1] (v: up to 8 floats). */
-AINL __m512 spread2(__m256 v, int k) {
-    return _mm512_permutexvar_ps(_mm512_set_epi32(k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1,
-                                                  k + 1, k, k, k, k, k, k, k, k),
-                                 _mm512_castps256_ps512(v));
-}
-
-/* Sums of the 16 lanes of a0..a3 as [Σa0, Σa1, Σa2, Σa3]. The adds of each vector form the
- * same tree whatever its neighbours hold. */
-AINL __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-#define PG_HALVES(v) _mm256_add_ps(_mm512_castps512_ps256(v),                                      \
-                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(PG_HALVES(a0), PG_HALVES(a1)),
-                                    _mm256_hadd_ps(PG_HALVES(a2), PG_HALVES(a3)));
-#undef PG_HALVES
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
-AINL void store_acc(float *s, size_t bs, __m512 acc[PG_GR][PG_GC], int nr, int nc) {
-    float out[PG_GC][PG_GR];
-    PG_UNROLL for (int j = 0; j < PG_GC; j++)
-        _mm_storeu_ps(out[j], reduce4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
-    pg_gemm_store(s, bs, out, nr, nc);
-}
 
 /* ---- legacy formats: four rows per register ------------------------------------------------- */
 
@@ -223,210 +196,253 @@ PG_GEMM_LEGACY_512(gemm_q8_0_512, 34, 2, 0, 0, 128, 1)
 PG_GEMM_LEGACY_512(gemm_q4_1_512, 20, 4, 0, 2, 0, 0)
 PG_GEMM_LEGACY_512(gemm_q5_1_512, 24, 8, 4, 2, 0, 0)
 
-/* ---- K-quants × Q8_K ------------------------------------------------------------------------ */
+/* ---- K-quants × Q8_K: four weight rows per register ----------------------------------------- */
 
-/* in 128-bit lane k, int16 number sel[m][k] of that lane over the whole lane */
-#define L2(k) 2 * (k), 2 * (k) + 1
-#define L16(k) L2(k), L2(k), L2(k), L2(k), L2(k), L2(k), L2(k), L2(k)
-static const uint8_t k_lane16[6][64] __attribute__((aligned(64))) = {
-    /* rows of 64 made of two sub-blocks of 32 (Q4_K, Q5_K): 2m over lanes 0-1, 2m+1 over 2-3 */
-    {L16(0), L16(0), L16(1), L16(1)}, {L16(2), L16(2), L16(3), L16(3)},
-    {L16(4), L16(4), L16(5), L16(5)}, {L16(6), L16(6), L16(7), L16(7)},
-    /* rows of 64 made of four groups of 16 (Q2_K, Q3_K, Q6_K): 0..3, then 4..7 */
-    {L16(0), L16(1), L16(2), L16(3)}, {L16(4), L16(5), L16(6), L16(7)},
-};
+/* As the legacy kernels: a group of 4 weight rows shares each register (row i in 128-bit lane
+ * i), one 16-element slice t of the super-block at a time, and each activation row's 16 bytes
+ * of the slice are broadcast to the four lanes. maddubs then VPDPWSSD with the slice's scale
+ * (an int16 per lane, i.e. per weight row) accumulate row i's scaled partial sums in lane i;
+ * the mins (or the −32 offset of Q6_K) go through madd of the rows' int16 mins / scales with the
+ * activation row's bsums, also one lane per weight row. Per super-block a transpose-add per
+ * group of 4 activation rows gives 16 integer dots in one register (lane 4i + j), converted and
+ * scaled once. The slices are the outer loop, the activation rows the inner one: each level
+ * vector is built once and feeds one maddubs per activation row. */
 
-AINL __m512i lane_scales(__m512i sc8x16, int m) {
-    return _mm512_shuffle_epi8(sc8x16, _mm512_load_si512(k_lane16[m]));
+/* every 16-bit word of a 128-bit lane = byte k of that lane, zero-extended */
+AINL __m512i bcast_byte16(__m512i v, int k) {
+    return _mm512_shuffle_epi8(v, _mm512_set1_epi16((short)(0x8000 | k)));
+}
+/* every 16-bit word of a 128-bit lane = word k of that lane */
+AINL __m512i bcast_word16(__m512i v, int k) {
+    return _mm512_shuffle_epi8(v, _mm512_set1_epi16((short)((2 * k + 1) << 8 | 2 * k)));
 }
 
-/* One decoded weight super-block: four rows of 64 unsigned levels (elements 64r..64r+63), their
- * int16 scales per 128-bit lane, the int16 weights of the 16 bsums (mins, or scales for the
- * offset formats), and [d x8 | −dmin x8] (mins) or d (offsets). */
-typedef struct { __m512i q[4], sc[4]; __m256i w16; __m512 dv; } krow;
+/* A group of 4 weight rows of one super-block: per slice t, the levels come from `lv` (built
+ * by the caller slice by slice), the scale from sc[t / per]; w16lo/w16hi: the int16 weights of
+ * bsums 0..7 / 8..15 (mins of pairs, or Q6_K's scales); d (and dmin) grids. */
+typedef struct {
+    __m512i sc[16], w16lo, w16hi;
+    __m512 d, dmin;
+} kgroup;
 
-/* 8 int16 scales of `half` (0: groups 0..7, 1: 8..15) of a 16 × int16 vector, per lane */
-AINL __m512i half_scales(__m256i sc16, int half) {
-    return _mm512_broadcast_i32x4(half ? _mm256_extracti128_si256(sc16, 1)
-                                       : _mm256_castsi256_si128(sc16));
+/* The 16 bytes at byte o of the four rows' block b (blocks of type T) */
+#define KQ_ROW(x, i, b, T, o) ((const char *)((const T *)(x)[i] + (b)) + (o))
+#define KQ_LOAD4(x, b, T, o)                                                                       \
+    load4x16(KQ_ROW(x, 0, b, T, o), KQ_ROW(x, 1, b, T, o), KQ_ROW(x, 2, b, T, o),                  \
+             KQ_ROW(x, 3, b, T, o))
+
+/* [lo 8 bytes of lanes 0..3 | hi 8 bytes of lanes 0..3] widened to int16 (signed or not) */
+AINL void widen_lanes(__m512i v, int is_signed, __m512i *lo, __m512i *hi) {
+    const __m512i t = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), v);
+    *lo = is_signed ? _mm512_cvtepi8_epi16(_mm512_castsi512_si256(t))
+                    : _mm512_cvtepu8_epi16(_mm512_castsi512_si256(t));
+    *hi = is_signed ? _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(t, 1))
+                    : _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(t, 1));
 }
 
-/* [d x8 | −dmin x8] from the fp16 pair at p (d, then dmin) */
-AINL __m512 d_negdmin(const uint16_t *p) {
-    uint32_t u;
-    memcpy(&u, p, 4);
-    const __m512 v = spread2(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128((int)u))), 0);
-    return _mm512_mask_sub_ps(v, 0xFF00, _mm512_setzero_ps(), v);
+AINL void kgroup_k4(const char *const *x, int64_t b, int is_q5, kgroup *k) {
+    const size_t st = is_q5 ? sizeof(pg_block_q5_K) : sizeof(pg_block_q4_K);
+    const char *p[4];
+    PG_UNROLL for (int i = 0; i < 4; i++) p[i] = x[i] + (size_t)b * st;
+    /* [sc0..7 m0..7] of row i in lane i (k4_scales reads 16 bytes from the scales: inside) */
+    __m512i sm = _mm512_castsi128_si512(k4_scales((const uint8_t *)p[0] + 4));
+    sm = _mm512_inserti32x4(sm, k4_scales((const uint8_t *)p[1] + 4), 1);
+    sm = _mm512_inserti32x4(sm, k4_scales((const uint8_t *)p[2] + 4), 2);
+    sm = _mm512_inserti32x4(sm, k4_scales((const uint8_t *)p[3] + 4), 3);
+    PG_UNROLL for (int j = 0; j < 8; j++) k->sc[j] = bcast_byte16(sm, j);
+    /* words m0 m0 m1 m1 m2 m2 m3 m3 and m4 m4 .. m7 m7: with bsums 0..7 / 8..15 in madd */
+    k->w16lo = _mm512_shuffle_epi8(sm, _mm512_set4_epi32((int)0x800b800b, (int)0x800a800a,
+                                                         (int)0x80098009, (int)0x80088008));
+    k->w16hi = _mm512_shuffle_epi8(sm, _mm512_set4_epi32((int)0x800f800f, (int)0x800e800e,
+                                                         (int)0x800d800d, (int)0x800c800c));
+    k->d = fp16_grid(p[0], p[1], p[2], p[3], 1);
+    k->dmin = fp16_grid(p[0] + 2, p[1] + 2, p[2] + 2, p[3] + 2, 1);
 }
 
-AINL krow decode_q2_K(const pg_block_q2_K *x) {
-    krow k;
-    const __m512i m3 = _mm512_set1_epi8(3);
-    const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
-    const __m128i m4 = _mm_set1_epi8(0xF);
-    const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
-    k.w16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
-    PG_UNROLL for (int h = 0; h < 2; h++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
-        /* [q | q >> 2]: bits 2j of elements 128h + 32j + l, j = 0 and 1; >> 4 gives j = 2, 3 */
-        const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 2),
-                                              1);
-        const __m512i sc = half_scales(sc16, h);
-        k.q[2 * h] = _mm512_and_si512(qq, m3);
-        k.q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(qq, 4), m3);
-        k.sc[2 * h] = lane_scales(sc, 4);
-        k.sc[2 * h + 1] = lane_scales(sc, 5);
+AINL void kgroup_q6(const char *const *x, int64_t b, kgroup *k) {
+    const char *p[4];
+    PG_UNROLL for (int i = 0; i < 4; i++) p[i] = x[i] + (size_t)b * sizeof(pg_block_q6_K);
+    widen_lanes(load4x16(p[0] + 192, p[1] + 192, p[2] + 192, p[3] + 192), 1, &k->w16lo,
+                &k->w16hi);
+    PG_UNROLL for (int j = 0; j < 8; j++) {
+        k->sc[j] = bcast_word16(k->w16lo, j);
+        k->sc[8 + j] = bcast_word16(k->w16hi, j);
     }
-    k.dv = d_negdmin(&x->d);
-    return k;
+    k->d = fp16_grid(p[0] + 208, p[1] + 208, p[2] + 208, p[3] + 208, 1);
+    k->dmin = _mm512_setzero_ps();
 }
 
-AINL krow decode_q3_K(const pg_block_q3_K *x) {
-    krow k;
-    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(k3_scales(x->qs + 62));
-    k.w16 = sc16;
-    const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x->hmask));
-    PG_UNROLL for (int h = 0; h < 2; h++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
-        const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 2),
-                                              1);
-        const __m512i sc = half_scales(sc16, h);
-        PG_UNROLL for (int p = 0; p < 2; p++) {
-            /* elements 128h + 64p + l (j = 2p) and + 32 (j = 2p + 1): hmask bit 4h + j */
-            const int b0 = 4 * h + 2 * p;
-            const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << b0)),
-                                                    _mm256_set1_epi8((char)(1 << (b0 + 1))), 1);
-            const __m512i lv = _mm512_and_si512(p ? _mm512_srli_epi16(qq, 4) : qq, m3);
-            k.q[2 * h + p] = _mm512_mask_add_epi8(lv, _mm512_test_epi8_mask(hm, bits), lv, four);
-            k.sc[2 * h + p] = lane_scales(sc, 4 + p);
-        }
-    }
-    k.dv = _mm512_set1_ps(h2f(x->d));
-    return k;
-}
-
-/* Q4_K / Q5_K: the 64-byte half h of qs holds chunks 2h and 2h+1 (low nibbles: sub-block 2c,
- * high: 2c+1); row c = [lo(chunk c) | hi(chunk c)] = elements 64c..64c+63. */
-AINL __m512i k4_chunk(__m512i lo, __m512i hi, int second) {
-    return second ? _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2))
-                  : _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
-}
-
-AINL krow decode_k4(const uint8_t *qs, const uint8_t *scales, const uint16_t *d,
-                    const uint8_t *qh) {
-    krow k;
+AINL void kgroup_q2(const char *const *x, int64_t b, kgroup *k) {
+    const char *p[4];
+    PG_UNROLL for (int i = 0; i < 4; i++) p[i] = x[i] + (size_t)b * sizeof(pg_block_q2_K);
     const __m512i m4 = _mm512_set1_epi8(0xF);
-    const __m128i sm = k4_scales(scales);
-    const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
-    /* mins m_j for the pairs of bsums 2j, 2j + 1 */
-    k.w16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
-        sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
-    const __m512i hq = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh))
-                          : _mm512_setzero_si512();
-    PG_UNROLL for (int h = 0; h < 2; h++) {
-        const __m512i b = _mm512_loadu_si512(qs + 64 * h);
-        const __m512i lo = _mm512_and_si512(b, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
-        PG_UNROLL for (int t = 0; t < 2; t++) {
-            const int c = 2 * h + t;
-            __m512i lv = k4_chunk(lo, hi, t);
-            if (qh) {   /* 5th bit: bit 2c of qh[l] (low half), 2c + 1 (high half) */
-                const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
-                                                        _mm256_set1_epi8((char)(2 << (2 * c))), 1);
-                lv = _mm512_mask_add_epi8(lv, _mm512_test_epi8_mask(hq, bits), lv,
-                                          _mm512_set1_epi8(0x10));
+    const __m512i sb = load4x16(p[0], p[1], p[2], p[3]);   /* scale | min << 4, per 16 */
+    const __m512i sc = _mm512_and_si512(sb, m4);
+    PG_UNROLL for (int j = 0; j < 16; j++) k->sc[j] = bcast_byte16(sc, j);
+    widen_lanes(_mm512_and_si512(_mm512_srli_epi16(sb, 4), m4), 0, &k->w16lo, &k->w16hi);
+    k->d = fp16_grid(p[0] + 80, p[1] + 80, p[2] + 80, p[3] + 80, 1);
+    k->dmin = fp16_grid(p[0] + 82, p[1] + 82, p[2] + 82, p[3] + 82, 1);
+}
+
+AINL void kgroup_q3(const char *const *x, int64_t b, kgroup *k) {
+    const char *p[4];
+    PG_UNROLL for (int i = 0; i < 4; i++) p[i] = x[i] + (size_t)b * sizeof(pg_block_q3_K);
+    /* k3_scales reads the 16 bytes before the block's d (scales at 96..107): inside */
+    __m512i sb = _mm512_castsi128_si512(k3_scales((const uint8_t *)p[0] + 94));
+    sb = _mm512_inserti32x4(sb, k3_scales((const uint8_t *)p[1] + 94), 1);
+    sb = _mm512_inserti32x4(sb, k3_scales((const uint8_t *)p[2] + 94), 2);
+    sb = _mm512_inserti32x4(sb, k3_scales((const uint8_t *)p[3] + 94), 3);
+    widen_lanes(sb, 1, &k->w16lo, &k->w16hi);
+    PG_UNROLL for (int j = 0; j < 8; j++) {
+        k->sc[j] = bcast_word16(k->w16lo, j);
+        k->sc[8 + j] = bcast_word16(k->w16hi, j);
+    }
+    k->d = fp16_grid(p[0] + 108, p[1] + 108, p[2] + 108, p[3] + 108, 1);
+    k->dmin = _mm512_setzero_ps();
+}
+
+/* Levels of slice t (elements 16t..16t+15) of the four rows of super-block b. */
+AINL __m512i kslice(const char *const *x, int64_t b, int type, int t) {
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    if (type == 2 || type == 3) {   /* element 128h + 32j + 16v + l: bits 2j of qs[32h + 16v + l] */
+        const int h = t / 8, j = (t / 2) % 4, v = t % 2;
+        const __m512i z = type == 2 ? KQ_LOAD4(x, b, pg_block_q2_K, 16 + 32 * h + 16 * v)
+                                    : KQ_LOAD4(x, b, pg_block_q3_K, 32 + 32 * h + 16 * v);
+        const __m512i q = _mm512_and_si512(_mm512_srli_epi16(z, 2 * j), _mm512_set1_epi8(3));
+        if (type == 2) return q;
+        /* Q3_K: + 4 where hmask[16v + l] has bit 4h + j (levels 0..7, offset −4) */
+        const __m512i hm = KQ_LOAD4(x, b, pg_block_q3_K, 16 * v);
+        const __mmask64 k = _mm512_test_epi8_mask(hm, _mm512_set1_epi8((char)(1 << (4 * h + j))));
+        return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(4));
+    }
+    if (type == 6) {   /* element 128h + 32g + 16v + l */
+        const int h = t / 8, g = (t / 2) % 4, v = t % 2;
+        const __m512i l = KQ_LOAD4(x, b, pg_block_q6_K, 64 * h + 32 * (g & 1) + 16 * v);
+        const __m512i qh = KQ_LOAD4(x, b, pg_block_q6_K, 128 + 32 * h + 16 * v);
+        const __m512i lo = g < 2 ? _mm512_and_si512(l, m4)
+                                 : _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
+        const __m512i hi = g == 0 ? _mm512_slli_epi16(qh, 4)
+                                  : g == 1 ? _mm512_slli_epi16(qh, 2)
+                                           : g == 2 ? qh : _mm512_srli_epi16(qh, 2);
+        return _mm512_or_si512(lo, _mm512_and_si512(hi, _mm512_set1_epi8(0x30)));
+    }
+    /* Q4_K / Q5_K: element 64c + 32u + 16v + l: nibble u of qs[32c + 16v + l] */
+    const int c = t / 4, u = (t / 2) % 2, v = t % 2;
+    if (type == 4) {
+        const __m512i z = KQ_LOAD4(x, b, pg_block_q4_K, 16 + 32 * c + 16 * v);
+        return u ? _mm512_and_si512(_mm512_srli_epi16(z, 4), m4) : _mm512_and_si512(z, m4);
+    }
+    const __m512i z = KQ_LOAD4(x, b, pg_block_q5_K, 48 + 32 * c + 16 * v);
+    const __m512i lv = u ? _mm512_and_si512(_mm512_srli_epi16(z, 4), m4) : _mm512_and_si512(z, m4);
+    const __m512i qh = KQ_LOAD4(x, b, pg_block_q5_K, 16 + 16 * v);   /* 5th bit: bit 2c + u */
+    const __mmask64 k = _mm512_test_epi8_mask(qh, _mm512_set1_epi8((char)(1 << (2 * c + u))));
+    return _mm512_mask_add_epi8(lv, k, lv, _mm512_set1_epi8(0x10));
+}
+
+/* the Q8_K scales of activation rows y[0..3] as a grid, lane 4i + j = d_j */
+AINL __m512 kdy_grid(const char *const *y, int64_t b) {
+    const __m128 d = _mm_setr_ps(((const pg_block_q8_K *)y[0] + b)->d,
+                                 ((const pg_block_q8_K *)y[1] + b)->d,
+                                 ((const pg_block_q8_K *)y[2] + b)->d,
+                                 ((const pg_block_q8_K *)y[3] + b)->d);
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3),
+                                 _mm512_castps128_ps512(d));
+}
+
+/* G groups of 4 weight rows × C groups of 4 activation rows; type 2..6 = Q2_K..Q6_K. */
+AINL void kquant_512(int64_t n, float *s, size_t bs, const char *const *xr, const char *const *yr,
+                     int nr, int nc, const int G, const int C, const int type) {
+    __m512 acc[2][2];
+    PG_UNROLL for (int g = 0; g < G; g++)
+        PG_UNROLL for (int h = 0; h < C; h++) acc[g][h] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / PG_QK_K; b++) {
+        kgroup k[2];
+        PG_UNROLL for (int g = 0; g < G; g++) {
+            if (type == 2) kgroup_q2(xr + 4 * g, b, &k[g]);
+            else if (type == 3) kgroup_q3(xr + 4 * g, b, &k[g]);
+            else if (type == 6) kgroup_q6(xr + 4 * g, b, &k[g]);
+            else kgroup_k4(xr + 4 * g, b, type == 5, &k[g]);
+        }
+        const pg_block_q8_K *y[8];
+        PG_UNROLL for (int j = 0; j < 4 * C; j++) y[j] = (const pg_block_q8_K *)yr[j] + b;
+        __m512i p[2][8];
+        PG_UNROLL for (int g = 0; g < G; g++)
+            PG_UNROLL for (int j = 0; j < 4 * C; j++) {
+                /* mins·bsums (Q2_K, Q4_K, Q5_K) or the offset −2^shift·Σ sc·bsums (Q3_K: 4,
+                 * Q6_K: 32), per weight row lane */
+                const __m512i bl =
+                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y[j]->bsums));
+                const __m512i bh =
+                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[j]->bsums + 8)));
+                const __m512i m = _mm512_add_epi32(_mm512_madd_epi16(k[g].w16lo, bl),
+                                                   _mm512_madd_epi16(k[g].w16hi, bh));
+                p[g][j] = type == 3 || type == 6
+                              ? _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                 _mm512_slli_epi32(m, type == 3 ? 2 : 5))
+                              : m;
             }
-            k.q[c] = lv;
-            k.sc[c] = lane_scales(sc, c);
+        __m512i mins[2][8];
+        const int has_min = type == 2 || type == 4 || type == 5;
+        if (has_min) {   /* the sums start from 0; the mins are kept apart (scaled by dmin) */
+            PG_UNROLL for (int g = 0; g < G; g++)
+                PG_UNROLL for (int j = 0; j < 4 * C; j++) {
+                    mins[g][j] = p[g][j];
+                    p[g][j] = _mm512_setzero_si512();
+                }
+        }
+        PG_UNROLL for (int t = 0; t < 16; t++) {
+            __m512i lv[2];
+            PG_UNROLL for (int g = 0; g < G; g++) lv[g] = kslice(xr + 4 * g, b, type, t);
+            PG_UNROLL for (int j = 0; j < 4 * C; j++) {
+                const __m512i a =
+                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[j]->qs + 16 * t)));
+                PG_UNROLL for (int g = 0; g < G; g++)
+                    p[g][j] = _mm512_dpwssd_epi32(p[g][j], _mm512_maddubs_epi16(lv[g], a),
+                                                  k[g].sc[type == 4 || type == 5 ? t / 2 : t]);
+            }
+        }
+        PG_UNROLL for (int h = 0; h < C; h++) {
+            const __m512 dy = kdy_grid((const char *const *)yr + 4 * h, b);
+            PG_UNROLL for (int g = 0; g < G; g++) {
+                const __m512i *ph = p[g] + 4 * h;
+                const __m512i dots = transpose_add4(ph[0], ph[1], ph[2], ph[3]);
+                acc[g][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(k[g].d, dy),
+                                            acc[g][h]);
+                if (has_min) {
+                    const __m512i *mh = mins[g] + 4 * h;
+                    const __m512i mm = transpose_add4(mh[0], mh[1], mh[2], mh[3]);
+                    acc[g][h] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mm),
+                                                 _mm512_mul_ps(k[g].dmin, dy), acc[g][h]);
+                }
+            }
         }
     }
-    k.dv = d_negdmin(d);
-    return k;
-}
-
-AINL krow decode_q6_K(const pg_block_q6_K *x) {
-    krow k;
-    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
-    k.w16 = sc16;
-    const __m512i q = _mm512_loadu_si512(x->qh), q2 = _mm512_srli_epi16(q, 2);
-    PG_UNROLL for (int h = 0; h < 2; h++) {
-        /* [qh_h | qh_h >> 2] (qh_h = 32 bytes): groups g and g + 1 share one mask */
-        const __m512i hb = h ? _mm512_shuffle_i64x2(q, q2, _MM_SHUFFLE(3, 2, 3, 2))
-                             : _mm512_shuffle_i64x2(q, q2, _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512i l = _mm512_loadu_si512(x->ql + 64 * h);
-        k.q[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                     _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30));
-        k.q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                         _mm512_and_si512(hb, m30));
-        const __m512i sc = half_scales(sc16, h);
-        k.sc[2 * h] = lane_scales(sc, 4);
-        k.sc[2 * h + 1] = lane_scales(sc, 5);
+    float v[2][2][16];
+    PG_UNROLL for (int g = 0; g < G; g++)
+        PG_UNROLL for (int h = 0; h < C; h++) _mm512_storeu_ps(v[g][h], acc[g][h]);
+    for (int j = 0; j < nc; j++) {   /* weight row 4g + i, activation row 4h + k: lane 4i + k */
+        float *d = (float *)((char *)s + (size_t)j * bs);
+        for (int i = 0; i < nr; i++) d[i] = v[i / 4][j / 4][4 * (i % 4) + j % 4];
     }
-    k.dv = _mm512_set1_ps(h2f(x->d));
-    return k;
 }
 
-/* Σ_r scale · (64 levels · 64 activations), 16 int32 lanes, started from init */
-AINL __m512i kdot(const krow *k, const pg_block_q8_K *y, __m512i init) {
-    __m512i s = init;
-    PG_UNROLL for (int r = 0; r < 4; r++)
-        s = _mm512_dpwssd_epi32(
-            s, _mm512_maddubs_epi16(k->q[r], _mm512_loadu_si512(y->qs + 64 * r)), k->sc[r]);
-    return s;
-}
-
-/* Formats with mins: acc += [Σ halves of the scaled sums | mins·bsums] · [d·dy | −dmin·dy] */
-AINL __m512 kstep_mins(__m512 acc, const krow *k, const pg_block_q8_K *y) {
-    const __m512i s = kdot(k, y, _mm512_setzero_si512());
-    const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-    const __m256i mn = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), k->w16);
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(s8), mn, 1);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(k->dv, _mm512_set1_ps(y->d)),
-                           acc);
-}
-
-/* Signed formats stored as levels u = q + 2^SHIFT: the sums start from −2^SHIFT·Σ sc_k·bsum_k */
-AINL __m512 kstep_offset(__m512 acc, const krow *k, const pg_block_q8_K *y, int shift) {
-    const __m256i o = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), k->w16);
-    const __m256i init = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o, shift));
-    const __m512i s = kdot(k, y, _mm512_zextsi256_si512(init));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(k->dv, _mm512_set1_ps(y->d)), acc);
-}
-
-/* SHIFT < 0: format with mins; else the offset 2^SHIFT. */
-#define PG_GEMM_KQUANT_512(name, XT, DECODE, SHIFT)                                                \
-    static void name##_4(int64_t n, float *restrict s, size_t bs, const void *restrict vx,         \
+#define PG_GEMM_KQUANT_512(name, TYPE)                                                             \
+    static void name(int64_t n, float *restrict s, size_t bs, const void *restrict vx,             \
                      size_t bx, const void *restrict vy, size_t by, int nr, int nc) {              \
-        const pg_gemm_rows r = pg_gemm_rows_of(vx, bx, vy, by, nr, nc);                            \
-        __m512 acc[PG_GR][PG_GC];                                                                  \
-        PG_UNROLL for (int i = 0; i < PG_GR; i++)                                                  \
-            PG_UNROLL for (int j = 0; j < PG_GC; j++) acc[i][j] = _mm512_setzero_ps();             \
-        for (int64_t b = 0; b < n / PG_QK_K; b++) {                                                \
-            PG_UNROLL for (int i = 0; i < PG_GR; i++) {                                            \
-                const krow k = DECODE((const XT *)r.x[i] + b);                                     \
-                PG_UNROLL for (int j = 0; j < PG_GC; j++) {                                        \
-                    const pg_block_q8_K *y = (const pg_block_q8_K *)r.y[j] + b;                    \
-                    acc[i][j] = SHIFT < 0 ? kstep_mins(acc[i][j], &k, y)                           \
-                                          : kstep_offset(acc[i][j], &k, y, SHIFT);                 \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        store_acc(s, bs, acc, nr, nc);                                                             \
-    }                                                                                              \
-    PG_GEMM_BY4(name, name##_4)
+        const char *x[8], *y[8];                                                                   \
+        for (int i = 0; i < 8; i++) x[i] = (const char *)vx + (i < nr ? (size_t)i * bx : 0);       \
+        for (int j = 0; j < 8; j++) y[j] = (const char *)vy + (j < nc ? (size_t)j * by : 0);       \
+        if (nr <= 4 && nc <= 4) kquant_512(n, s, bs, x, y, nr, nc, 1, 1, TYPE);                    \
+        else if (nr <= 4) kquant_512(n, s, bs, x, y, nr, nc, 1, 2, TYPE);                          \
+        else if (nc <= 4) kquant_512(n, s, bs, x, y, nr, nc, 2, 1, TYPE);                          \
+        else kquant_512(n, s, bs, x, y, nr, nc, 2, 2, TYPE);                                       \
+    }
 
-AINL krow decode_q4_K(const pg_block_q4_K *x) { return decode_k4(x->qs, x->scales, &x->d, NULL); }
-AINL krow decode_q5_K(const pg_block_q5_K *x) {
-    return decode_k4(x->qs, x->scales, &x->d, x->qh);
-}
-
-PG_GEMM_KQUANT_512(gemm_q2_K_512, pg_block_q2_K, decode_q2_K, -1)
-PG_GEMM_KQUANT_512(gemm_q3_K_512, pg_block_q3_K, decode_q3_K, 2)
-PG_GEMM_KQUANT_512(gemm_q4_K_512, pg_block_q4_K, decode_q4_K, -1)
-PG_GEMM_KQUANT_512(gemm_q5_K_512, pg_block_q5_K, decode_q5_K, -1)
-PG_GEMM_KQUANT_512(gemm_q6_K_512, pg_block_q6_K, decode_q6_K, 5)
+PG_GEMM_KQUANT_512(gemm_q2_K_512, 2)
+PG_GEMM_KQUANT_512(gemm_q3_K_512, 3)
+PG_GEMM_KQUANT_512(gemm_q4_K_512, 4)
+PG_GEMM_KQUANT_512(gemm_q5_K_512, 5)
+PG_GEMM_KQUANT_512(gemm_q6_K_512, 6)
 
 /* ---- table ------------------------------------------------------------------------------- */
 
