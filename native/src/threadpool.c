@@ -21,8 +21,10 @@
 /* Spin this many rounds before sleeping. Spinning bridges the short gaps between the nodes of one
  * graph; beyond that a waiting thread sleeps, so that on a busy machine (more runnable threads
  * than cores) it does not burn the time slice its partner needs. */
-#define PG_SPIN_ROUNDS     20000    /* between jobs (graphs)    */
-#define PG_BARRIER_SPINS    4000    /* inside a job, per barrier */
+#define PG_SPIN_ROUNDS       256    /* pause-spins before yielding the core             */
+#define PG_YIELD_ROUNDS     2000    /* sched_yield rounds before sleeping (about 1 ms): */
+                                    /* cheap when the core is ours alone, and when two  */
+                                    /* threads share one core it hands it over at once */
 
 /* Sleep while *addr == val / wake all sleepers on addr (Linux futex; elsewhere yield). */
 static void wait_on(atomic_int *addr, int val) {
@@ -55,6 +57,7 @@ static void *worker_main(void *p) {
         while (atomic_load_explicit(&tp->generation, memory_order_acquire) == seen &&
                !atomic_load(&tp->stop)) {
             if (++spins < PG_SPIN_ROUNDS) { PG_CPU_RELAX(); continue; }
+            if (spins < PG_SPIN_ROUNDS + PG_YIELD_ROUNDS) { sched_yield(); continue; }
             pthread_mutex_lock(&tp->mu);
             while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop))
                 pthread_cond_wait(&tp->cv, &tp->mu);
@@ -142,7 +145,8 @@ void pg_threadpool_barrier(pg_threadpool *tp, int nth) {
     }
     int spins = 0;
     while (atomic_load_explicit(&tp->bar_gen, memory_order_acquire) == gen) {
-        if (++spins < PG_BARRIER_SPINS) { PG_CPU_RELAX(); continue; }
+        if (++spins < PG_SPIN_ROUNDS) { PG_CPU_RELAX(); continue; }
+        if (spins < PG_SPIN_ROUNDS + PG_YIELD_ROUNDS) { sched_yield(); continue; }
         atomic_fetch_add(&tp->bar_sleepers, 1);
         if (atomic_load(&tp->bar_gen) == gen) wait_on(&tp->bar_gen, gen);
         atomic_fetch_sub(&tp->bar_sleepers, 1);
