@@ -47,6 +47,16 @@ class RunStats:
 
 
 @dataclass
+class _BuiltGraph:
+    """The graph of the last ubatch, kept for reuse: its params, inputs' numpy views, output."""
+    params: GraphParams
+    graph: object
+    logits: object
+    views: dict
+    sched: Scheduler
+
+
+@dataclass
 class Token:
     id: int
     text: str
@@ -130,7 +140,7 @@ class LLM:
                                 Scheduler(self.backends, n_copies=self.offload.n_copies,
                                           op_offload=oo["decode"], graph_size=gs))
         self.stats = RunStats()
-        self._graph = None          # (params, graph, inputs, logits, input views)
+        self._graph: _BuiltGraph | None = None
         self._seq_pos = [0] * n_seq_max
         self._reserve()
         self.stats.t_load_s = time.perf_counter() - t0
@@ -325,7 +335,7 @@ class LLM:
         gp = GraphParams(T, len(out_ids), n_kv["full"], n_kv.get("swa", 0))
         self.stats.ubatch_sizes.append(T)
         sched = self.sched["decode" if T == 1 else "prefill"]
-        if self._graph is not None and self._graph[0] == gp and self._graph[5] is sched:
+        if self._graph is not None and self._graph.params == gp and self._graph.sched is sched:
             self.stats.graphs_reused += 1
         else:
             self._graph = None
@@ -342,9 +352,9 @@ class LLM:
                 views["mask"] = host_array(inp.mask).reshape(T, -1)
             if inp.mask_swa is not None:
                 views["mask_swa"] = host_array(inp.mask_swa).reshape(T, -1)
-            self._graph = (gp, g, inp, logits, views, sched)
+            self._graph = _BuiltGraph(gp, g, logits, views, sched)
             self.stats.graphs_built += 1
-        _, g, inp, logits, views, sched = self._graph
+        g, logits, views = self._graph.graph, self._graph.logits, self._graph.views
         views["tokens"][:] = toks
         views["pos"][:] = pos
         if "kv_idxs" in views:
