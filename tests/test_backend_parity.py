@@ -49,7 +49,7 @@ if shutil.which("glslangValidator"):
         subprocess.run(["make", "-s", "shaders"], cwd=REPO, check=True)
 
 from pyggml.backend import vulkan  # noqa: E402
-from pyggml.backend.vulkan_info import Instance, vk_module  # noqa: E402
+from pyggml.backend.vulkan.info import Instance, vk_module  # noqa: E402
 
 
 def _physical_devices() -> int:

@@ -1,4 +1,4 @@
-"""Memory reports (pyggml.memplan, pyggml.mem): the planning-only figures equal what the runtime
+"""Memory reports (pyggml.planning.memory, pyggml.planning.measure): the planning-only figures equal what the runtime
 reserves (CPU and, where a Vulkan device exists, offloaded), virtual devices plan without
 hardware, UMA devices count against system RAM, the measured peak RSS after a warm-up is close to
 the prediction, and `pyggml mem` prints and writes the report."""
@@ -10,8 +10,8 @@ import pytest
 from pyggml.backend import vulkan
 from pyggml.cli import main
 from pyggml.llm.runtime import LLM
-from pyggml.mem import MiB, estimate, format_report, llamacpp_reference, measure
-from pyggml.memplan import CPU, PlanningModel, VirtualDevice, parse_size, plan_memory, uma_reason
+from pyggml.planning.measure import MiB, estimate, format_report, llamacpp_reference, measure
+from pyggml.planning.memory import CPU, PlanningModel, VirtualDevice, parse_size, plan_memory, uma_reason
 
 REPO = Path(__file__).resolve().parent.parent
 NO_VULKAN = vulkan.unavailable_reason()
@@ -112,7 +112,7 @@ def test_virtual_device_plans_without_hardware(tiny_models):
 
 
 def test_planning_reads_no_weight_byte_and_allocates_nothing(tiny_models):
-    from pyggml.mem import resident_bytes
+    from pyggml.planning.measure import resident_bytes
     tm = tiny_models.get(arch="gemma3", weight_type="f16", n_layer=4, n_embd=512, n_ff=2048,
                          n_head=8, n_head_kv=4, head_dim=64, n_vocab=8192, n_ctx_train=8192,
                          sliding_window=8192)

@@ -7,8 +7,8 @@ import yaml
 from pyggml.backend import vulkan
 from pyggml.cli import main
 from pyggml.llm.runtime import LLM
-from pyggml.memfit import CTX_STEP, fit
-from pyggml.memplan import CPU, MiB, VirtualDevice, plan_memory
+from pyggml.planning.fit import CTX_STEP, fit
+from pyggml.planning.memory import CPU, MiB, VirtualDevice, plan_memory
 
 NO_VULKAN = vulkan.unavailable_reason()
 RUNTIME = 100 * MiB          # system RAM given to the runtime itself in these tests

@@ -2,10 +2,10 @@
 round-trips and describes a placement without overlaps, the sweep grows as it should."""
 import pytest
 
-from pyggml import memplot
+from pyggml.planning import plots as memplot
 from pyggml.cli import main
-from pyggml.mem import format_sweep, sweep
-from pyggml.memplan import plan_memory
+from pyggml.planning.measure import format_sweep, sweep
+from pyggml.planning.memory import plan_memory
 
 PIL = pytest.importorskip("PIL.Image")
 mpimg = pytest.importorskip("matplotlib.image")

@@ -16,7 +16,7 @@ from pyggml.offload import (
     plan_from_config,
     tensor_kind,
 )
-from pyggml.offload_config import parse_text
+from pyggml.offload.config import parse_text
 
 L = 4
 SHORTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from pyggml.errors import ConfigError
-from pyggml.offload_config import (
+from pyggml.offload.config import (
     SCHEMA,
     load_config,
     parse_layers,

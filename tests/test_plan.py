@@ -20,8 +20,8 @@ from pyggml.errors import ConfigError
 from pyggml.llm.runtime import LLM
 from pyggml.models_default import ensure_default_model
 from pyggml.offload import CPU
-from pyggml.offload_config import load_config
-from pyggml.plan import Planner, dry_run, format_report, parse_size
+from pyggml.offload.config import load_config
+from pyggml.planning.dryrun import Planner, dry_run, format_report, parse_size
 from pyggml.types import GGMLType
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,7 +135,7 @@ def test_plan_reads_no_weight_byte(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import ctypes, sys
         from pyggml import gguf
-        from pyggml.plan import dry_run, format_report
+        from pyggml.planning.dryrun import dry_run, format_report
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         orig = gguf.open_gguf
@@ -264,7 +264,7 @@ def test_two_gpu_split_runs_on_two_vulkan_devices(tiny_models, tmp_path):
     script.write_text(textwrap.dedent(f"""
         import numpy as np
         from pyggml.llm.runtime import LLM
-        from pyggml.offload_config import load_config
+        from pyggml.offload.config import load_config
         p = {PROMPT!r}
         with LLM({str(tm.path)!r}, n_ctx=64, n_threads=1, type_k="f32", type_v="f32") as c:
             ref = c.eval(p)

@@ -21,7 +21,7 @@ from test_backend_parity import (  # noqa: F401 - also skips this module without
 from pyggml import Context, Graph, ops, quants
 from pyggml.backend import base, vulkan
 from pyggml.backend.cpu import CpuBackend, cpu_buffer_type
-from pyggml.backend.vulkan_info import DEVICE_TYPES, VulkanMemoryError
+from pyggml.backend.vulkan.info import DEVICE_TYPES, VulkanMemoryError
 from pyggml.errors import BackendError
 
 RNG = np.random.default_rng(7)
@@ -399,15 +399,15 @@ def test_devices_and_registry(monkeypatch, vk):
     assert isinstance(backends[0], vulkan.VulkanBackend) and backends[-1].name == "CPU"
     # PYGGML_VULKAN_DEVICES is read when discovery runs
     monkeypatch.setenv("PYGGML_VULKAN_DEVICES", "none")
-    assert vulkan._discover()[0] == [] and "PYGGML_VULKAN_DEVICES" in vulkan._discover()[1]
+    assert vulkan.backend._discover()[0] == [] and "PYGGML_VULKAN_DEVICES" in vulkan.backend._discover()[1]
     monkeypatch.setenv("PYGGML_VULKAN_DEVICES", "0")
-    assert len(vulkan._discover()[0]) == 1
+    assert len(vulkan.backend._discover()[0]) == 1
     monkeypatch.setenv("PYGGML_VULKAN_DEVICES", "99")
     with pytest.raises(BackendError, match="no device 99"):
-        vulkan._discover()
+        vulkan.backend._discover()
     monkeypatch.delenv("PYGGML_VULKAN_DEVICES")
     monkeypatch.setenv("PYGGML_SHADER_DIR", "/nonexistent")
-    devs, why = vulkan._discover()
+    devs, why = vulkan.backend._discover()
     assert devs == [] and "make shaders" in why
 
 

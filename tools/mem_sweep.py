@@ -4,7 +4,7 @@ only: no weight byte is read, nothing is allocated).
     .venv/bin/python tools/mem_sweep.py [-m MODEL] [--ctx 512,1024,...] [--ub 128,256,512]
         [--logits-all] [-ngl N] [--virtual-device NAME=SIZE[:igpu]] [--csv F] [--plot F.png]
 
-Same as `pyggml mem --sweep-ctx ... --sweep-ub ...`; the figures come from pyggml.memplan.
+Same as `pyggml mem --sweep-ctx ... --sweep-ub ...`; the figures come from pyggml.planning.memory.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pyggml.mem import format_sweep, sweep, virtual_device_arg, write_sweep_csv  # noqa: E402
+from pyggml.planning.measure import format_sweep, sweep, virtual_device_arg, write_sweep_csv  # noqa: E402
 
 
 def _ints(s: str) -> list[int]:
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         write_sweep_csv(rows, a.csv)
         print(f"wrote {a.csv}")
     if a.plot:
-        from pyggml.memplot import plot_sweep
+        from pyggml.planning.plots import plot_sweep
         plot_sweep(rows, a.plot)
         print(f"wrote {a.plot}")
     return 0

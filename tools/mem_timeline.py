@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pyggml import memplot  # noqa: E402
-from pyggml.mem import virtual_device_arg  # noqa: E402
-from pyggml.memplan import plan_memory  # noqa: E402
+from pyggml.planning import plots as memplot  # noqa: E402
+from pyggml.planning.measure import virtual_device_arg  # noqa: E402
+from pyggml.planning.memory import plan_memory  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -41,7 +41,7 @@ def _tokens(n: int, n_vocab: int, seed: int) -> list[int]:
 
 def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=512,
                  flash_attn=True, n_gpu_layers=0, config=None) -> list[BenchRow]:
-    """config: an offload Config (pyggml.offload_config); each row's threads and the bench's
+    """config: an offload Config (pyggml.offload.config); each row's threads and the bench's
     context size replace its own."""
     from pyggml.llm.runtime import LLM
     rows = []

@@ -73,7 +73,7 @@ class LLM:
     flash_attn: fused attention (llama.cpp's default on CPU) or mul_mat + softmax;
     n_gpu_layers: as llama.cpp's -ngl, the last N of the n_layer + 1 layer slots (the output
     is the last) on the first GPU device; offload: an OffloadPlan (overrides n_gpu_layers);
-    config: an offload config (a YAML path, a pyggml.offload_config.Config or a dict; see
+    config: an offload config (a YAML path, a pyggml.offload.config.Config or a dict; see
     configs/README.md): its plan replaces n_gpu_layers / offload, and the sizes, threads and
     KV types it sets replace the keyword arguments;
     progress: a progress bar while weights are copied to devices (None: on a terminal);

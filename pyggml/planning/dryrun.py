@@ -54,7 +54,7 @@ from pyggml.offload import (
     plan_from_config,
     shell_join,
 )
-from pyggml.offload_config import Config, describe_schema, format_layers
+from pyggml.offload.config import Config, describe_schema, format_layers
 
 DEFAULTS = {"n_ctx": 4096, "n_batch": 2048, "n_ubatch": 512, "n_seq_max": 1}   # pyggml run's
 
@@ -140,7 +140,7 @@ class PlanningBackend(Backend):
         return buft is self.device._buft
 
     def why_unsupported(self, node) -> str | None:
-        from pyggml.backend.vulkan_ops import why_unsupported
+        from pyggml.backend.vulkan.ops import why_unsupported
         return why_unsupported(node, self)
 
     def supports_op(self, node) -> bool:

@@ -9,7 +9,7 @@ memory (a virtual device: its declared size; system RAM: psutil's available memo
 (1 - margin). What must fit: on every non-CPU device, its weights + KV cache + compute buffer; in
 system RAM, the runtime's own memory (estimated, or `runtime=` bytes) + the CPU's buffers + host
 staging + every UMA device's buffers (an integrated GPU's memory is system RAM: offloading to it
-frees no RAM, and the report says so). Every candidate is planned with pyggml.memplan (no
+frees no RAM, and the report says so). Every candidate is planned with pyggml.planning.memory (no
 weight byte read, nothing allocated).
 
 Search. prefer="gpu_layers" (default): from every layer and the output on the GPU down to none,
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pyggml.errors import ConfigError
-from pyggml.memplan import (
+from pyggml.planning.memory import (
     CPU,
     Devices,
     MemoryPlan,
@@ -57,7 +57,7 @@ class FitResult:
     budgets: dict[str, int]
     runtime: int                    # system RAM the runtime itself is given (estimate or given)
     plan: MemoryPlan | None
-    config: object | None           # the offload config (pyggml.offload_config.Config) found
+    config: object | None           # the offload config (pyggml.offload.config.Config) found
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -85,16 +85,16 @@ class FitResult:
         return "\n".join(lines)
 
     def to_config(self) -> dict:
-        """The result as an offload config (plain data of pyggml.offload_config's schema, keys
+        """The result as an offload config (plain data of pyggml.offload.config's schema, keys
         in the schema's order)."""
-        from pyggml.offload_config import SCHEMA
+        from pyggml.offload.config import SCHEMA
         data = {} if self.config is None else self.config.data
         order = list(SCHEMA["properties"])
         return {k: data[k] for k in sorted(data, key=lambda k: (order.index(k) if k in order
                                                                  else len(order)))}
 
     def to_yaml(self) -> str:
-        from pyggml.offload_config import dump_yaml
+        from pyggml.offload.config import dump_yaml
         head = [f"# written by `pyggml mem --fit` for {self.model}"]
         head += ["# " + line for line in self.summary().splitlines()]
         if self.to_config().get("virtual_devices"):
@@ -138,8 +138,8 @@ def fit(model=None, budgets: dict | None = None, *, config=None, devices=(),
     """See the module docstring. config: a base offload config (path, Config or dict: its rules,
     KV placement, devices and sizes are kept; gpu_layers and context.n_ctx are what is searched).
     budgets: {device: bytes or '6GiB'}; missing devices get default_budgets. runtime: system RAM
-    the runtime needs besides its buffers (default: pyggml.mem.runtime_overhead_estimate)."""
-    from pyggml.memplan import load_run_config, virtual_devices_of
+    the runtime needs besides its buffers (default: pyggml.planning.measure.runtime_overhead_estimate)."""
+    from pyggml.planning.memory import load_run_config, virtual_devices_of
     if prefer not in ("gpu_layers", "ctx"):
         raise ConfigError(f"prefer must be 'gpu_layers' or 'ctx', got {prefer!r}")
     pm = model if isinstance(model, PlanningModel) else PlanningModel(model)
@@ -173,7 +173,7 @@ def fit(model=None, budgets: dict | None = None, *, config=None, devices=(),
         budget = default_budgets(devs, [n for n in names if n not in given], margin)
         budget.update(given)
         if runtime is None:
-            from pyggml.mem import runtime_overhead_estimate
+            from pyggml.planning.measure import runtime_overhead_estimate
             runtime = runtime_overhead_estimate(pm.facts())
         runtime = parse_size(runtime)
         top = hp.n_layer + 1 if gpu else 0

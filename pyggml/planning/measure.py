@@ -8,7 +8,7 @@
 Per device: weights by type, KV cache (global / sliding-window layers), compute buffer as planned
 by the allocator (peak) next to the naive sum of every intermediate and the peak without in-place
 reuse (the allocator's saving), host staging. System RAM: the CPU's buffers, host staging, and
-every UMA device's buffers (pyggml.memplan.uma_reason says why a device counts).
+every UMA device's buffers (pyggml.planning.memory.uma_reason says why a device counts).
 
 Predicted RSS (`measure`) = RSS after loading (measured before any compute: interpreter,
 libraries, GGUF metadata, tokenizer; weights copied to devices at load are already in it) + the
@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from pyggml.errors import PyggmlError
-from pyggml.memplan import (
+from pyggml.planning.memory import (
     CPU,
     MiB,
     Devices,
@@ -469,7 +469,7 @@ def sweep(model, n_ctxs, n_ubatches, *, devices=(), config=None, **settings) -> 
     weights / total, plus system_ram. Planning only. config: an offload config whose sizes the
     sweep replaces."""
     if config is not None:
-        from pyggml.memplan import load_run_config
+        from pyggml.planning.memory import load_run_config
         config = load_run_config(config)
     pm = model if isinstance(model, PlanningModel) else PlanningModel(model)
     devs = devices if isinstance(devices, Devices) else Devices(list(devices))
@@ -531,7 +531,7 @@ def virtual_device_arg(text: str) -> VirtualDevice:
 
 
 def add_arguments(p) -> None:
-    from pyggml.plan import add_offload_arguments
+    from pyggml.planning.dryrun import add_offload_arguments
     p.add_argument("-m", "--model", default=None, help="GGUF file (default: Gemma 3 270M)")
     p.add_argument("-c", "--ctx-size", dest="ctx", action="append",
                    help="context size (integer; default 4096) or an offload config file")
@@ -577,7 +577,7 @@ DEFAULTS = {"n_ctx": 4096, "n_batch": 2048, "n_ubatch": 512}       # pyggml run'
 def _run_config(args, virtual):
     """The command line as an offload Config (file, llama.cpp flags, --set), with -ngl going
     to the first virtual device when some are declared and no file names devices."""
-    from pyggml.plan import config_from_cli, split_ctx
+    from pyggml.planning.dryrun import config_from_cli, split_ctx
     _, path = split_ctx(args.ctx)
     cfg = config_from_cli(args, always=True)
     if virtual and path is None and (args.n_gpu_layers or 0) > 0:
@@ -589,14 +589,14 @@ def _run_config(args, virtual):
 
 
 def cmd_mem(args) -> int:
-    from pyggml.memplan import virtual_devices_of
+    from pyggml.planning.memory import virtual_devices_of
     virtual = [virtual_device_arg(v) for v in args.virtual_device]
     cfg = _run_config(args, virtual)
     planning_only = args.plan_only or bool(virtual) or bool(virtual_devices_of(cfg))
     common = {"logits_all": args.logits_all, "flash_attn": args.flash_attn != "off",
               "swa_full": args.swa_full}
     if args.fit:
-        from pyggml.memfit import budgets_arg, fit
+        from pyggml.planning.fit import budgets_arg, fit
         res = fit(args.model, budgets_arg(args.budget), config=cfg, devices=virtual,
                   min_ctx=args.min_ctx, max_ctx=args.max_ctx, prefer=args.prefer, **common)
         print(res.summary())
@@ -615,7 +615,7 @@ def cmd_mem(args) -> int:
             write_sweep_csv(rows, args.sweep_csv)
             print(f"wrote {args.sweep_csv}")
         if args.sweep_plot:
-            from pyggml.memplot import plot_sweep
+            from pyggml.planning.plots import plot_sweep
             plot_sweep(rows, args.sweep_plot)
             print(f"wrote {args.sweep_plot}")
         return 0
@@ -633,7 +633,7 @@ def cmd_mem(args) -> int:
         print(f"wrote {args.json}")
     report = rep.plan.reports.get("prefill")
     if report is not None and (args.timeline or args.timeline_csv or args.address_map):
-        from pyggml import memplot
+        from pyggml.planning import plots as memplot
         if args.timeline_csv:
             memplot.write_timeline_csv(report, args.timeline_csv)
             print(f"wrote {args.timeline_csv}")

@@ -1,6 +1,6 @@
 """Planning-only memory estimates: what a model run would put on each device, without running it.
 
-    from pyggml.memplan import plan_memory, VirtualDevice
+    from pyggml.planning.memory import plan_memory, VirtualDevice
     mp = plan_memory("model.gguf", n_ctx=2048, n_ubatch=512)             # CPU only
     mp = plan_memory("model.gguf", n_ctx=8192, n_gpu_layers=99,
                      devices=[VirtualDevice("laptop", 8 << 30)])         # a GPU you do not have
@@ -165,7 +165,7 @@ class VirtualBackend(PlanningBackend):
         self.max_bind = device.max_bind
 
     def supports_op(self, node) -> bool:
-        from pyggml.backend.vulkan_ops import why_unsupported
+        from pyggml.backend.vulkan.ops import why_unsupported
         if node.op in VIEW_OPS or node.op == Op.NONE:
             return True
         if node.op.name in self.device.unsupported_ops:
@@ -495,8 +495,8 @@ def virtual_devices_of(cfg) -> list[VirtualDevice]:
 
 
 def load_run_config(config, sets=()):
-    """A config (path, Config or dict) as a validated pyggml.offload_config.Config."""
-    from pyggml.offload_config import load_config
+    """A config (path, Config or dict) as a validated pyggml.offload.config.Config."""
+    from pyggml.offload.config import load_config
     return load_config(config, sets)
 
 

@@ -20,8 +20,8 @@ import itertools
 import logging
 import weakref
 
-from pyggml.backend.vulkan_device import VkContext
-from pyggml.backend.vulkan_ops import Builder, why_unsupported
+from pyggml.backend.vulkan.device import VkContext
+from pyggml.backend.vulkan.ops import Builder, why_unsupported
 from pyggml.errors import BackendError
 from pyggml.tensor import Tensor
 from pyggml.types import VIEW_OPS, Op

@@ -1,7 +1,7 @@
 """Vulkan plumbing for the Vulkan backend: one logical device with its memory, windows,
 pipelines, descriptor sets, submissions and transfers. No ggml semantics here (those are in
-vulkan_ops.py; device facts and kernel shapes in vulkan_info.py; the public classes in
-vulkan.py).
+ops.py; device facts and kernel shapes in info.py; the public classes in
+backend.py).
 
 Memory model. A `DeviceMemory` is one vkAllocateMemory. Shaders see it through *windows*:
 VkBuffers bound at some offset of the memory, each at most maxStorageBufferRange long (the most
@@ -25,7 +25,7 @@ from collections import deque
 
 import numpy as np
 
-from pyggml.backend.vulkan_info import (
+from pyggml.backend.vulkan.info import (
     DeviceInfo,
     KernelConfig,
     VulkanMemoryError,

@@ -2,7 +2,7 @@
 phase, and why.
 
 An `OffloadPlan` is what the model runtime consumes. It comes from an offload config
-(`plan_from_config`: a YAML file read by pyggml.offload_config, or a Config) or from llama.cpp's
+(`plan_from_config`: a YAML file read by pyggml.offload.config, or a Config) or from llama.cpp's
 flags (`plan_from_args`: -ngl, -ot, --no-kv-offload, --no-op-offload), which are translated into
 the same config first, so both give the same plan. Every placement records the rule that decided
 it, so `pyggml plan` can say why a tensor lives where it does.
@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from pyggml.errors import ConfigError
-from pyggml.offload_config import (
+from pyggml.offload.config import (
     CLI,
     KINDS,
     PHASES,
@@ -198,7 +198,7 @@ class DeviceCatalog:
     def with_virtual(self, cfg) -> "DeviceCatalog":
         """This catalog plus the config's `virtual_devices` (planning-only, declared memory; a
         name already listed keeps its entry)."""
-        from pyggml.offload_config import size_bytes
+        from pyggml.offload.config import size_bytes
         extra = [DeviceInfo(v["name"], False, size_bytes(v["memory"]), size_bytes(v["memory"]),
                             (v["name"],), f"virtual {v.get('kind', 'gpu')} (planning only)",
                             planning=True, assumed_memory=True)

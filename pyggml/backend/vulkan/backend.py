@@ -22,14 +22,14 @@ backend, which the scheduler requires last).
 
 Memory: device-local; tensors have opaque addresses (`data = buffer.base + offset`, never
 dereferenced by the host). Allocations larger than one storage-buffer binding are read through
-overlapping windows (vulkan_device.py); the buffer type's max_size is one binding, so the graph
+overlapping windows (device.py); the buffer type's max_size is one binding, so the graph
 allocator keeps compute buffers in one window. A weight larger than one binding is split by rows
 (MUL_MAT, GET_ROWS). Host access: memmove where the memory is host-visible, else a staging copy.
 
-Modules: vulkan_info (loader, device facts, KernelConfig: kernel shapes chosen from the limits),
-vulkan_device (logical device, memory windows, pipelines, submissions, transfers), vulkan_ops
-(support rules and dispatches per op), vulkan_record (command-buffer recording and replay),
-vulkan_bench (benchmarks); shaders/*.comp with their variants in shaders/variants.mk.
+Modules of this package: info (loader, device facts, KernelConfig: kernel shapes chosen from
+the limits), device (logical device, memory windows, pipelines, submissions, transfers), ops
+(support rules and dispatches per op), record (command-buffer recording and replay), bench
+(benchmarks); shaders/*.comp with their variants in shaders/variants.mk.
 
 Execution: a graph is recorded once into one command buffer (pipelines, descriptor sets, push
 constants, a barrier only where a dispatch touches memory an earlier one since the last barrier
@@ -58,8 +58,8 @@ from pyggml.backend.base import (
     DeviceType,
     Event,
 )
-from pyggml.backend.vulkan_device import BUFFER_PAD, DeviceMemory, VkContext
-from pyggml.backend.vulkan_info import (
+from pyggml.backend.vulkan.device import BUFFER_PAD, DeviceMemory, VkContext
+from pyggml.backend.vulkan.info import (
     Instance,
     binding_limit,
     KernelConfig,
@@ -69,8 +69,8 @@ from pyggml.backend.vulkan_info import (
     shader_dir,
     vk_module,
 )
-from pyggml.backend.vulkan_ops import why_unsupported
-from pyggml.backend.vulkan_record import Recorder, signature
+from pyggml.backend.vulkan.ops import why_unsupported
+from pyggml.backend.vulkan.record import Recorder, signature
 from pyggml.errors import BackendError
 from pyggml.tensor import Tensor
 from pyggml.types import Op

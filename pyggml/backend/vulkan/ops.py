@@ -3,7 +3,7 @@ and the dispatches that compute a node (`build`). Semantics are those of the CPU
 native/src/ops_*.c; each shader's header comment states its contract.
 
 A dispatch names a SPIR-V module (build/shaders/<name>.spv), its specialization constants, five
-bindings (whole windows, see vulkan_device.py), the push constants (offsets of the operands inside
+bindings (whole windows, see device.py), the push constants (offsets of the operands inside
 their windows, shapes, strides in elements) and a workgroup grid, plus the byte ranges it reads
 and writes (virtual addresses), from which the recorder derives barriers.
 """

@@ -69,7 +69,7 @@ def _ctx_and_config(values) -> tuple[int | None, str | None]:
 
 def _cmd_run(args) -> int:
     from pyggml.llm.runtime import LLM
-    from pyggml.plan import config_from_cli
+    from pyggml.planning.dryrun import config_from_cli
     n_ctx, _ = _ctx_and_config(args.ctx)
     config = config_from_cli(args)          # None without a config file or offload flags
     t0 = time.perf_counter()
@@ -123,7 +123,7 @@ def _cmd_bench(args) -> int:
         from pyggml.models_default import ensure_default_model
         model = ensure_default_model()
     fa = args.flash_attn != "off"
-    from pyggml.plan import config_from_cli
+    from pyggml.planning.dryrun import config_from_cli
     config = config_from_cli(args)
     rows = bench.bench_pyggml(model, args.n_prompt, args.n_gen, args.threads, args.repetitions,
                               flash_attn=fa, n_gpu_layers=args.n_gpu_layers or 0, config=config)
@@ -137,7 +137,7 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    from pyggml import plan
+    from pyggml.planning import dryrun as plan
     return plan.run(args, sys.argv[1:])
 
 
@@ -145,7 +145,7 @@ def _cmd_bench_kernels(args) -> int:
     """`pyggml bench kernels`: tools/bench_kernels.py (matvec GB/s per type vs memory bandwidth)."""
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parent.parent / "tools" / "bench_kernels.py"
+    path = Path(__file__).resolve().parents[2] / "tools" / "bench_kernels.py"
     if not path.is_file():
         raise PyggmlError(f"{path} not found: `bench kernels` runs from a source checkout")
     spec = importlib.util.spec_from_file_location("pyggml_bench_kernels", path)
@@ -155,7 +155,7 @@ def _cmd_bench_kernels(args) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from pyggml import plan as plan_args
+    from pyggml.planning import dryrun as plan_args
     p = argparse.ArgumentParser(prog="pyggml", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -212,7 +212,7 @@ def _parser() -> argparse.ArgumentParser:
         bk.add_argument(opt, **kw)
     bk.set_defaults(func=_cmd_bench_kernels)
 
-    from pyggml import mem
+    from pyggml.planning import measure as mem
     mm = sub.add_parser("mem", help="memory per device: planned, and measured after a warm-up")
     mem.add_arguments(mm)
     mm.set_defaults(func=mem.cmd_mem)

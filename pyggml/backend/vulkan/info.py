@@ -1,6 +1,6 @@
 """What a Vulkan device is, for the Vulkan backend: the loader, the physical devices' facts
 (limits, subgroups, 16-bit storage, memory heaps) and the kernel shapes chosen from them
-(KernelConfig). No logical device is created here (see vulkan_device.py).
+(KernelConfig). No logical device is created here (see device.py).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _human(n: int) -> str:
 def shader_dir() -> Path:
     """Where the compiled SPIR-V lives: $PYGGML_SHADER_DIR, else <repo>/build/shaders."""
     env = os.environ.get("PYGGML_SHADER_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "build" / "shaders"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "build" / "shaders"
 
 
 # ---- physical devices ----------------------------------------------------------------------------

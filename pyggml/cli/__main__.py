@@ -1,0 +1,5 @@
+import sys
+
+from pyggml.cli import main
+
+sys.exit(main())
