@@ -1,6 +1,6 @@
 """Recording graphs into command buffers for the Vulkan backend, and replaying them.
 
-`Recorder.record(graph)` turns every non-view node into dispatches (vulkan_ops.Builder, with
+`Recorder.record(graph)` turns every non-view node into dispatches (ops.Builder, with
 this recorder as its environment: window lookup, status tags, device-owned buffers) and records
 them into one command buffer: pipeline and descriptor-set binds only when they change, push
 constants per dispatch, and a global memory barrier only where a dispatch reads memory written
