@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pyggml import settings
 from pyggml.errors import BackendError
 
 _VK = None
@@ -46,9 +46,10 @@ def _human(n: int) -> str:
 
 
 def shader_dir() -> Path:
-    """Where the compiled SPIR-V lives: $PYGGML_SHADER_DIR, else <repo>/build/shaders."""
-    env = os.environ.get("PYGGML_SHADER_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "build" / "shaders"
+    """Where the compiled SPIR-V lives: $PYGGML_SHADER_DIR (pyggml.settings), else
+    <repo>/build/shaders."""
+    env = settings.current().shader_dir
+    return env if env else Path(__file__).resolve().parents[3] / "build" / "shaders"
 
 
 # ---- physical devices ----------------------------------------------------------------------------
