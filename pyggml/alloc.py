@@ -58,7 +58,7 @@ import weakref
 from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 
-from pyggml.errors import AllocatorError
+from pyggml.errors import AllocatorError, InvalidArgumentError
 from pyggml.tensor import Tensor, TensorFlag
 from pyggml.types import Op
 
@@ -157,11 +157,11 @@ class DynAllocator:
     def __init__(self, alignment: int = 64, max_chunk_size: int | None = None,
                  max_chunks: int = MAX_CHUNKS):
         if alignment <= 0 or alignment & (alignment - 1):
-            raise ValueError(f"alignment must be a power of two, got {alignment}")
+            raise InvalidArgumentError(f"alignment must be a power of two, got {alignment!r}")
         if max_chunk_size is not None and max_chunk_size <= 0:
-            raise ValueError(f"max_chunk_size must be > 0, got {max_chunk_size}")
+            raise InvalidArgumentError(f"max_chunk_size must be > 0, got {max_chunk_size!r}")
         if max_chunks < 1:
-            raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
+            raise InvalidArgumentError(f"max_chunks must be >= 1, got {max_chunks!r}")
         self.alignment = alignment
         self.max_chunk_size = _UNBOUNDED if max_chunk_size is None else min(max_chunk_size,
                                                                             _UNBOUNDED)
@@ -334,7 +334,8 @@ class PlanReport:
         for p in self.tensors:
             if p.name == name:
                 return p
-        raise KeyError(name)
+        raise AllocatorError(f"no tensor named {name!r} in this plan ({len(self.tensors)} "
+                             f"tensors)")
 
     def to_dict(self) -> dict:
         return asdict(self)

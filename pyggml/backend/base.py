@@ -48,7 +48,7 @@ from enum import Enum
 
 import numpy as np
 
-from pyggml.errors import BackendError
+from pyggml.errors import BackendError, InvalidArgumentError
 
 # ---- kinds -------------------------------------------------------------------------------------
 
@@ -78,8 +78,8 @@ class BufferType:
     def __init__(self, name: str, alignment: int = 64, max_size: int | None = None,
                  is_host: bool = True, device: "Device | None" = None):
         if alignment <= 0 or alignment & (alignment - 1):
-            raise ValueError(f"buffer type '{name}': alignment must be a power of two, "
-                             f"got {alignment}")
+            raise InvalidArgumentError(f"buffer type '{name}': alignment must be a power of "
+                                       f"two, got {alignment}")
         self.name = name
         self.alignment = alignment
         self.max_size = max_size
