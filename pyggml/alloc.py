@@ -35,7 +35,10 @@ reserve / alloc_graph / needs_realloc follow ggml: `reserve` plans and keeps, pe
 index, (buffer id, chunk, offset, size); `alloc_graph` only refills addresses from that plan (no
 analysis), re-planning by itself only when there is one buffer type and the graph outgrew the plan;
 `needs_realloc` says whether it did: a different node/leaf count, a tensor larger than planned, or
-one that now needs memory and had none. Same-shaped graphs get identical addresses.
+one that now needs memory and had none. Same-shaped graphs get identical addresses. Every address
+that alloc_graph changes bumps `pyggml.tensor.placement_generation()` (backends compare it to
+know, in O(1), whether a graph they prepared was placed elsewhere); refilling the same addresses
+changes nothing.
 
 Addresses. A buffer type needs `name`, `alignment` (a power of two) and `max_size` (None = no
 limit); optionally `get_alloc_size(tensor)` (default `tensor.nbytes()`) and `alloc_buffer(n)`.

@@ -22,6 +22,9 @@ What the scheduler (pyggml.sched) relies on, and nothing else:
   The same graph object with the same `graph.uid` is passed again on graph reuse (same tensors,
   same addresses): cache whatever was prepared for it (CPU: the marshalled node array; Vulkan: a
   recorded command buffer) keyed by the graph object and its uid. A new uid means: prepare again.
+  Addresses can still move under the same uid (an allocator placing the graph in other memory,
+  code assigning `data`): compare `pyggml.tensor.placement_generation()` with the one you
+  prepared at (O(1)) and re-read addresses only when it moved.
 - `Backend.synchronize()`: block until all work queued on this backend is done.
 - `Backend.event_new()` → Event or None (no events: the scheduler synchronizes instead);
   `Event.record()`, `Event.synchronize()`, `Backend.event_wait(event)`.
