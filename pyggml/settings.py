@@ -25,7 +25,8 @@ changed later affects only parts made later. `override(settings)` installs a Set
 its `with` block instead (tests, embedding applications).
 
 Invalid values raise SettingsError naming the variable, the value and the allowed values; empty
-values mean "not set".
+values mean "not set". Every variable is checked whenever settings are read, so a bad value fails
+the first engine part made (even one that does not use that variable) instead of being ignored.
 """
 
 from __future__ import annotations
