@@ -131,7 +131,7 @@ def resolve_offload(mf: ModelFile, opts: RunOptions, *, config=None,
     elif offload is None:
         ngl = opts.n_gpu_layers
         if isinstance(ngl, bool) or not isinstance(ngl, int) or ngl < 0:
-            raise ModelError(f"n_gpu_layers must be a non-negative integer, got {ngl!r}")
+            raise ConfigError(f"-ngl must be >= 0 (n_gpu_layers), got {ngl!r}")
         if ngl > 0 and gpu_device is None:
             cat = catalog or DeviceCatalog.from_registry()
             gpus = [n for n in cat.names() if n != CPU and not cat.device(n).is_software()]
