@@ -309,15 +309,3 @@ def fit(model=None, budgets: dict | None = None, *, config=None, virtual=(),
                                                for d, o in nxt[0].over.items()))
         return FitResult(planner.path, True, ngl, n_ctx, gpu if ngl else None, budget, runtime,
                          plan, plan.config, list(checks.values()), notes)
-
-
-def budgets_arg(items) -> dict[str, str]:
-    """['Vulkan0=6GiB', 'CPU=8GiB'] -> {'Vulkan0': '6GiB', 'CPU': '8GiB'}."""
-    out = {}
-    for it in items or []:
-        name, _, size = it.partition("=")
-        if not name or not size:
-            raise ConfigError(f"--budget {it!r}: expected DEVICE=SIZE, e.g. Vulkan0=6GiB")
-        out[name] = size
-    return out
-
