@@ -28,8 +28,8 @@ allocator keeps compute buffers in one window. A weight larger than one binding 
 
 Modules of this package: info (loader, device facts, KernelConfig: kernel shapes chosen from
 the limits), device (logical device, memory windows, pipelines, submissions, transfers), ops
-(support rules and dispatches per op), record (command-buffer recording and replay), bench
-(benchmarks); shaders/*.comp with their variants in shaders/variants.mk.
+(support rules and dispatches per op), record (command-buffer recording and replay);
+shaders/*.comp with their variants in shaders/variants.mk; benchmarks in tools/bench_vulkan.py.
 
 Execution: a graph is recorded once into one command buffer (pipelines, descriptor sets, push
 constants, a barrier only where a dispatch touches memory an earlier one since the last barrier
