@@ -56,8 +56,8 @@ def test_plan_equals_what_the_runtime_reserves_on_cpu(tiny_models, arch, logits_
 def test_plan_equals_the_runtime_with_layers_on_vulkan(tiny_models, ngl):
     tm = _model(tiny_models)
     kw = dict(n_ctx=256, n_ubatch=64, n_batch=64)
-    plan = plan_memory(tm.path, n_gpu_layers=ngl, **kw)
-    with LLM(tm.path, n_threads=1, n_gpu_layers=ngl, **kw) as llm:
+    plan = plan_memory(tm.path, n_gpu_layers=ngl, gpu_device="Vulkan0", **kw)
+    with LLM(tm.path, n_threads=1, n_gpu_layers=ngl, device="Vulkan0", **kw) as llm:
         gpu = llm.backends[0].device.name
         assert [d.device for d in plan.devices] == [gpu, CPU]
         for b in llm.backends:
@@ -127,7 +127,8 @@ def test_planning_reads_no_weight_byte_and_allocates_nothing(tiny_models):
         free0 = [d.memory()[0] for d in vulkan.devices()] if NO_VULKAN is None else []
         plan = plan_memory(pm, n_ctx=4096, n_ubatch=512, n_gpu_layers=3, virtual=devs)
         if NO_VULKAN is None:
-            plan_memory(pm, n_ctx=4096, n_ubatch=512, n_gpu_layers=99)   # the real device
+            plan_memory(pm, n_ctx=4096, n_ubatch=512, n_gpu_layers=99,     # the real device
+                        gpu_device="Vulkan0")
             # asking the real backend about ops opens the device: its fixed tables, no buffer
             free1 = [d.memory()[0] for d in vulkan.devices()]
             assert all(0 <= a - b <= 64 << 10 for a, b in zip(free0, free1))

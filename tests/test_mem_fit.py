@@ -62,7 +62,7 @@ def test_cpu_budget_gives_the_largest_context_and_the_yaml_fits(tiny_models, tmp
 def test_vulkan_budget_gives_gpu_layers_and_the_yaml_fits_on_the_device(tiny_models, tmp_path):
     tm = _model(tiny_models)
     gpu = vulkan.devices()[0].name
-    full = plan_memory(tm.path, n_ctx=1024, n_ubatch=128, n_gpu_layers=99)
+    full = plan_memory(tm.path, n_ctx=1024, n_ubatch=128, n_gpu_layers=99, gpu_device=gpu)
     budget = full.device(gpu).total * 6 // 10               # not everything fits on the device
     res = fit(tm.path, {gpu: budget, CPU: "8GiB"}, gpu_device=gpu, min_ctx=1024,
               max_ctx=1024, n_ubatch=128, runtime=RUNTIME)

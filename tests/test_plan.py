@@ -37,8 +37,9 @@ PROMPT = [2, 17, 99, 5, 300, 41, 7, 8, 250, 3, 77, 12, 19]
 
 
 def assumed(**more):
-    """Vulkan0 as a planning-only device where this machine has none (as VirtualSpecs)."""
-    out = {} if NO_VULKAN is None else {"Vulkan0": 2 * GIB}
+    """Vulkan0 with 2 GiB: a planning-only device where this machine has none, else the real
+    one named (lavapipe is a software device, used only where named), as VirtualSpecs."""
+    out = {"Vulkan0": 2 * GIB}
     out.update(more)
     return [VirtualSpec(n, b) for n, b in out.items()]
 
@@ -65,7 +66,7 @@ def test_every_example_config_is_planned_against_gemma(gemma):
                      "two-gpus-split.yaml"]
     r = {f: gemma.plan(load_config(CONFIGS / f)) for f in files}
     for f, rep in r.items():
-        assert rep.warnings == [], f
+        assert [w for w in rep.warnings if "software device" not in w] == [], f
         for d in rep.offload.devices:
             assert rep.device(d).compute > 0, (f, d)          # measured by the scheduler
         assert "llama.cpp: " in format_report(rep)

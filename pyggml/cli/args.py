@@ -14,7 +14,7 @@ import re
 
 from pyggml.errors import ConfigError, UsageError
 from pyggml.llm.setup import DEFAULTS
-from pyggml.offload import CPU, VirtualSpec, config_from_flags
+from pyggml.offload import VirtualSpec, config_from_flags
 from pyggml.offload.config import Config
 
 _NUMBER = re.compile(r"^-?\d+(\.\d*)?$")
@@ -156,7 +156,7 @@ def config_from_cli(args, always: bool = False, first_gpu=None) -> Config | None
         devices = [] if dev.strip().lower() == "none" else [d.strip() for d in dev.split(",")]
     elif path is None and (ngl or 0) > 0:
         gpu = first_gpu() if first_gpu else _first_registry_gpu()
-        devices = [gpu] if gpu else []
+        devices = [gpu] if gpu else None         # None: the resolver says why there is none
     elif path is None:
         devices = [] if not (ngl or 0) else None
     one = (lambda k: v if isinstance(v := getattr(args, k, None), int) else None)
@@ -170,10 +170,11 @@ def config_from_cli(args, always: bool = False, first_gpu=None) -> Config | None
 
 
 def _first_registry_gpu() -> str | None:
-    from pyggml.backend.base import default_registry
-    devs = [d for d in default_registry().devices() if d.name != CPU and d.type.value != "CPU"]
-    fast = [d for d in devs if not d.is_software()]
-    return (fast or devs or [None])[0] and (fast or devs)[0].name
+    """-ngl without -dev: the first GPU that is not a software device (lavapipe: only named)."""
+    from pyggml.backend.base import DeviceType, default_registry
+    devs = [d for d in default_registry().devices()
+            if d.type != DeviceType.CPU and not d.is_software()]
+    return devs[0].name if devs else None
 
 
 def run_options(args) -> dict:

@@ -67,7 +67,8 @@ class LLM:
     f32, q8_0); logits_all: keep logits for every position (else the last of each eval only);
     flash_attn: fused attention (llama.cpp's default on CPU) or mul_mat + softmax;
     n_gpu_layers: as llama.cpp's -ngl, the last N of the n_layer + 1 layer slots (the output
-    is the last) on the first GPU device; offload: an OffloadPlan (overrides n_gpu_layers);
+    is the last) on `device` (llama.cpp's -dev; default: the first GPU that is not a software
+    device such as lavapipe, which is used only when named); offload: an OffloadPlan (overrides n_gpu_layers);
     config: an offload config (a YAML path, a pyggml.offload.config.Config or a dict; see
     configs/README.md): its plan replaces n_gpu_layers / offload, and the sizes, threads and
     KV types it sets replace the keyword arguments;
@@ -84,13 +85,14 @@ class LLM:
                  logits_all: bool = DEFAULTS.logits_all, flash_attn: bool = DEFAULTS.flash_attn,
                  n_gpu_layers: int = DEFAULTS.n_gpu_layers, offload: OffloadPlan | None = None,
                  progress: bool | None = None, swa_full: bool = DEFAULTS.swa_full,
-                 verbose: bool = False):
+                 device: str | None = None, verbose: bool = False):
         t0 = time.perf_counter()
         opts = RunOptions(n_ctx, n_batch, n_ubatch, n_threads, n_threads_batch, n_seq_max,
                           type_k, type_v, logits_all, flash_attn, swa_full, n_gpu_layers)
         self.file = ModelFile(model_path)
         try:
-            self.offload, opts = resolve_offload(self.file, opts, config=config, offload=offload)
+            self.offload, opts = resolve_offload(self.file, opts, config=config, offload=offload,
+                                                 gpu_device=device)
             self.tokenizer = Tokenizer.from_gguf(self.path)
             self.run = build_run(self.file, self.offload, opts, progress=progress)
         except BaseException:

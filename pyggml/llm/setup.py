@@ -134,13 +134,16 @@ def resolve_offload(mf: ModelFile, opts: RunOptions, *, config=None,
             raise ConfigError(f"-ngl must be >= 0 (n_gpu_layers), got {ngl!r}")
         if ngl > 0 and gpu_device is None:
             cat = catalog or DeviceCatalog.from_registry()
-            gpus = [n for n in cat.names() if n != CPU and not cat.device(n).is_software()]
-            gpus = gpus or [n for n in cat.names() if n != CPU]
+            gpus = [d.name for d in cat.infos if not d.is_cpu and not d.software]
+            soft = [d.name for d in cat.infos if d.software]
             if not gpus:
                 errs = default_registry().load_errors
                 reasons = "; ".join(f"{m}: {e}" for m, e in errs.items())
-                raise ModelError(f"n_gpu_layers={ngl} but no GPU device was found "
-                                 f"({reasons or 'no backend module reported one'})")
+                why = (f"{', '.join(soft)} is a software device (it computes on the CPU through "
+                       f"its driver, slower than the CPU backend); name it to use it anyway: "
+                       f"device='{soft[0]}' (-dev {soft[0]})" if soft else
+                       reasons or "no backend module reported one")
+                raise ModelError(f"n_gpu_layers={ngl} but no GPU device was found ({why})")
             gpu_device = gpus[0]
         offload = plan_from_args(mf.model.tensors, hp.n_layer, hp.tied_output, ngl,
                                  gpu_device if ngl > 0 else None)
@@ -300,6 +303,12 @@ def build_run(mf: ModelFile, offload: OffloadPlan, opts: RunOptions, *,
         same = oo["decode"] == oo["prefill"] and not offload.phase_ops
         sched["decode"] = sched["prefill"] if same else Scheduler(
             backends, n_copies=offload.n_copies, op_offload=oo["decode"], graph_size=gs)
+        for b in backends[:-1]:
+            if b.device.is_software():
+                w = (f"{b.device.name} is a software device (it computes on the CPU through its "
+                     f"driver, usually much slower than the CPU backend)")
+                if w not in offload.warnings:
+                    offload.warnings.append(w)
         run = Run(mf, opts, offload, backends, by_device, weights, weight_buffers, kv, sched,
                   planning)
         run.reserve()

@@ -193,6 +193,7 @@ class DeviceInfo:
     description: str = ""
     planning: bool = False
     assumed_memory: bool = False
+    software: bool = False      # slower than the CPU (lavapipe): used only where named
 
 
 def _info_of(d, assumed: int | None = None) -> DeviceInfo:
@@ -204,7 +205,8 @@ def _info_of(d, assumed: int | None = None) -> DeviceInfo:
         bts += (host.name,)
     virtual = getattr(d, "virtual", False)
     return DeviceInfo(d.name, d.type == DeviceType.CPU, free, total, bts, d.description,
-                      planning=virtual, assumed_memory=virtual or assumed is not None)
+                      planning=virtual, assumed_memory=virtual or assumed is not None,
+                      software=d.is_software() and assumed is None)
 
 
 class DeviceCatalog:
@@ -415,7 +417,7 @@ class _Resolver:
         if listed is None:        # every GPU, when gpu_layers gives them something to hold
             ngl = cfg.get(("gpu_layers",), 0)
             if ngl == "all" or ngl > 0:
-                gpus = [d.name for d in self.catalog.infos if not d.is_cpu]
+                gpus = [d.name for d in self.catalog.infos if not d.is_cpu and not d.software]
             gpu_targets = list(gpus)
         else:
             for i, ref in enumerate(listed):
@@ -468,6 +470,11 @@ class _Resolver:
         n = L + 1 if ngl == "all" else min(int(ngl), L + 1)
         if n > 0 and not gpus:
             here = ", ".join(self.catalog.names())
+            soft = [d.name for d in self.catalog.infos if d.software]
+            if soft and not cfg.has(("devices",)):
+                here += (f"; {', '.join(soft)} computes on the CPU through its driver (a "
+                         f"software device, slower than the CPU backend): name it in 'devices' "
+                         f"(-dev {soft[0]}) to use it anyway")
             if cfg.has(("devices",)):
                 self.err(("gpu_layers",), f"{ngl} layer(s) for the GPUs, but 'devices' names no "
                                           f"GPU (devices here: {here})")

@@ -216,16 +216,16 @@ class Planner:
             devices = None
             if (n_gpu_layers or 0) > 0:
                 gpu = gpu_device or self._first_gpu()
-                devices = [gpu] if gpu else []
+                devices = [gpu] if gpu else None     # None: the resolver says why none
             cfg = config_from_flags(None, n_gpu_layers=n_gpu_layers, devices=devices, **flags)
         return cfg.with_sets(sets) if sets else cfg
 
     def _first_gpu(self) -> str | None:
-        cat = self.catalog
-        virtual = [n for n, d in cat.devices.items() if getattr(d, "virtual", False)]
-        real = [n for n in cat.names() if n != CPU and n not in virtual]
-        fast = [n for n in real if not cat.device(n).is_software()]
-        return (virtual + fast + real or [None])[0]
+        """Where -ngl goes without -dev: a virtual device if declared, else the first GPU that
+        is not a software device (those only where named)."""
+        infos = [d for d in self.catalog.infos if not d.is_cpu and not d.software]
+        names = [d.name for d in infos if d.planning] + [d.name for d in infos if not d.planning]
+        return names[0] if names else None
 
     def plan(self, config=None, *, sets=(), opts: RunOptions | None = None,
              offload: OffloadPlan | None = None, with_no_inplace: bool = True,
