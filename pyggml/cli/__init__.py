@@ -65,6 +65,14 @@ def main(argv=None) -> int:
         print("pyggml: error: out of memory (try a smaller -c / -ub, or -ngl 0)",
               file=sys.stderr)
         return 1
+    except OSError as e:            # a file or device the command could not use
+        where = f" {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"pyggml: error:{where} {e.strerror or e}", file=sys.stderr)
+        return 1
+    except Exception as e:          # a bug: still one line, with what to report
+        print(f"pyggml: internal error: {type(e).__name__}: {e} (please report it with the "
+              f"command line)", file=sys.stderr)
+        return 70
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from pyggml.cli.args import add_offload_args, config_from_cli, int_list
@@ -18,7 +19,8 @@ def cmd_bench(args) -> int:
     fa = args.flash_attn != "off"
     config = config_from_cli(args)
     rows = bench.bench_pyggml(model, args.n_prompt, args.n_gen, args.threads, args.repetitions,
-                              flash_attn=fa, n_gpu_layers=args.n_gpu_layers or 0, config=config)
+                              flash_attn=fa, n_gpu_layers=args.n_gpu_layers or 0, config=config,
+                              progress=sys.stderr.isatty())
     ref = None
     if args.compare_llamacpp or args.llamacpp_python:
         ref = bench.bench_llamacpp(model, args.n_prompt, args.n_gen, args.threads,

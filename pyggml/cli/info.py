@@ -28,7 +28,8 @@ def _tiny_graph():
 def cmd_graph(args) -> int:
     g = _tiny_graph()
     if args.dot:
-        g.to_dot(args.dot)
+        from pyggml.cli.output import write_text
+        write_text(args.dot, g.to_dot())
         print(f"wrote {args.dot}")
     for i, t in enumerate(g.leafs):
         print(f"leaf {i:3d} {t.name:10s} {t.type.name:5s} ne={list(t.ne)}")

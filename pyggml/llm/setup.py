@@ -147,7 +147,13 @@ def resolve_offload(mf: ModelFile, opts: RunOptions, *, config=None,
             gpu_device = gpus[0]
         offload = plan_from_args(mf.model.tensors, hp.n_layer, hp.tied_output, ngl,
                                  gpu_device if ngl > 0 else None)
-    return offload, opts.resolved(hp.n_ctx_train)
+    opts = opts.resolved(hp.n_ctx_train)
+    if hp.n_ctx_train and opts.n_ctx > hp.n_ctx_train:
+        w = (f"n_ctx {opts.n_ctx} is more than the model was trained for ({hp.n_ctx_train}): "
+             f"quality may drop past that many tokens")
+        if w not in offload.warnings:
+            offload.warnings.append(w)
+    return offload, opts
 
 
 @dataclass

@@ -197,7 +197,8 @@ SCHEMA = {
             "type": "object",
             "doc": "sizes",
             "properties": {
-                "n_ctx": dict(_POS_INT, doc="KV cells (-c)"),
+                "n_ctx": {"type": "integer", "minimum": 0,
+                          "doc": "KV cells (-c; 0: the model's trained context)"},
                 "n_batch": dict(_POS_INT, doc="tokens per eval chunk (-b)"),
                 "n_ubatch": dict(_POS_INT, doc="tokens per graph (-ub)"),
                 "n_seq_max": {"type": "integer", "minimum": 1, "maximum": 64,
