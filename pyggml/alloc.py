@@ -1,6 +1,6 @@
 """The planning allocator: tensor lifetimes → offsets in one logical buffer per buffer type.
 
-ggml-alloc.c's design (see ../shared/seed/ggml-graph-and-allocator.zh.txt), in two layers:
+ggml-alloc.c's design (docs/ARCHITECTURE.md, "The allocator"), in two layers:
 
 DynAllocator    one logical buffer made of up to 16 chunks. Each chunk keeps its free blocks sorted
                 by offset, merged on free. A request takes the best fitting free block that is not

@@ -72,3 +72,8 @@ class ConfigError(PyggmlError, ValueError):
 
 class ModelError(PyggmlError, ValueError):
     """A model cannot be built or run with the given input (unknown architecture, bad prompt)."""
+
+
+class UsageError(PyggmlError, ValueError):
+    """A command line that cannot be parsed: an unknown flag, a missing or malformed value
+    (the CLI exits with status 2, as argparse)."""

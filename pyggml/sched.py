@@ -6,7 +6,7 @@ backend, one `graph_compute` call each), adds a copy for every input a split can
 it lives, plans all memory with one GraphAllocator (one buffer per backend buffer type), and runs
 the splits with ggml's synchronisation rules.
 
-Passes (see ../shared/seed/ggml-graph-and-allocator.zh.txt). Every assignment records a cause:
+Passes (docs/ARCHITECTURE.md, "The scheduler"). Every assignment records a cause:
 
     usr     set_tensor_backend
     1.dst   the tensor (or the memory it views) is already in a buffer: the highest-priority

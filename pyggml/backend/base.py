@@ -211,6 +211,10 @@ class Backend:
     def supports_buft(self, buft: BufferType) -> bool:
         raise NotImplementedError
 
+    #: a matrix product over at least this many rows is worth copying a host weight for
+    #: (offload_op); None: this backend never takes ops from host weights
+    offload_min_batch: int | None = None
+
     def offload_op(self, node) -> bool:
         return False
 
@@ -293,6 +297,25 @@ class Device:
         raise NotImplementedError
 
     def has_events(self) -> bool:
+        return False
+
+    # -- facts the memory planner asks (the backend knows them; the planner never re-derives) --
+    def uma_reason(self) -> str | None:
+        """Why this device's memory is system RAM (UMA), or None when it has its own."""
+        if self.type == DeviceType.CPU:
+            return "the host itself"
+        if self.type == DeviceType.IGPU:
+            return "the driver reports an integrated GPU"
+        return None
+
+    def staging_bytes(self, largest_transfer: int) -> int:
+        """Host memory this device's backend allocates to move up to `largest_transfer` bytes
+        in or out at once (0: the host writes its memory directly)."""
+        return 0
+
+    def is_software(self) -> bool:
+        """A device that computes on the host's CPU cores through a driver (e.g. lavapipe):
+        slower than the CPU backend, so never chosen unless named."""
         return False
 
     def props(self) -> DeviceProps:
