@@ -22,6 +22,9 @@ What the scheduler (pyggml.sched) relies on, and nothing else:
   The same graph object with the same `graph.uid` is passed again on graph reuse (same tensors,
   same addresses): cache whatever was prepared for it (CPU: the marshalled node array; Vulkan: a
   recorded command buffer) keyed by the graph object and its uid. A new uid means: prepare again.
+  Addresses can still move under the same uid (an allocator placing the graph in other memory,
+  code assigning `data`): compare `pyggml.tensor.placement_generation()` with the one you
+  prepared at (O(1)) and re-read addresses only when it moved.
 - `Backend.synchronize()`: block until all work queued on this backend is done.
 - `Backend.event_new()` → Event or None (no events: the scheduler synchronizes instead);
   `Event.record()`, `Event.synchronize()`, `Backend.event_wait(event)`.
@@ -48,7 +51,7 @@ from enum import Enum
 
 import numpy as np
 
-from pyggml.errors import BackendError
+from pyggml.errors import BackendError, InvalidArgumentError
 
 # ---- kinds -------------------------------------------------------------------------------------
 
@@ -78,8 +81,8 @@ class BufferType:
     def __init__(self, name: str, alignment: int = 64, max_size: int | None = None,
                  is_host: bool = True, device: "Device | None" = None):
         if alignment <= 0 or alignment & (alignment - 1):
-            raise ValueError(f"buffer type '{name}': alignment must be a power of two, "
-                             f"got {alignment}")
+            raise InvalidArgumentError(f"buffer type '{name}': alignment must be a power of "
+                                       f"two, got {alignment}")
         self.name = name
         self.alignment = alignment
         self.max_size = max_size

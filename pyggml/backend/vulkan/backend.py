@@ -34,7 +34,9 @@ shaders/*.comp with their variants in shaders/variants.mk; benchmarks in tools/b
 Execution: a graph is recorded once into one command buffer (pipelines, descriptor sets, push
 constants, a barrier only where a dispatch touches memory an earlier one since the last barrier
 wrote, or writes memory one read); computing the same graph object again with the same uid and
-the same addresses resubmits it (`n_recordings` counts recordings). graph_compute returns once
+the same addresses resubmits it (`n_recordings` counts recordings). Whether the addresses are the
+same is known in O(1) while no tensor has moved since the recording
+(pyggml.tensor.placement_generation): a replay does no Python work per node. graph_compute returns once
 the work is queued; synchronize() (or reading a tensor) waits. Errors found by shaders (a row
 index outside its source) are raised by synchronize(), naming the node.
 """
@@ -43,11 +45,11 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import weakref
 
 import numpy as np
 
+from pyggml import settings
 from pyggml.backend.base import (
     Backend,
     BackendReg,
@@ -70,8 +72,8 @@ from pyggml.backend.vulkan.info import (
     vk_module,
 )
 from pyggml.backend.vulkan.ops import why_unsupported
-from pyggml.backend.vulkan.record import Recorder, signature
-from pyggml.errors import BackendError
+from pyggml.backend.vulkan.record import Recorder
+from pyggml.errors import BackendError, SettingsError
 from pyggml.tensor import Tensor
 from pyggml.types import Op
 
@@ -140,21 +142,17 @@ def _check_shaders() -> str | None:
 
 
 def _selection(n: int) -> list[int] | None:
-    raw = os.environ.get("PYGGML_VULKAN_DEVICES")
-    if raw is None or not raw.strip():
+    """Device indices to open (PYGGML_VULKAN_DEVICES via pyggml.settings); None: Vulkan off."""
+    sel = settings.current().vulkan_devices
+    if sel is None:
         return list(range(n))
-    if raw.strip().lower() in ("none", "off", "-1"):
+    if not sel:
         return None
-    try:
-        idx = [int(x) for x in raw.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise BackendError(f"PYGGML_VULKAN_DEVICES must be device indices like '0' or '1,0', "
-                           f"got {raw!r}") from None
-    bad = [i for i in idx if not 0 <= i < n]
+    bad = [i for i in sel if i >= n]
     if bad:
-        raise BackendError(f"PYGGML_VULKAN_DEVICES={raw!r}: no device {bad[0]} "
-                           f"({n} Vulkan device(s))")
-    return idx
+        raise SettingsError(f"PYGGML_VULKAN_DEVICES={','.join(map(str, sel))}: no device "
+                            f"{bad[0]} (this machine has {n} Vulkan device(s): indices 0..{n - 1})")
+    return list(sel)
 
 
 def _discover() -> tuple[list["VulkanDevice"], str | None]:
@@ -470,7 +468,7 @@ class VulkanBackend(Backend):
     # -- compute --
     def graph_compute(self, graph) -> None:
         rec = self._records.get(graph)
-        if rec is None or rec.uid != graph.uid or rec.sig != signature(graph):
+        if rec is None or not rec.still_valid(graph):     # O(1) while no tensor moved
             if rec is not None:
                 rec.release()
             rec = self.recorder.record(graph, self.name)

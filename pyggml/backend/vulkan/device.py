@@ -121,6 +121,7 @@ class VkContext:
     def __init__(self, info: DeviceInfo, pd, cfg: KernelConfig):
         vk = self.vk = vk_module()
         self.info, self.pd, self.cfg = info, pd, cfg
+        self.shader_dir = shader_dir()       # read once, when the device is opened
         self.ffi = vk.ffi
         qf = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
         fam = [i for i, q in enumerate(qf) if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT]
@@ -251,7 +252,7 @@ class VkContext:
         vk, ffi = self.vk, self.ffi
         mod = self.modules.get(name)
         if mod is None:
-            path = shader_dir() / f"{name}.spv"
+            path = self.shader_dir / f"{name}.spv"
             try:
                 code = path.read_bytes()
             except OSError as e:
