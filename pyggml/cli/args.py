@@ -109,7 +109,7 @@ def split_ctx(values) -> tuple[int | None, str | None]:
     """-c may be given twice: an integer is the context size, anything else a config file."""
     n_ctx, path = None, None
     for v in values or []:
-        if str(v).isdigit():
+        if str(v).lstrip("-").isdigit():      # a number (a negative one is refused later)
             n_ctx = int(v)
         else:
             path = v

@@ -81,7 +81,8 @@ class RunOptions:
         for name, v in (("n_ctx", n_ctx), ("n_batch", self.n_batch), ("n_ubatch", self.n_ubatch),
                         ("n_seq_max", self.n_seq_max)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ModelError(f"{name} must be a positive integer, got {v!r}")
+                zero = " (or 0: the model's trained context)" if name == "n_ctx" else ""
+                raise ModelError(f"{name} must be a positive integer{zero}, got {v!r}")
         return self.replace(n_ctx=n_ctx, n_ubatch=min(self.n_ubatch, self.n_batch))
 
 
