@@ -2,14 +2,17 @@
  * which table pg_get_type_traits returns. */
 #include <string.h>
 
+#include "attn.h"
 #include "pg_internal.h"
 #include "quants.h"
 
 #define PG_N_PATHS 4
 
 static pg_type_traits g_tables[PG_N_PATHS][PG_TYPE_COUNT];
+static pg_attn_kernels g_attn[PG_N_PATHS];
 static int g_built = 0;
 static const pg_type_traits *g_current = g_tables[PG_PATH_SCALAR];
+static const pg_attn_kernels *g_attn_current = &g_attn[PG_PATH_SCALAR];
 
 /* Sizes of every type GGUF files may hold, computable or not (values as pyggml/types.py). */
 static const struct { int32_t type, block_size, type_size; } k_sizes[] = {
@@ -37,16 +40,19 @@ static void build_tables(void) {
     pg_fill_legacy_scalar(scalar);
     pg_fill_kquants_scalar(scalar);
     pg_fill_gemm_scalar(scalar);
+    for (int i = 0; i < PG_N_PATHS; i++) pg_fill_attn_scalar(&g_attn[i]);
 #if defined(__x86_64__)
     pg_type_traits *avx2 = g_tables[PG_PATH_AVX2], *avx512 = g_tables[PG_PATH_AVX512];
     memcpy(avx2, scalar, sizeof(g_tables[0]));
     pg_fill_legacy_avx2(avx2);
     pg_fill_kquants_avx2(avx2);
     pg_fill_gemm_avx2(avx2);
+    pg_fill_attn_avx2(&g_attn[PG_PATH_AVX2]);
     memcpy(avx512, avx2, sizeof(g_tables[0]));
     pg_fill_legacy_avx512(avx512);
     pg_fill_kquants_avx512(avx512);
     pg_fill_gemm_avx512(avx512);
+    pg_fill_attn_avx512(&g_attn[PG_PATH_AVX512]);
 #endif
 #if defined(__aarch64__)
     pg_type_traits *neon = g_tables[PG_PATH_NEON];
@@ -60,7 +66,10 @@ static void build_tables(void) {
 
 void pg_dispatch_select(int32_t path) {
     if (!g_built) build_tables();
-    if (path >= 0 && path < PG_N_PATHS) g_current = g_tables[path];
+    if (path >= 0 && path < PG_N_PATHS) {
+        g_current = g_tables[path];
+        g_attn_current = &g_attn[path];
+    }
 }
 
 const pg_type_traits *pg_get_type_traits(int32_t type) {
@@ -72,4 +81,12 @@ const pg_type_traits *pg_get_type_traits_for_path(int32_t type, int32_t path) {
     if (type < 0 || type >= PG_TYPE_COUNT || !pg_path_compiled(path)) return NULL;
     if (!g_built) build_tables();
     return &g_tables[path][type];
+}
+
+const pg_attn_kernels *pg_get_attn_kernels(void) { return g_attn_current; }
+
+const pg_attn_kernels *pg_get_attn_kernels_for_path(int32_t path) {
+    if (path < 0 || path >= PG_N_PATHS || !pg_path_compiled(path)) return NULL;
+    if (!g_built) build_tables();
+    return &g_attn[path];
 }

@@ -179,9 +179,12 @@ int32_t pg_node_supported(const pg_tensor *all, int32_t n, int32_t i, char *reas
         const pg_tensor *v = s[2], *m = s[3];
         if (!a || !b || !v) BAD("needs q, k, v");
         if (a->type != F32 || t->type != F32) FAIL("q and output must be F32");
-        /* any K type with a dot kernel (F16, F32, Q8_0 caches), any V type with to_float */
+        /* any K type with a dot kernel (F16, F32, Q8_0 caches) that converts to fp32, whose
+         * vec_dot_type does both ways (q is rounded through it), any V type with to_float */
         const pg_type_traits *tk = pg_get_type_traits(b->type);
-        if (!tk->vec_dot || (tk->vec_dot_type != F32 && !pg_get_type_traits(tk->vec_dot_type)->from_float))
+        if (!tk->vec_dot || (b->type != F32 && !tk->to_float) ||
+            (tk->vec_dot_type != F32 && (!pg_get_type_traits(tk->vec_dot_type)->from_float ||
+                                         !pg_get_type_traits(tk->vec_dot_type)->to_float)))
             FAIL("no dot kernel for k type %d", b->type);
         if (v->type != F32 && !pg_get_type_traits(v->type)->to_float) FAIL("cannot convert v rows");
         if (b->ne[0] != a->ne[0] || v->ne[1] != b->ne[1] || v->ne[2] != b->ne[2] || b->ne[2] <= 0 ||

@@ -2,22 +2,29 @@
  * head, with an online softmax: the n_q × n_kv score matrix is never materialised.
  *
  * Work is done in tiles: up to PG_FA_QB query rows × the G = H/Hkv query heads that share one KV
- * head. Each key/value row is read and converted to fp32 once per tile and used by every row of
- * the tile; a key that the mask hides from the whole tile is skipped. q is converted to K's
- * vec_dot_type once per row so the K dots use the same kernels as MUL_MAT. Tiles are split
- * between threads; each thread owns whole output rows, so results do not depend on the thread
- * count. */
+ * head (FlashAttention-2's loop order). A tile walks the keys in blocks of up to PG_FA_KB; keys
+ * the mask hides from the whole tile are dropped, the others' K and V rows are converted to fp32
+ * once per tile and block, and the per-path kernels (attn.h) compute the block's scores
+ * S = Q·Kᵀ (rows × keys), the online-softmax weights P = exp(S - running max) and
+ * acc = acc·rescale + P·V as small matrix products. q is converted to K's vec_dot_type and back
+ * (e.g. rounded to fp16 for F16 K), so the scores see q as ggml's K dots do.
+ *
+ * Tiles are dealt to threads round-robin (tile i to thread i % nth): with a causal mask the
+ * later query tiles see more keys, and a contiguous split left one thread three quarters of the
+ * work. Each thread owns whole output rows, so results do not depend on the thread count. */
 #include <math.h>
 #include <string.h>
 
+#include "attn.h"
 #include "fp16.h"
 #include "ops.h"
 
 #define PG_FA_QB 16   /* query rows per tile */
+#define PG_FA_KB 64   /* keys per block */
 
 typedef struct {
     int64_t D, Dv, n_q, H, n_kv, G, n_qb, Hkv, B;
-    size_t  qrow_bytes;      /* one converted q row */
+    size_t  qrow_bytes;      /* one q row in K's vec_dot_type */
     int64_t rows;            /* rows per tile = QB * G */
 } fa_dims;
 
@@ -34,11 +41,15 @@ static fa_dims dims_of(const pg_tensor *all, const pg_tensor *t) {
     return d;
 }
 
-/* per thread: acc[rows][Dv], vmax[rows], sum[rows], vrow[Dv], q rows converted */
+/* Per-thread scratch, in floats: acc[rows·Dv], qf[rows·D], s[rows·KB], kf[KB·D], vf[KB·Dv],
+ * vmax[rows], sum[rows], ms[rows]; then one q row in K's vec_dot_type. */
+static size_t float_count(const fa_dims *d) {
+    return (size_t)(d->rows * d->Dv + d->rows * d->D + d->rows * PG_FA_KB + PG_FA_KB * d->D +
+                    PG_FA_KB * d->Dv + 3 * d->rows);
+}
+
 static size_t per_thread_bytes(const fa_dims *d) {
-    const size_t f = sizeof(float);
-    return (((size_t)d->rows * (size_t)d->Dv + 2 * (size_t)d->rows + (size_t)d->Dv) * f + 63) / 64 * 64
-           + (size_t)d->rows * d->qrow_bytes;
+    return (float_count(d) * sizeof(float) + 63) / 64 * 64 + d->qrow_bytes;
 }
 
 size_t pg_flash_attn_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
@@ -51,12 +62,21 @@ static float mask_value(const pg_tensor *m, const uint8_t *mrow, int64_t j) {
                                   : ((const float *)mrow)[j];
 }
 
+/* one row of K or V as fp32 */
+static void row_to_f32(const pg_attn_kernels *kern, const pg_type_traits *tt, int32_t type,
+                       const void *x, float *y, int64_t n) {
+    if (type == PG_TYPE_F32) memcpy(y, x, (size_t)n * sizeof(float));
+    else if (type == PG_TYPE_F16) kern->f16_to_f32(x, y, n);
+    else tt->to_float(x, y, n);
+}
+
 void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const pg_tensor *q = PG_SRC(all, t, 0), *k = PG_SRC(all, t, 1), *v = PG_SRC(all, t, 2);
     const pg_tensor *m = PG_SRC(all, t, 3);
     const pg_type_traits *tk = pg_get_type_traits(k->type);
     const pg_type_traits *tq = pg_get_type_traits(tk->vec_dot_type);
     const pg_type_traits *tv = pg_get_type_traits(v->type);
+    const pg_attn_kernels *kern = pg_get_attn_kernels();
     const fa_dims d = dims_of(all, t);
     float scale = pg_op_f32(t, 0);
     const float max_bias = pg_op_f32(t, 1), softcap = pg_op_f32(t, 2);
@@ -67,20 +87,23 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
 
     uint8_t *scratch = p->work + per_thread_bytes(&d) * (size_t)p->ith;
     float *acc = (float *)scratch;
-    float *vmax = acc + d.rows * d.Dv;
+    float *qf = acc + d.rows * d.Dv;
+    float *s = qf + d.rows * d.D;
+    float *kf = s + d.rows * PG_FA_KB;
+    float *vf = kf + PG_FA_KB * d.D;
+    float *vmax = vf + PG_FA_KB * d.Dv;
     float *sum = vmax + d.rows;
-    float *vrow = sum + d.rows;
-    uint8_t *qconv = scratch + (((size_t)d.rows * (size_t)d.Dv + 2 * (size_t)d.rows + (size_t)d.Dv) * sizeof(float) + 63) / 64 * 64;
+    float *ms = sum + d.rows;
+    uint8_t *qconv = scratch + (float_count(&d) * sizeof(float) + 63) / 64 * 64;
 
     /* row r of a tile: query iq = q0 + r / G, head h = ik2 * G + r % G */
     const uint8_t *mrows[PG_FA_QB * 64];
     float slopes[PG_FA_QB * 64];
-    const void *qrows[PG_FA_QB * 64];
+    int64_t keys[PG_FA_KB];
     const int64_t max_rows = (int64_t)(sizeof(slopes) / sizeof(slopes[0]));
 
-    int64_t t0, t1;
-    pg_split(d.B * d.Hkv * d.n_qb, p->ith, p->nth, &t0, &t1);
-    for (int64_t tile = t0; tile < t1; tile++) {
+    const int64_t n_tiles = d.B * d.Hkv * d.n_qb;
+    for (int64_t tile = p->ith; tile < n_tiles; tile += p->nth) {
         const int64_t iqb = tile % d.n_qb, ik2 = (tile / d.n_qb) % d.Hkv, ib = tile / (d.n_qb * d.Hkv);
         const int64_t q0 = iqb * (d.rows / d.G);
         const int64_t q1 = q0 + d.rows / d.G < d.n_q ? q0 + d.rows / d.G : d.n_q;
@@ -89,11 +112,14 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
         for (int64_t r = 0; r < nr; r++) {
             const int64_t iq = q0 + r / d.G, ih = ik2 * d.G + r % d.G;
             const float *qr = pg_ptr(q, 0, iq, ih, ib);
-            if (tk->vec_dot_type != PG_TYPE_F32) {
-                tq->from_float(qr, qconv + (size_t)r * d.qrow_bytes, d.D);
-                qrows[r] = qconv + (size_t)r * d.qrow_bytes;
+            float *qd = qf + r * d.D;
+            if (tk->vec_dot_type == PG_TYPE_F32) {
+                memcpy(qd, qr, (size_t)d.D * sizeof(float));
+            } else if (tk->vec_dot_type == PG_TYPE_F16) {
+                kern->round_f16(qr, qd, d.D);
             } else {
-                qrows[r] = qr;
+                tq->from_float(qr, qconv, d.D);
+                tq->to_float(qconv, qd, d.D);
             }
             mrows[r] = m ? pg_ptr(m, 0, iq, ih % m->ne[2], ib % m->ne[3]) : NULL;
             slopes[r] = max_bias > 0.0f
@@ -104,45 +130,47 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
             sum[r] = 0.0f;
         }
         memset(acc, 0, (size_t)nr * (size_t)d.Dv * sizeof(float));
-        for (int64_t j = 0; j < d.n_kv; j++) {
-            int any = !m;
-            if (m) {
-                for (int64_t r = 0; r < nr; r += d.G)   /* heads of one query share a mask row */
-                    if (mask_value(m, mrows[r], j) != -INFINITY) { any = 1; break; }
-                if (!any && m->ne[2] > 1)
-                    for (int64_t r = 0; r < nr && !any; r++)
-                        any = mask_value(m, mrows[r], j) != -INFINITY;
-            }
-            if (!any) continue;
-            const void *kr = pg_ptr(k, 0, j, ik2, ib);
-            const void *vr = pg_ptr(v, 0, j, ik2, ib);
-            if (v->type == PG_TYPE_F32) memcpy(vrow, vr, (size_t)d.Dv * sizeof(float));
-            else tv->to_float(vr, vrow, d.Dv);
-            for (int64_t r = 0; r < nr; r++) {
-                float mv = 0.0f;
+        for (int64_t j0 = 0; j0 < d.n_kv; j0 += PG_FA_KB) {
+            const int64_t j1 = j0 + PG_FA_KB < d.n_kv ? j0 + PG_FA_KB : d.n_kv;
+            int64_t nk = 0;
+            for (int64_t j = j0; j < j1; j++) {
+                int any = !m;
                 if (m) {
-                    mv = mask_value(m, mrows[r], j);
-                    if (mv == -INFINITY) continue;
-                    mv *= slopes[r];
+                    for (int64_t r = 0; r < nr; r += d.G)   /* heads of one query share a mask row */
+                        if (mask_value(m, mrows[r], j) != -INFINITY) { any = 1; break; }
+                    if (!any && m->ne[2] > 1)
+                        for (int64_t r = 0; r < nr && !any; r++)
+                            any = mask_value(m, mrows[r], j) != -INFINITY;
                 }
-                float s;
-                tk->vec_dot(d.D, &s, kr, qrows[r]);
-                s *= scale;
-                if (softcap != 0.0f) s = softcap * tanhf(s);
-                s += mv;
-                float *a = acc + r * d.Dv;
-                float vs = 1.0f;
-                if (s > vmax[r]) {
-                    const float ms = expf(vmax[r] - s);   /* rescale what the old max weighed */
-                    vmax[r] = s;
-                    sum[r] *= ms;
-                    if (ms != 1.0f) for (int64_t x = 0; x < d.Dv; x++) a[x] *= ms;
-                } else {
-                    vs = expf(s - vmax[r]);
-                }
-                for (int64_t x = 0; x < d.Dv; x++) a[x] += vrow[x] * vs;
-                sum[r] += vs;
+                if (any) keys[nk++] = j;
             }
+            if (!nk) continue;
+            for (int64_t c = 0; c < nk; c++) {
+                row_to_f32(kern, tk, k->type, pg_ptr(k, 0, keys[c], ik2, ib), kf + c * d.D, d.D);
+                row_to_f32(kern, tv, v->type, pg_ptr(v, 0, keys[c], ik2, ib), vf + c * d.Dv, d.Dv);
+            }
+            kern->qk(d.D, nr, nk, qf, d.D, kf, d.D, s, PG_FA_KB);
+            for (int64_t r = 0; r < nr; r++) {
+                float *sr = s + r * PG_FA_KB;
+                float bmax = -INFINITY;
+                for (int64_t c = 0; c < nk; c++) {
+                    float x = sr[c] * scale;
+                    if (softcap != 0.0f) x = softcap * tanhf(x);
+                    if (m) x += mask_value(m, mrows[r], keys[c]) * slopes[r];
+                    sr[c] = x;
+                    bmax = x > bmax ? x : bmax;
+                }
+                if (bmax == -INFINITY) {   /* every key of the block hidden from this row */
+                    memset(sr, 0, (size_t)nk * sizeof(float));
+                    ms[r] = 1.0f;
+                    continue;
+                }
+                const float mnew = bmax > vmax[r] ? bmax : vmax[r];
+                ms[r] = expf(vmax[r] - mnew);   /* rescale what the old max weighed (0 at first) */
+                vmax[r] = mnew;
+                sum[r] = sum[r] * ms[r] + kern->exp_sum(sr, nk, mnew);
+            }
+            kern->pv(d.Dv, nr, nk, s, PG_FA_KB, vf, d.Dv, ms, acc, d.Dv);
         }
         for (int64_t r = 0; r < nr; r++) {
             const int64_t iq = q0 + r / d.G, ih = ik2 * d.G + r % d.G;
@@ -152,4 +180,55 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
             for (int64_t x = 0; x < d.Dv; x++) out[x] = a[x] * inv;
         }
     }
+}
+
+/* ---- scalar kernels (the reference of attn_avx2.c / attn_avx512.c) ---------------------------- */
+
+static void qk_scalar(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t ldq,
+                      const float *k, int64_t ldk, float *s, int64_t lds) {
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t c = 0; c < nc; c++) {
+            const float *a = q + r * ldq, *b = k + c * ldk;
+            float acc = 0.0f;
+            for (int64_t i = 0; i < D; i++) acc += a[i] * b[i];
+            s[r * lds + c] = acc;
+        }
+}
+
+static void pv_scalar(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp,
+                      const float *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
+    for (int64_t r = 0; r < nr; r++) {
+        float *a = acc + r * lda;
+        for (int64_t x = 0; x < Dv; x++) a[x] *= ms[r];
+        for (int64_t c = 0; c < nc; c++) {
+            const float w = p[r * ldp + c];
+            const float *vr = v + c * ldv;
+            for (int64_t x = 0; x < Dv; x++) a[x] += w * vr[x];
+        }
+    }
+}
+
+static float exp_sum_scalar(float *s, int64_t n, float m) {
+    float total = 0.0f;
+    for (int64_t c = 0; c < n; c++) {
+        s[c] = expf(s[c] - m);
+        total += s[c];
+    }
+    return total;
+}
+
+static void f16_to_f32_scalar(const uint16_t *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = pg_fp16_to_fp32(x[i]);
+}
+
+static void round_f16_scalar(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = pg_fp16_to_fp32(pg_fp32_to_fp16(x[i]));
+}
+
+void pg_fill_attn_scalar(pg_attn_kernels *k) {
+    k->qk = qk_scalar;
+    k->pv = pv_scalar;
+    k->exp_sum = exp_sum_scalar;
+    k->f16_to_f32 = f16_to_f32_scalar;
+    k->round_f16 = round_f16_scalar;
 }

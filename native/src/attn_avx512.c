@@ -1,0 +1,190 @@
+/* FLASH_ATTN_EXT inner kernels, AVX-512F (see attn.h; the scalar reference is in ops_attn.c).
+ * qk: 4 query rows × 4 keys per register tile (16 accumulators, each an fp32 dot over D in
+ * 16-wide pieces), reduced by a transpose-add to 4 scores per row. pv: 4 rows × 64 outputs per
+ * tile (16 accumulators), one broadcast weight per row and key. exp: Cephes' expf polynomial
+ * (within 2 ulp of libm on the inputs here, which are <= 0). */
+#include <immintrin.h>
+#include <math.h>
+
+#include "attn.h"
+
+#define AI static inline __attribute__((always_inline))
+
+static inline __mmask16 tail_mask(int64_t n) {   /* the first n (< 16) lanes */
+    return (__mmask16)((1u << n) - 1u);
+}
+
+/* [Σa0, Σa1, Σa2, Σa3] */
+AI __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+#define HALF(a) _mm256_add_ps(_mm512_castps512_ps256(a), \
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)))
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(HALF(a0), HALF(a1)),
+                                    _mm256_hadd_ps(HALF(a2), HALF(a3)));
+#undef HALF
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const float *k,
+                int64_t ldk, float *s, int64_t lds) {
+    __m512 acc[4][4];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) acc[i][j] = _mm512_setzero_ps();
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16) {
+        __m512 kv[4];
+        for (int j = 0; j < C; j++) kv[j] = _mm512_loadu_ps(k + j * ldk + d);
+        for (int i = 0; i < R; i++) {
+            const __m512 qv = _mm512_loadu_ps(q + i * ldq + d);
+            for (int j = 0; j < C; j++) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
+        }
+    }
+    if (d < D) {
+        const __mmask16 mk = tail_mask(D - d);
+        __m512 kv[4];
+        for (int j = 0; j < C; j++) kv[j] = _mm512_maskz_loadu_ps(mk, k + j * ldk + d);
+        for (int i = 0; i < R; i++) {
+            const __m512 qv = _mm512_maskz_loadu_ps(mk, q + i * ldq + d);
+            for (int j = 0; j < C; j++) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        if (C == 4) {
+            _mm_storeu_ps(s + i * lds, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+        } else {
+            for (int j = 0; j < C; j++) s[i * lds + j] = _mm512_reduce_add_ps(acc[i][j]);
+        }
+    }
+}
+
+static void qk_avx512(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t ldq,
+                      const float *k, int64_t ldk, float *s, int64_t lds) {
+    for (int64_t r = 0; r < nr; r += 4) {
+        const int R = nr - r < 4 ? (int)(nr - r) : 4;
+        const float *qr = q + r * ldq;
+        for (int64_t c = 0; c < nc; c += 4) {
+            const int C = nc - c < 4 ? (int)(nc - c) : 4;
+            const float *kc = k + c * ldk;
+            float *sc = s + r * lds + c;
+#define QK(RR, CC) case RR * 8 + CC: qk_tile(RR, CC, D, qr, ldq, kc, ldk, sc, lds); break;
+            switch (R * 8 + C) {
+            QK(4, 4) QK(4, 3) QK(4, 2) QK(4, 1)
+            QK(3, 4) QK(3, 3) QK(3, 2) QK(3, 1)
+            QK(2, 4) QK(2, 3) QK(2, 2) QK(2, 1)
+            QK(1, 4) QK(1, 3) QK(1, 2) QK(1, 1)
+            default: break;
+            }
+#undef QK
+        }
+    }
+}
+
+/* acc rows r < R, outputs [x, x + 16·NV) (the last piece masked by mk) */
+AI void pv_tile(int R, int NV, __mmask16 mk, int64_t nc, const float *p, int64_t ldp,
+                const float *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
+    __m512 a[4][4];
+    for (int i = 0; i < R; i++) {
+        const __m512 sc = _mm512_set1_ps(ms[i]);
+        for (int u = 0; u < NV; u++) {
+            const __mmask16 mu = u == NV - 1 ? mk : (__mmask16)0xffff;
+            a[i][u] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mu, acc + i * lda + 16 * u), sc);
+        }
+    }
+    for (int64_t c = 0; c < nc; c++) {
+        __m512 vv[4];
+        for (int u = 0; u < NV; u++) {
+            const __mmask16 mu = u == NV - 1 ? mk : (__mmask16)0xffff;
+            vv[u] = _mm512_maskz_loadu_ps(mu, v + c * ldv + 16 * u);
+        }
+        for (int i = 0; i < R; i++) {
+            const __m512 w = _mm512_set1_ps(p[i * ldp + c]);
+            for (int u = 0; u < NV; u++) a[i][u] = _mm512_fmadd_ps(w, vv[u], a[i][u]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int u = 0; u < NV; u++) {
+            const __mmask16 mu = u == NV - 1 ? mk : (__mmask16)0xffff;
+            _mm512_mask_storeu_ps(acc + i * lda + 16 * u, mu, a[i][u]);
+        }
+}
+
+static void pv_avx512(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp,
+                      const float *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
+    for (int64_t r = 0; r < nr; r += 4) {
+        const int R = nr - r < 4 ? (int)(nr - r) : 4;
+        const float *pr = p + r * ldp;
+        float *ar = acc + r * lda;
+        int64_t x = 0;
+        for (; x + 64 <= Dv; x += 64) {
+#define PV(RR) case RR: pv_tile(RR, 4, 0xffff, nc, pr, ldp, v + x, ldv, ms + r, ar + x, lda); break;
+            switch (R) { PV(4) PV(3) PV(2) PV(1) default: break; }
+#undef PV
+        }
+        for (; x < Dv; x += 16) {   /* 16 at a time, the last one masked */
+            const __mmask16 mk = Dv - x >= 16 ? (__mmask16)0xffff : tail_mask(Dv - x);
+#define PV(RR) case RR: pv_tile(RR, 1, mk, nc, pr, ldp, v + x, ldv, ms + r, ar + x, lda); break;
+            switch (R) { PV(4) PV(3) PV(2) PV(1) default: break; }
+#undef PV
+        }
+    }
+}
+
+/* exp(x), Cephes' expf: x = n·ln2 + f, |f| <= ln2/2, exp(f) by a degree-6 polynomial, 2^n
+ * built in the exponent field; 0 below ln(2^-126) (also for -inf). */
+static inline __m512 exp512(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.33654f);
+    const __mmask16 zero = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.3762626647949f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    f = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), f);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(f, f), _mm512_add_ps(f, _mm512_set1_ps(1.0f)));
+    /* 2^n with n in [-126, 127]: (n + 127) << 23; the max clamp keeps n <= 127 */
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps((__mmask16)~zero, y, _mm512_castsi512_ps(e));
+}
+
+static float exp_sum_avx512(float *s, int64_t n, float m) {
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 mk = n - c >= 16 ? (__mmask16)0xffff : tail_mask(n - c);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + c), mv));
+        _mm512_mask_storeu_ps(s + c, mk, e);
+        total = _mm512_add_ps(total, _mm512_maskz_mov_ps(mk, e));
+    }
+    return _mm512_reduce_add_ps(total);
+}
+
+static void f16_to_f32_avx512(const uint16_t *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+    if (i < n) {
+        const __mmask16 mk = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, mk, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, x + i)));
+    }
+}
+
+static void round_f16_avx512(const float *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(mk, x + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm512_mask_storeu_ps(y + i, mk, _mm512_cvtph_ps(h));
+    }
+}
+
+void pg_fill_attn_avx512(pg_attn_kernels *k) {
+    k->qk = qk_avx512;
+    k->pv = pv_avx512;
+    k->exp_sum = exp_sum_avx512;
+    k->f16_to_f32 = f16_to_f32_avx512;
+    k->round_f16 = round_f16_avx512;
+}

@@ -1,0 +1,204 @@
+/* FLASH_ATTN_EXT: the per-path inner kernels (attn.h) against the scalar ones, and the whole op
+ * on every path against a float64 reference (q rounded to fp16 as the F16 K dots see it),
+ * with GQA, several key blocks, a causal mask with a hole, softcap, ALiBi, 1 and 2 threads. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "fp16.h"
+#include "pg_test.h"
+#include "pyggml.h"
+
+static float frand(void) { return (float)rand() / (float)RAND_MAX * 2.0f - 1.0f; }
+
+static int path_usable(int32_t path) {
+    const int32_t was = pg_cpu_path();
+    const int ok = pg_set_cpu_path(path) == PG_OK;
+    pg_set_cpu_path(was);
+    return ok;
+}
+
+PG_TEST(test_attn_kernels_match_scalar) {
+    const pg_attn_kernels *ref = pg_get_attn_kernels_for_path(PG_PATH_SCALAR);
+    static float q[9 * 260], k[9 * 260], v[9 * 260], p[9 * 16], ms[9];
+    static float s0[9 * 16], s1[9 * 16], a0[9 * 260], a1[9 * 260], e0[40], e1[40];
+    static uint16_t h[70000];
+    static float f0[70000], f1[70000];
+    srand(11);
+    for (int i = 0; i < 9 * 260; i++) { q[i] = frand(); k[i] = frand(); v[i] = frand(); }
+    for (int i = 0; i < 9 * 16; i++) p[i] = frand() > 0 ? frand() * frand() : 0.0f;
+    for (int i = 0; i < 9; i++) ms[i] = i == 3 ? 0.0f : 0.5f + 0.1f * (float)i;
+    for (int32_t path = 1; path < 4; path++) {
+        const pg_attn_kernels *kn = pg_get_attn_kernels_for_path(path);
+        if (!kn || !path_usable(path)) continue;
+        const int64_t Ds[] = {1, 7, 8, 15, 16, 33, 64, 200, 256};
+        for (size_t di = 0; di < sizeof(Ds) / sizeof(Ds[0]); di++) {
+            const int64_t D = Ds[di];
+            for (int64_t nr = 1; nr <= 9; nr++)
+                for (int64_t nc = 1; nc <= 9; nc++) {
+                    /* rows D + 3 floats apart: no alignment assumed */
+                    ref->qk(D, nr, nc, q, D + 3, k, D + 3, s0, 16);
+                    kn->qk(D, nr, nc, q, D + 3, k, D + 3, s1, 16);
+                    for (int64_t r = 0; r < nr; r++)
+                        for (int64_t c = 0; c < nc; c++) {
+                            double mag = 0;
+                            for (int64_t i = 0; i < D; i++)
+                                mag += fabs((double)q[r * (D + 3) + i] * k[c * (D + 3) + i]);
+                            CHECK(fabs(s0[r * 16 + c] - s1[r * 16 + c]) <= 1e-6 * mag + 1e-30,
+                                  "path %d qk D %lld nr %lld nc %lld (%lld,%lld): %g vs %g", path,
+                                  (long long)D, (long long)nr, (long long)nc, (long long)r,
+                                  (long long)c, s0[r * 16 + c], s1[r * 16 + c]);
+                        }
+                    for (int i = 0; i < 9 * 260; i++) a0[i] = a1[i] = 0.25f * (float)(i % 7) - 0.7f;
+                    ref->pv(D, nr, nc, p, 16, v, D + 3, ms, a0, 260);
+                    kn->pv(D, nr, nc, p, 16, v, D + 3, ms, a1, 260);
+                    for (int64_t r = 0; r < 9; r++)
+                        for (int64_t x = 0; x < 260; x++) {
+                            const float want = a0[r * 260 + x], got = a1[r * 260 + x];
+                            CHECK(fabsf(want - got) <= 1e-5f, "path %d pv D %lld nr %lld nc %lld "
+                                  "(%lld,%lld): %g vs %g", path, (long long)D, (long long)nr,
+                                  (long long)nc, (long long)r, (long long)x, want, got);
+                        }
+                }
+        }
+        /* exp: within 3 ulp-ish of libm on (-inf, 0], exactly 0 for -inf and far below */
+        for (int64_t n = 1; n <= 40; n++) {
+            for (int64_t i = 0; i < n; i++) e0[i] = e1[i] = frand() * 30.0f - 5.0f;
+            e0[0] = e1[0] = -INFINITY;
+            if (n > 2) e0[2] = e1[2] = -200.0f;
+            const float m = 25.0f;
+            const float t0 = ref->exp_sum(e0, n, m), t1 = kn->exp_sum(e1, n, m);
+            for (int64_t i = 0; i < n; i++)
+                CHECK(fabsf(e0[i] - e1[i]) <= 4e-7f * e0[i], "path %d exp(%g): %g vs %g", path,
+                      (double)(e1[i] - m), e0[i], e1[i]);
+            CHECK(e1[0] == 0.0f && (n <= 2 || e1[2] == 0.0f), "path %d exp(-inf)", path);
+            CHECK(fabsf(t0 - t1) <= 1e-6f * t0 + 1e-30f, "path %d exp sum %g vs %g", path, t0, t1);
+        }
+        /* fp16 conversions, bit for bit: every fp16 value, and values around fp16's range */
+        for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+        ref->f16_to_f32(h, f0, 65536);
+        kn->f16_to_f32(h, f1, 65535 + 1);
+        int bad = 0;
+        for (int i = 0; i < 65536; i++)
+            bad += isnan(f0[i]) ? !isnan(f1[i]) : memcmp(&f0[i], &f1[i], 4) != 0;
+        CHECK(bad == 0, "path %d f16_to_f32: %d values differ", path, bad);
+        for (int i = 0; i < 70000; i++) {
+            const float mag = powf(2.0f, (float)(rand() % 48 - 30));
+            f0[i] = frand() * mag;
+        }
+        f0[0] = 65519.0f; f0[1] = 65520.0f; f0[2] = -1e-8f; f0[3] = 5.9604645e-08f * 1.5f;
+        static float r0[70000], r1[70000];
+        for (int64_t n = 69993; n <= 70000; n += 7) {
+            ref->round_f16(f0, r0, n);
+            kn->round_f16(f0, r1, n);
+            CHECK(memcmp(r0, r1, (size_t)n * 4) == 0, "path %d round_f16 n %lld", path, (long long)n);
+        }
+    }
+}
+
+/* ---- the whole op -------------------------------------------------------------------------- */
+
+enum { FD = 72, FDV = 40, FNQ = 21, FH = 8, FHKV = 2, FNKV = 150, FNQP = 24 };
+
+static void set_t(pg_tensor *t, int32_t type, int32_t op, const int64_t ne[4], void *data) {
+    memset(t, 0, sizeof(*t));
+    t->type = type;
+    t->op = op;
+    const int64_t es = type == PG_TYPE_F16 ? 2 : 4;
+    for (int i = 0; i < 4; i++) t->ne[i] = ne[i];
+    t->nb[0] = es;
+    for (int i = 1; i < 4; i++) t->nb[i] = t->nb[i - 1] * ne[i - 1];
+    for (int i = 0; i < PG_MAX_SRC; i++) t->src[i] = -1;
+    t->data = data;
+}
+
+/* out[Dv, H, n_q] for q [D, n_q, H], k [D, n_kv, Hkv] / v [Dv, n_kv, Hkv] in F16, mask F16 */
+static void fa_run(pg_threadpool *tp, int nth, const float *q, const pg_fp16 *k,
+                   const pg_fp16 *v, const pg_fp16 *m, float scale, float max_bias,
+                   float softcap, float *out) {
+    pg_tensor t[5];
+    const int64_t nq[4] = {FD, FNQ, FH, 1}, nk[4] = {FD, FNKV, FHKV, 1};
+    const int64_t nv[4] = {FDV, FNKV, FHKV, 1}, nm[4] = {FNKV, FNQP, 1, 1};
+    const int64_t no[4] = {FDV, FH, FNQ, 1};
+    set_t(&t[0], PG_TYPE_F32, PG_OP_NONE, nq, (void *)q);
+    set_t(&t[1], PG_TYPE_F16, PG_OP_NONE, nk, (void *)k);
+    set_t(&t[2], PG_TYPE_F16, PG_OP_NONE, nv, (void *)v);
+    set_t(&t[3], PG_TYPE_F16, PG_OP_NONE, nm, (void *)m);
+    set_t(&t[4], PG_TYPE_F32, PG_OP_FLASH_ATTN_EXT, no, out);
+    for (int i = 0; i < 4; i++) t[4].src[i] = i;
+    memcpy(&t[4].op_params[0], &scale, 4);
+    memcpy(&t[4].op_params[1], &max_bias, 4);
+    memcpy(&t[4].op_params[2], &softcap, 4);
+    const int32_t order[1] = {4};
+    size_t ws = 0;
+    int32_t bad = -1;
+    CHECK(pg_graph_work_size(t, 5, order, 1, 2, &ws) == PG_OK, "work size");
+    void *work = calloc(1, ws + 64);
+    CHECK(pg_graph_compute(t, 5, order, 1, tp, nth, work, ws, NULL, NULL, &bad) == PG_OK,
+          "flash attention computes (bad node %d)", bad);
+    free(work);
+}
+
+PG_TEST(test_flash_attn_paths_against_reference) {
+    static float q[FD * FNQ * FH], out1[FDV * FH * FNQ], out2[FDV * FH * FNQ];
+    static pg_fp16 k[FD * FNKV * FHKV], v[FDV * FNKV * FHKV], m[FNKV * FNQP];
+    static double ref[FDV * FH * FNQ], sc[FNKV];
+    srand(5);
+    for (int i = 0; i < FD * FNQ * FH; i++) q[i] = frand();
+    for (int i = 0; i < FD * FNKV * FHKV; i++) k[i] = pg_fp32_to_fp16(frand());
+    for (int i = 0; i < FDV * FNKV * FHKV; i++) v[i] = pg_fp32_to_fp16(frand());
+    /* causal with the queries at the end of the cache, a sliding-window hole in query 3, and
+     * the whole first key block hidden from every query (skipped) */
+    for (int i = 0; i < FNQP; i++)
+        for (int j = 0; j < FNKV; j++) {
+            const int hidden = j > FNKV - FNQ + i || j < 64 || (i == 3 && j < 100);
+            m[i * FNKV + j] = pg_fp32_to_fp16(hidden ? -INFINITY : 0.01f * (float)(j % 5));
+        }
+    pg_threadpool *tp = pg_threadpool_new(2);
+    const float cases[3][3] = {{0.125f, 0.0f, 0.0f}, {0.3f, 0.0f, 20.0f}, {0.125f, 8.0f, 0.0f}};
+    for (int ci = 0; ci < 3; ci++) {
+        const float scale = cases[ci][0], max_bias = cases[ci][1], softcap = cases[ci][2];
+        double maxref = 0;
+        for (int iq = 0; iq < FNQ; iq++)
+            for (int ih = 0; ih < FH; ih++) {
+                const int hk = ih / (FH / FHKV);
+                const double slope = max_bias > 0 ? (ih < 8 ? pow(pow(2.0, -max_bias / 8.0), ih + 1) : 0) : 1.0;
+                double mx = -INFINITY;
+                for (int j = 0; j < FNKV; j++) {
+                    double d = 0;
+                    for (int x = 0; x < FD; x++)
+                        d += (double)pg_fp16_to_fp32(pg_fp32_to_fp16(q[(ih * FNQ + iq) * FD + x])) *
+                             pg_fp16_to_fp32(k[(hk * FNKV + j) * FD + x]);
+                    d *= scale;
+                    if (softcap != 0.0f) d = softcap * tanh(d / softcap);
+                    sc[j] = d + slope * pg_fp16_to_fp32(m[iq * FNKV + j]);
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                double tot = 0;
+                for (int j = 0; j < FNKV; j++) { sc[j] = exp(sc[j] - mx); tot += sc[j]; }
+                for (int x = 0; x < FDV; x++) {
+                    double a = 0;
+                    for (int j = 0; j < FNKV; j++) a += sc[j] * pg_fp16_to_fp32(v[(hk * FNKV + j) * FDV + x]);
+                    ref[(iq * FH + ih) * FDV + x] = a / tot;
+                    if (fabs(a / tot) > maxref) maxref = fabs(a / tot);
+                }
+            }
+        for (int32_t path = 0; path < 4; path++) {
+            if (!path_usable(path)) continue;
+            pg_set_cpu_path(path);
+            fa_run(tp, 1, q, k, v, m, scale, max_bias, softcap, out1);
+            fa_run(tp, 2, q, k, v, m, scale, max_bias, softcap, out2);
+            CHECK(memcmp(out1, out2, sizeof(out1)) == 0, "path %d case %d: 1 and 2 threads differ",
+                  path, ci);
+            double err = 0;
+            for (int i = 0; i < FDV * FH * FNQ; i++) {
+                const double e = fabs(out1[i] - ref[i]);
+                if (!(e <= err)) err = e;
+            }
+            CHECK(err <= 2e-6 * maxref, "path %d case %d: max error %g (max |ref| %g)", path, ci,
+                  err, maxref);
+        }
+    }
+    pg_threadpool_free(tp);
+}
