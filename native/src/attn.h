@@ -15,6 +15,8 @@ typedef struct pg_attn_kernels {
     /* acc[r·lda + x] = acc[r·lda + x] · ms[r] + Σ_c p[r·ldp + c] · v[c·ldv + x], x < Dv. */
     void (*pv)(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp, const float *v,
                int64_t ldv, const float *ms, float *acc, int64_t lda);
+    /* s[c] = s[c]·scale + slope·mask[c] (mask NULL: no term) for c < n; returns max s[c]. */
+    float (*scale_max)(float *s, int64_t n, float scale, const float *mask, float slope);
     /* s[c] = exp(s[c] - m) for c < n (exp(-inf) = 0); returns Σ s[c]. */
     float (*exp_sum)(float *s, int64_t n, float m);
     /* y[i] = fp32 of the fp16 bits x[i] (bit-exact) */

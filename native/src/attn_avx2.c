@@ -8,6 +8,8 @@
 #include "attn.h"
 
 #define AI static inline __attribute__((always_inline))
+/* the tile loops have constant trips: unrolled, the accumulators stay in registers */
+#define PG_UNROLL _Pragma("GCC unroll 4")
 
 static const int32_t k_mask_src[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 
@@ -30,23 +32,31 @@ static inline float hsum1(__m256 a) {
 AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const float *k,
                 int64_t ldk, float *s, int64_t lds) {
     __m256 acc[4][2];
+    PG_UNROLL
     for (int i = 0; i < R; i++)
+        PG_UNROLL
         for (int j = 0; j < C; j++) acc[i][j] = _mm256_setzero_ps();
     int64_t d = 0;
     for (; d + 8 <= D; d += 8) {
         __m256 kv[2];
+        PG_UNROLL
         for (int j = 0; j < C; j++) kv[j] = _mm256_loadu_ps(k + j * ldk + d);
+        PG_UNROLL
         for (int i = 0; i < R; i++) {
             const __m256 qv = _mm256_loadu_ps(q + i * ldq + d);
+            PG_UNROLL
             for (int j = 0; j < C; j++) acc[i][j] = _mm256_fmadd_ps(qv, kv[j], acc[i][j]);
         }
     }
     if (d < D) {
         const __m256i mk = tail_mask(D - d);
         __m256 kv[2];
+        PG_UNROLL
         for (int j = 0; j < C; j++) kv[j] = _mm256_maskload_ps(k + j * ldk + d, mk);
+        PG_UNROLL
         for (int i = 0; i < R; i++) {
             const __m256 qv = _mm256_maskload_ps(q + i * ldq + d, mk);
+            PG_UNROLL
             for (int j = 0; j < C; j++) acc[i][j] = _mm256_fmadd_ps(qv, kv[j], acc[i][j]);
         }
     }
@@ -58,7 +68,9 @@ AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const floa
         _mm_storel_pi((__m64 *)(s + 2 * lds), b);
         _mm_storeh_pi((__m64 *)(s + 3 * lds), b);
     } else {
+        PG_UNROLL
         for (int i = 0; i < R; i++)
+            PG_UNROLL
             for (int j = 0; j < C; j++) s[i * lds + j] = hsum1(acc[i][j]);
     }
 }
@@ -87,22 +99,29 @@ static void qk_avx2(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t l
 AI void pv_tile(int R, int NV, int full, __m256i mk, int64_t nc, const float *p, int64_t ldp,
                 const float *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
     __m256 a[4][2];
+    PG_UNROLL
     for (int i = 0; i < R; i++) {
         const __m256 sc = _mm256_set1_ps(ms[i]);
+        PG_UNROLL
         for (int u = 0; u < NV; u++)
             a[i][u] = _mm256_mul_ps(full ? _mm256_loadu_ps(acc + i * lda + 8 * u)
                                          : _mm256_maskload_ps(acc + i * lda, mk), sc);
     }
     for (int64_t c = 0; c < nc; c++) {
         __m256 vv[2];
+        PG_UNROLL
         for (int u = 0; u < NV; u++)
             vv[u] = full ? _mm256_loadu_ps(v + c * ldv + 8 * u) : _mm256_maskload_ps(v + c * ldv, mk);
+        PG_UNROLL
         for (int i = 0; i < R; i++) {
             const __m256 w = _mm256_broadcast_ss(p + i * ldp + c);
+            PG_UNROLL
             for (int u = 0; u < NV; u++) a[i][u] = _mm256_fmadd_ps(w, vv[u], a[i][u]);
         }
     }
+    PG_UNROLL
     for (int i = 0; i < R; i++)
+        PG_UNROLL
         for (int u = 0; u < NV; u++) {
             if (full) _mm256_storeu_ps(acc + i * lda + 8 * u, a[i][u]);
             else _mm256_maskstore_ps(acc + i * lda, mk, a[i][u]);
@@ -156,6 +175,22 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_and_ps(keep, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
+static float scale_max_avx2(float *s, int64_t n, float scale, const float *mask, float slope) {
+    const __m256 sc = _mm256_set1_ps(scale), sl = _mm256_set1_ps(slope);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 mx = ninf;
+    for (int64_t c = 0; c < n; c += 8) {
+        const __m256i mk = tail_mask(n - c >= 8 ? 8 : n - c);
+        __m256 x = _mm256_mul_ps(_mm256_maskload_ps(s + c, mk), sc);
+        if (mask) x = _mm256_fmadd_ps(sl, _mm256_maskload_ps(mask + c, mk), x);
+        _mm256_maskstore_ps(s + c, mk, x);
+        mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(mk)));
+    }
+    const __m128 a = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    const __m128 b = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_max_ss(b, _mm_movehdup_ps(b)));
+}
+
 static float exp_sum_avx2(float *s, int64_t n, float m) {
     const __m256 mv = _mm256_set1_ps(m);
     __m256 total = _mm256_setzero_ps();
@@ -187,6 +222,7 @@ static void round_f16_avx2(const float *x, float *y, int64_t n) {
 void pg_fill_attn_avx2(pg_attn_kernels *k) {
     k->qk = qk_avx2;
     k->pv = pv_avx2;
+    k->scale_max = scale_max_avx2;
     k->exp_sum = exp_sum_avx2;
     k->f16_to_f32 = f16_to_f32_avx2;
     k->round_f16 = round_f16_avx2;

@@ -9,6 +9,8 @@
 #include "attn.h"
 
 #define AI static inline __attribute__((always_inline))
+/* the tile loops have constant trips: unrolled, the accumulators stay in registers */
+#define PG_UNROLL _Pragma("GCC unroll 4")
 
 static inline __mmask16 tail_mask(int64_t n) {   /* the first n (< 16) lanes */
     return (__mmask16)((1u << n) - 1u);
@@ -27,30 +29,40 @@ AI __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const float *k,
                 int64_t ldk, float *s, int64_t lds) {
     __m512 acc[4][4];
+    PG_UNROLL
     for (int i = 0; i < R; i++)
+        PG_UNROLL
         for (int j = 0; j < C; j++) acc[i][j] = _mm512_setzero_ps();
     int64_t d = 0;
     for (; d + 16 <= D; d += 16) {
         __m512 kv[4];
+        PG_UNROLL
         for (int j = 0; j < C; j++) kv[j] = _mm512_loadu_ps(k + j * ldk + d);
+        PG_UNROLL
         for (int i = 0; i < R; i++) {
             const __m512 qv = _mm512_loadu_ps(q + i * ldq + d);
+            PG_UNROLL
             for (int j = 0; j < C; j++) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
         }
     }
     if (d < D) {
         const __mmask16 mk = tail_mask(D - d);
         __m512 kv[4];
+        PG_UNROLL
         for (int j = 0; j < C; j++) kv[j] = _mm512_maskz_loadu_ps(mk, k + j * ldk + d);
+        PG_UNROLL
         for (int i = 0; i < R; i++) {
             const __m512 qv = _mm512_maskz_loadu_ps(mk, q + i * ldq + d);
+            PG_UNROLL
             for (int j = 0; j < C; j++) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
         }
     }
+    PG_UNROLL
     for (int i = 0; i < R; i++) {
         if (C == 4) {
             _mm_storeu_ps(s + i * lds, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
         } else {
+            PG_UNROLL
             for (int j = 0; j < C; j++) s[i * lds + j] = _mm512_reduce_add_ps(acc[i][j]);
         }
     }
@@ -82,8 +94,10 @@ static void qk_avx512(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t
 AI void pv_tile(int R, int NV, __mmask16 mk, int64_t nc, const float *p, int64_t ldp,
                 const float *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
     __m512 a[4][4];
+    PG_UNROLL
     for (int i = 0; i < R; i++) {
         const __m512 sc = _mm512_set1_ps(ms[i]);
+        PG_UNROLL
         for (int u = 0; u < NV; u++) {
             const __mmask16 mu = u == NV - 1 ? mk : (__mmask16)0xffff;
             a[i][u] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mu, acc + i * lda + 16 * u), sc);
@@ -91,16 +105,21 @@ AI void pv_tile(int R, int NV, __mmask16 mk, int64_t nc, const float *p, int64_t
     }
     for (int64_t c = 0; c < nc; c++) {
         __m512 vv[4];
+        PG_UNROLL
         for (int u = 0; u < NV; u++) {
             const __mmask16 mu = u == NV - 1 ? mk : (__mmask16)0xffff;
             vv[u] = _mm512_maskz_loadu_ps(mu, v + c * ldv + 16 * u);
         }
+        PG_UNROLL
         for (int i = 0; i < R; i++) {
             const __m512 w = _mm512_set1_ps(p[i * ldp + c]);
+            PG_UNROLL
             for (int u = 0; u < NV; u++) a[i][u] = _mm512_fmadd_ps(w, vv[u], a[i][u]);
         }
     }
+    PG_UNROLL
     for (int i = 0; i < R; i++)
+        PG_UNROLL
         for (int u = 0; u < NV; u++) {
             const __mmask16 mu = u == NV - 1 ? mk : (__mmask16)0xffff;
             _mm512_mask_storeu_ps(acc + i * lda + 16 * u, mu, a[i][u]);
@@ -150,6 +169,19 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_maskz_mul_ps((__mmask16)~zero, y, _mm512_castsi512_ps(e));
 }
 
+static float scale_max_avx512(float *s, int64_t n, float scale, const float *mask, float slope) {
+    const __m512 sc = _mm512_set1_ps(scale), sl = _mm512_set1_ps(slope);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 mk = n - c >= 16 ? (__mmask16)0xffff : tail_mask(n - c);
+        __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, s + c), sc);
+        if (mask) x = _mm512_fmadd_ps(sl, _mm512_maskz_loadu_ps(mk, mask + c), x);
+        _mm512_mask_storeu_ps(s + c, mk, x);
+        mx = _mm512_mask_max_ps(mx, mk, mx, x);
+    }
+    return _mm512_reduce_max_ps(mx);
+}
+
 static float exp_sum_avx512(float *s, int64_t n, float m) {
     const __m512 mv = _mm512_set1_ps(m);
     __m512 total = _mm512_setzero_ps();
@@ -184,6 +216,7 @@ static void round_f16_avx512(const float *x, float *y, int64_t n) {
 void pg_fill_attn_avx512(pg_attn_kernels *k) {
     k->qk = qk_avx512;
     k->pv = pv_avx512;
+    k->scale_max = scale_max_avx512;
     k->exp_sum = exp_sum_avx512;
     k->f16_to_f32 = f16_to_f32_avx512;
     k->round_f16 = round_f16_avx512;

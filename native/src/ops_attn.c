@@ -42,10 +42,10 @@ static fa_dims dims_of(const pg_tensor *all, const pg_tensor *t) {
 }
 
 /* Per-thread scratch, in floats: acc[rows·Dv], qf[rows·D], s[rows·KB], kf[KB·D], vf[KB·Dv],
- * vmax[rows], sum[rows], ms[rows]; then one q row in K's vec_dot_type. */
+ * vmax[rows], sum[rows], ms[rows], mblk[KB]; then one q row in K's vec_dot_type. */
 static size_t float_count(const fa_dims *d) {
     return (size_t)(d->rows * d->Dv + d->rows * d->D + d->rows * PG_FA_KB + PG_FA_KB * d->D +
-                    PG_FA_KB * d->Dv + 3 * d->rows);
+                    PG_FA_KB * d->Dv + 3 * d->rows + PG_FA_KB);
 }
 
 static size_t per_thread_bytes(const fa_dims *d) {
@@ -57,9 +57,10 @@ size_t pg_flash_attn_work_size(const pg_tensor *all, const pg_tensor *t, int nth
     return per_thread_bytes(&d) * (size_t)nth;
 }
 
-static float mask_value(const pg_tensor *m, const uint8_t *mrow, int64_t j) {
-    return m->type == PG_TYPE_F16 ? pg_fp16_to_fp32(((const pg_fp16 *)mrow)[j])
-                                  : ((const float *)mrow)[j];
+/* whether the mask hides key j (-inf), from the raw bits: fp16 -inf is 0xfc00 */
+static int mask_hides(const pg_tensor *m, const uint8_t *mrow, int64_t j) {
+    return m->type == PG_TYPE_F16 ? ((const pg_fp16 *)mrow)[j] == 0xfc00
+                                  : ((const float *)mrow)[j] == -INFINITY;
 }
 
 /* one row of K or V as fp32 */
@@ -94,6 +95,7 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     float *vmax = vf + PG_FA_KB * d.Dv;
     float *sum = vmax + d.rows;
     float *ms = sum + d.rows;
+    float *mblk = ms + d.rows;
     uint8_t *qconv = scratch + (float_count(&d) * sizeof(float) + 63) / 64 * 64;
 
     /* row r of a tile: query iq = q0 + r / G, head h = ik2 * G + r % G */
@@ -137,10 +139,9 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
                 int any = !m;
                 if (m) {
                     for (int64_t r = 0; r < nr; r += d.G)   /* heads of one query share a mask row */
-                        if (mask_value(m, mrows[r], j) != -INFINITY) { any = 1; break; }
+                        if (!mask_hides(m, mrows[r], j)) { any = 1; break; }
                     if (!any && m->ne[2] > 1)
-                        for (int64_t r = 0; r < nr && !any; r++)
-                            any = mask_value(m, mrows[r], j) != -INFINITY;
+                        for (int64_t r = 0; r < nr && !any; r++) any = !mask_hides(m, mrows[r], j);
                 }
                 if (any) keys[nk++] = j;
             }
@@ -150,16 +151,22 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
                 row_to_f32(kern, tv, v->type, pg_ptr(v, 0, keys[c], ik2, ib), vf + c * d.Dv, d.Dv);
             }
             kern->qk(d.D, nr, nk, qf, d.D, kf, d.D, s, PG_FA_KB);
+            const uint8_t *mlast = NULL;
             for (int64_t r = 0; r < nr; r++) {
                 float *sr = s + r * PG_FA_KB;
-                float bmax = -INFINITY;
-                for (int64_t c = 0; c < nk; c++) {
-                    float x = sr[c] * scale;
-                    if (softcap != 0.0f) x = softcap * tanhf(x);
-                    if (m) x += mask_value(m, mrows[r], keys[c]) * slopes[r];
-                    sr[c] = x;
-                    bmax = x > bmax ? x : bmax;
+                if (m && mrows[r] != mlast) {   /* the block's mask values of the kept keys */
+                    mlast = mrows[r];
+                    if (m->type == PG_TYPE_F16) kern->f16_to_f32((const uint16_t *)mlast + j0, mblk, j1 - j0);
+                    else memcpy(mblk, (const float *)mlast + j0, (size_t)(j1 - j0) * sizeof(float));
+                    if (nk < j1 - j0)
+                        for (int64_t c = 0; c < nk; c++) mblk[c] = mblk[keys[c] - j0];
                 }
+                float sc = scale;
+                if (softcap != 0.0f) {
+                    for (int64_t c = 0; c < nk; c++) sr[c] = softcap * tanhf(sr[c] * scale);
+                    sc = 1.0f;
+                }
+                const float bmax = kern->scale_max(sr, nk, sc, m ? mblk : NULL, slopes[r]);
                 if (bmax == -INFINITY) {   /* every key of the block hidden from this row */
                     memset(sr, 0, (size_t)nk * sizeof(float));
                     ms[r] = 1.0f;
@@ -208,6 +215,15 @@ static void pv_scalar(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_
     }
 }
 
+static float scale_max_scalar(float *s, int64_t n, float scale, const float *mask, float slope) {
+    float mx = -INFINITY;
+    for (int64_t c = 0; c < n; c++) {
+        s[c] = mask ? s[c] * scale + slope * mask[c] : s[c] * scale;
+        mx = s[c] > mx ? s[c] : mx;
+    }
+    return mx;
+}
+
 static float exp_sum_scalar(float *s, int64_t n, float m) {
     float total = 0.0f;
     for (int64_t c = 0; c < n; c++) {
@@ -228,6 +244,7 @@ static void round_f16_scalar(const float *x, float *y, int64_t n) {
 void pg_fill_attn_scalar(pg_attn_kernels *k) {
     k->qk = qk_scalar;
     k->pv = pv_scalar;
+    k->scale_max = scale_max_scalar;
     k->exp_sum = exp_sum_scalar;
     k->f16_to_f32 = f16_to_f32_scalar;
     k->round_f16 = round_f16_scalar;

@@ -75,6 +75,26 @@ PG_TEST(test_attn_kernels_match_scalar) {
             CHECK(e1[0] == 0.0f && (n <= 2 || e1[2] == 0.0f), "path %d exp(-inf)", path);
             CHECK(fabsf(t0 - t1) <= 1e-6f * t0 + 1e-30f, "path %d exp sum %g vs %g", path, t0, t1);
         }
+        /* scale + mask + max: a few ulp (the SIMD form fuses the multiply-add); -inf kept */
+        for (int64_t n = 1; n <= 40; n++) {
+            static float mk[40];
+            for (int64_t i = 0; i < n; i++) {
+                e0[i] = e1[i] = frand() * 10.0f;
+                mk[i] = i % 3 == 1 ? -INFINITY : frand();
+            }
+            for (int with_mask = 0; with_mask < 2; with_mask++) {
+                for (int64_t i = 0; i < n; i++) e1[i] = e0[i];
+                static float w0[40];
+                memcpy(w0, e0, sizeof(w0));
+                const float m0 = ref->scale_max(w0, n, 0.3f, with_mask ? mk : NULL, 1.7f);
+                const float m1 = kn->scale_max(e1, n, 0.3f, with_mask ? mk : NULL, 1.7f);
+                for (int64_t i = 0; i < n; i++)
+                    CHECK(w0[i] == e1[i] || fabsf(w0[i] - e1[i]) <= 1e-6f * (fabsf(w0[i]) + 1.7f),
+                          "path %d scale_max [%lld]: %g vs %g", path, (long long)i, w0[i], e1[i]);
+                CHECK(m0 == m1 || fabsf(m0 - m1) <= 1e-6f * (fabsf(m0) + 1.7f),
+                      "path %d scale_max n %lld: max %g vs %g", path, (long long)n, m0, m1);
+            }
+        }
         /* fp16 conversions, bit for bit: every fp16 value, and values around fp16's range */
         for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
         ref->f16_to_f32(h, f0, 65536);
