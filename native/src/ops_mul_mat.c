@@ -1,8 +1,9 @@
 /* MUL_MAT: dst[N, M, B2, B3] = src1[K, M, B2, B3] · src0[K, N, A2, A3]ᵀ, src0 broadcast over
  * B2/A2 and B3/A3 (ggml's convention). Activations (src1, F32) are converted once per row into the
  * weight type's vec_dot_type in the shared work buffer (all threads share the rows, then a
- * barrier); then each thread computes a contiguous range of the larger output dimension, so in
- * decode (M = 1) every thread streams its own weight rows and no row is read twice.
+ * barrier; in decode each thread converts the row itself, see PG_MM_PRIVATE_ROWS); then each
+ * thread computes a contiguous range of the larger output dimension, so in decode (M = 1) every
+ * thread streams its own weight rows and no row is read twice.
  *
  * With several activation rows (M > 1) and a gemm kernel for the weight type, the dots are
  * computed in blocks of up to PG_GEMM_MAX_NR weight rows × PG_GEMM_MAX_NC activation rows (each
@@ -23,10 +24,19 @@ static size_t act_bytes(const pg_tensor *src0, const pg_tensor *src1, size_t *ro
     return *row_bytes * (size_t)pg_nrows(src1);
 }
 
+/* With at most this many activation rows (decode), every thread converts all of them into its
+ * own part of the work buffer: the others would wait for one thread's conversion anyway, and
+ * no barrier is needed before the dots (one per MUL_MAT fewer per token; on a busy machine a
+ * barrier between two threads sharing a core costs a context switch). */
+#define PG_MM_PRIVATE_ROWS 2
+
+static int private_act(const pg_tensor *x) { return pg_nrows(x) <= PG_MM_PRIVATE_ROWS; }
+
 size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
-    (void)nth;
     size_t rb;
-    return act_bytes(PG_SRC(all, t, 0), PG_SRC(all, t, 1), &rb);
+    const pg_tensor *x = PG_SRC(all, t, 1);
+    const size_t bytes = act_bytes(PG_SRC(all, t, 0), x, &rb);
+    return private_act(x) ? (bytes + 63) / 64 * 64 * (size_t)nth : bytes;
 }
 
 /* [*a0, *a1) of [0, n) for thread ith of nth, cut at multiples of `unit` */
@@ -43,7 +53,8 @@ static void split_units(int64_t n, int64_t unit, int ith, int nth, int64_t *a0, 
 #define PG_MM_GEMM_ACT_BYTES (256u << 10)
 
 static void mul_mat_gemm(const pg_cparams *p, pg_tensor *t, const pg_tensor *w,
-                         const pg_tensor *x, pg_gemm_fn gemm, int convert, size_t ystride) {
+                         const pg_tensor *x, pg_gemm_fn gemm, const uint8_t *act,
+                         size_t ystride) {
     const int64_t K = w->ne[0], N = w->ne[1];
     const int64_t M = x->ne[1], B2 = x->ne[2], B3 = x->ne[3];
     const int64_t r2 = B2 / w->ne[2], r3 = B3 / w->ne[3];
@@ -63,8 +74,8 @@ static void mul_mat_gemm(const pg_cparams *p, pg_tensor *t, const pg_tensor *w,
                 const int64_t i1 = m % M, i2 = (m / M) % B2, i3 = m / (M * B2);
                 nc = mbe - m < M - i1 ? mbe - m : M - i1;   /* stay inside one (i2, i3) plane */
                 if (nc > PG_GEMM_MAX_NC) nc = PG_GEMM_MAX_NC;
-                const void *xr = convert ? (const void *)(p->work + (size_t)m * ystride)
-                                         : (const void *)pg_ptr(x, 0, i1, i2, i3);
+                const void *xr = act ? (const void *)(act + (size_t)m * ystride)
+                                     : (const void *)pg_ptr(x, 0, i1, i2, i3);
                 const uint8_t *wr = pg_ptr(w, 0, 0, i2 / r2, i3 / r3) + n * w->nb[1];
                 float *dst = pg_ptr(t, 0, i1, i2, i3);
                 gemm(K, &dst[n], (size_t)t->nb[1], wr, (size_t)w->nb[1], xr, ystride, nr, (int)nc);
@@ -83,22 +94,25 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     size_t rb;
     const int convert = act_bytes(w, x, &rb) != 0;
 
+    uint8_t *act = p->work;   /* the converted activation rows */
     if (convert) {
         const pg_type_traits *tv = pg_get_type_traits(vdt);
-        int64_t a0, a1;
-        pg_split(pg_nrows(x), p->ith, p->nth, &a0, &a1);
+        const int priv = private_act(x);
+        int64_t a0 = 0, a1 = pg_nrows(x);
+        if (priv) act += (rb * (size_t)a1 + 63) / 64 * 64 * (size_t)p->ith;
+        else pg_split(pg_nrows(x), p->ith, p->nth, &a0, &a1);
         for (int64_t r = a0; r < a1; r++) {
             const int64_t i1 = r % M, i2 = (r / M) % B2, i3 = r / (M * B2);
-            tv->from_float(pg_ptr(x, 0, i1, i2, i3), p->work + (size_t)r * rb, K);
+            tv->from_float(pg_ptr(x, 0, i1, i2, i3), act + (size_t)r * rb, K);
         }
-        pg_sync(p);
+        if (!priv) pg_sync(p);
     }
 
     /* split the larger output dimension: weight rows (N) or activation rows (M*B2*B3) */
     const int64_t MM = M * B2 * B3;
     if (M > 1 && tr->gemm) {
         const size_t ystride = convert ? rb : (size_t)x->nb[1];
-        mul_mat_gemm(p, t, w, x, tr->gemm, convert, ystride);
+        mul_mat_gemm(p, t, w, x, tr->gemm, convert ? act : NULL, ystride);
         return;
     }
     const int split_n = N >= MM;
@@ -112,7 +126,7 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
             const int64_t nt1 = nt + PG_MM_TILE_N < n1 ? nt + PG_MM_TILE_N : n1;
             for (int64_t m = mt; m < mt1; m++) {
                 const int64_t i1 = m % M, i2 = (m / M) % B2, i3 = m / (M * B2);
-                const void *xr = convert ? (const void *)(p->work + (size_t)m * rb)
+                const void *xr = convert ? (const void *)(act + (size_t)m * rb)
                                          : (const void *)pg_ptr(x, 0, i1, i2, i3);
                 const uint8_t *wplane = pg_ptr(w, 0, 0, i2 / r2, i3 / r3);
                 float *dst = pg_ptr(t, 0, i1, i2, i3);
