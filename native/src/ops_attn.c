@@ -19,8 +19,12 @@
 #include "fp16.h"
 #include "ops.h"
 
+#ifndef PG_FA_QB
 #define PG_FA_QB 16   /* query rows per tile */
+#endif
+#ifndef PG_FA_KB
 #define PG_FA_KB 64   /* keys per block */
+#endif
 
 typedef struct {
     int64_t D, Dv, n_q, H, n_kv, G, n_qb, Hkv, B;
