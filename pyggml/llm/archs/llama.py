@@ -22,6 +22,7 @@ def _read_llama(model, hp) -> None:
                          f"{hp.head_dim_k}")
     if hp.n_expert:
         hp.expert_norm_w = True
+        hp.n_ff_exp = hp.n_ff[0]          # the experts are feed_forward_length wide
 
 
 def _read_qwen2(model, hp) -> None:

@@ -21,6 +21,7 @@ def _read_olmo2(model, hp) -> None:
 
 def _read_olmoe(model, hp) -> None:
     hp.expert_norm_w = False
+    hp.n_ff_exp = hp.n_ff[0]              # the experts are feed_forward_length wide
 
 
 def _qk_norm_shapes(hp, il):
