@@ -200,7 +200,7 @@ def test_mul_mat_id_bad_expert_index_is_an_error(cpus):
                          tensor(ctx, np.array([[0, 3], [1, 2]], np.int32), "i32"), name="moe")
     g = Graph()
     g.build_forward_expand(out)
-    with pytest.raises(BackendError, match="'moe'"):
+    with pytest.raises(BackendError, match="'moe'.*expert id"):
         cpus[1].graph_compute(g)
 
 

@@ -460,5 +460,5 @@ class CpuBackend(Backend):
             if bad.value >= 0:
                 t = plan.tensors[bad.value]
                 raise BackendError(f"node '{t.name}' ({t.op.name}) met bad data while computing "
-                                   f"(e.g. a row index outside its source)")
+                                   f"(e.g. a row index or expert id outside its source)")
             raise _node_error(plan.arr, plan.tensors, bad.value, st)

@@ -119,7 +119,8 @@ class Recorder:
             return None
         tag, word.value = word.value, 0
         what = self.tags.get(tag, f"tag {tag}")
-        return f"{name}: node {what} met bad data (a row index outside its source)"
+        return (f"{name}: node {what} met bad data "
+                f"(a row index or expert id outside its source)")
 
     # -- recording --
     def record(self, graph, name: str) -> Record:
