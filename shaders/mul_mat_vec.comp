@@ -35,7 +35,7 @@ layout(push_constant) uniform P {
     uint K, N;
     uint a_off, a_nb1, a_nb2;          // a_nb2: bytes (quantized) or elements between experts
     uint e0, e1, n_as;
-    uint n_ids, n_b;
+    uint n_ids, n_b, n_ent;            // n_ent = n_ids * n_tokens (the grid's z)
     uint b_off, b_s1, b_s2;
     uint ids_off, ids_s0, ids_s1;
     uint d_off, d_s1, d_s2;

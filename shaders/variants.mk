@@ -20,5 +20,6 @@ VK_VARIANTS += $(foreach t,$(VK_TYPES),get_rows_$(t):get_rows.comp:-DTYPE_$(call
 VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_$(t):mul_mat.comp:-DTYPE_$(call vk_uc,$(t)))
 VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_vec_$(t):mul_mat_vec.comp:-DTYPE_$(call vk_uc,$(t)))
 VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_vec_$(t)_sg:mul_mat_vec.comp:-DTYPE_$(call vk_uc,$(t))+-DUSE_SUBGROUP)
+VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_id_$(t):mul_mat.comp:-DTYPE_$(call vk_uc,$(t))+-DMUL_MAT_ID)
 VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_vec_id_$(t):mul_mat_vec.comp:-DTYPE_$(call vk_uc,$(t))+-DMUL_MAT_ID)
 VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_vec_id_$(t)_sg:mul_mat_vec.comp:-DTYPE_$(call vk_uc,$(t))+-DMUL_MAT_ID+-DUSE_SUBGROUP)

@@ -472,6 +472,10 @@ for _wt in WTYPES:
         for _nb in (1, 3):
             case(f"mul_mat_id-{_wt}-T{_nt}-b{_nb}", _tol)(_single(
                 lambda ctx, I, wt=_wt, nt=_nt, nb=_nb: _mul_mat_id(ctx, I, wt, nt, nb)))
+for _wt in ("f32", "f16", "q4_0", "q4_k", "q6_k"):
+    # the tiled kernel with more entries per expert than one tile (96 tokens x 2 of 4 experts)
+    case(f"mul_mat_id-{_wt}-T96-tiles", 1e-9 if _wt == "f32" else 5e-4)(_single(
+        lambda ctx, I, wt=_wt: _mul_mat_id(ctx, I, wt, 96, 1, n_expert=5, n_used=2, N=70)))
 case("mul_mat_id-q4_0-top_k-ids", 5e-4)(_single(
     lambda ctx, I: _mul_mat_id(ctx, I, "q4_0", 7, 1, n_expert=8, n_used=2, top_k=True)))
 

@@ -381,30 +381,35 @@ def test_bad_row_index_is_reported_after_the_graph(vk):
     del buf
 
 
-def test_bad_expert_index_is_reported_after_the_graph(vk):
+@pytest.mark.parametrize("n_tok", [2, 8])          # 4 entries: matrix-vector; 16: tiled
+def test_bad_expert_index_is_reported_after_the_graph(vk, n_tok):
     ctx = Context(no_alloc=True)
     w = ctx.new_tensor("f32", [32, 3, 2], name="exps")
-    x = ctx.new_tensor("f32", [32, 1, 2], name="x")
-    ids = ctx.new_tensor("i32", [2, 2], name="ids")
+    x = ctx.new_tensor("f32", [32, 1, n_tok], name="x")
+    ids = ctx.new_tensor("i32", [2, n_tok], name="ids")
     out = ops.mul_mat_id(ctx, w, x, ids, name="moe")
     g = Graph()
     g.build_forward_expand(out)
     buf = on_vk(vk, ctx)
     wv = RNG.standard_normal((2, 3, 32)).astype(np.float32)
-    xv = RNG.standard_normal((2, 1, 32)).astype(np.float32)
+    xv = RNG.standard_normal((n_tok, 1, 32)).astype(np.float32)
     base.tensor_set(w, wv)
     base.tensor_set(x, xv)
-    base.tensor_set(ids, np.array([[1, 2], [0, -1]], np.int32))
+    iv = np.tile(np.array([[1, 0]], np.int32), (n_tok, 1))
+    iv[0, 1], iv[1, 1] = 2, -1
+    base.tensor_set(ids, iv)
     vk.graph_compute(g)
     with pytest.raises(BackendError, match="'moe'.*expert id"):
         vk.synchronize()
     got = read(out)
     assert np.all(got[0, 1] == 0) and np.all(got[1, 1] == 0)      # bad entries: zero rows
     np.testing.assert_allclose(got[0, 0], wv[1] @ xv[0, 0], rtol=1e-5)
-    base.tensor_set(ids, np.array([[1, 0], [0, 1]], np.int32))      # the flag was reset
+    for tok in range(2, n_tok):
+        np.testing.assert_allclose(got[tok], wv[[1, 0]] @ xv[tok, 0], rtol=1e-5)
+    base.tensor_set(ids, np.tile(np.array([[1, 0]], np.int32), (n_tok, 1)))   # flag reset
     vk.graph_compute(g)
     vk.synchronize()
-    np.testing.assert_allclose(read(out)[1, 1], wv[1] @ xv[1, 0], rtol=1e-5)
+    np.testing.assert_allclose(read(out)[1, 1], wv[0] @ xv[1, 0], rtol=1e-5)
     del buf
 
 

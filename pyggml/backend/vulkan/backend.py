@@ -85,8 +85,8 @@ _TYPES = ("f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", 
 REQUIRED_SHADERS = (["binary", "unary", "rope", "norm", "norm_sg", "soft_max", "soft_max_sg",
                      "flash_attn", "flash_attn_sg", "cpy", "cpy_s16", "set_rows", "set_rows_s16",
                      "concat", "concat_s16", "argsort"]
-                    + [f"{k}_{t}" for k in ("get_rows", "mul_mat", "mul_mat_vec", "mul_mat_vec_id")
-                       for t in _TYPES]
+                    + [f"{k}_{t}" for k in ("get_rows", "mul_mat", "mul_mat_vec", "mul_mat_id",
+                                            "mul_mat_vec_id") for t in _TYPES]
                     + [f"{k}_{t}_sg" for k in ("mul_mat_vec", "mul_mat_vec_id") for t in _TYPES])
 
 

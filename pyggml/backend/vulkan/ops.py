@@ -114,9 +114,9 @@ def why_unsupported(node: Tensor, lim) -> str | None:
             continue                   # split into expert pieces
         return (f"'{t.name}' spans {t.nbytes()} bytes, more than one storage-buffer binding "
                 f"({lim.max_bind} bytes) and it cannot be split by rows")
-    if op == Op.MUL_MAT_ID and node.ne[1] * node.ne[2] > lim.max_wg_count[2]:
-        return (f"{node.ne[1] * node.ne[2]} (slot, token) entries, more than the device's "
-                f"{lim.max_wg_count[2]} workgroups in z")
+    if op == Op.MUL_MAT_ID and node.src[0].ne[2] > lim.max_wg_count[2]:
+        return (f"{node.src[0].ne[2]} experts, more than the device's {lim.max_wg_count[2]} "
+                f"workgroups in z")
     if node.nbytes() > lim.max_bind:
         return f"the result spans {node.nbytes()} bytes, more than one binding ({lim.max_bind})"
     return None
@@ -561,11 +561,19 @@ class Builder:
             n = a.nbytes() if (e0, e1) == (0, n_as) else (e1 - e0) * a.nb[2]
             wa, oa = self.loc(a, u, e0 * a.nb[2], n)
             push = _pack(K, N, oa, a.nb[1] // u, a.nb[2] // u, e0, e1, n_as, n_ids, b.ne[1],
-                         ob, sb[1], sb[2], oi, si[0], si[1], od, sd[1], sd[2], self.env.tag(t))
+                         n_ids * n_tok, ob, sb[1], sb[2], oi, si[0], si[1], od, sd[1], sd[2],
+                         self.env.tag(t))
             rd = (a.data + e0 * a.nb[2], a.data + e0 * a.nb[2] + n)
-            out.append(self._mk(self._sg("mul_mat_vec_id_" + type_suffix(a.type)),
-                                (cfg.wg_reduce, nr, 1), (wa, wb, wd, wi, self.env.status), push,
-                                self.fold(-(-N // nr), n_ids * n_tok), [rd, b, ids], [t]))
+            wins = (wa, wb, wd, wi, self.env.status)
+            if n_ids * n_tok <= cfg.mmv_max_cols:
+                out.append(self._mk(self._sg("mul_mat_vec_id_" + type_suffix(a.type)),
+                                    (cfg.wg_reduce, nr, 1), wins, push,
+                                    self.fold(-(-N // nr), n_ids * n_tok), [rd, b, ids], [t]))
+            else:           # tiled: one workgroup per (row tile, expert), entries in tiles
+                tile = cfg.mm_tile
+                out.append(self._mk("mul_mat_id_" + type_suffix(a.type),
+                                    ((tile // 4) ** 2, tile, tile), wins, push,
+                                    (-(-N // tile), 1, e1 - e0), [rd, b, ids], [t]))
         return out
 
     def _sum_rows(self, t):
