@@ -22,7 +22,7 @@ from pyggml import Context, Graph, ops, quants
 from pyggml.backend import base, vulkan
 from pyggml.backend.cpu import CpuBackend, cpu_buffer_type
 from pyggml.backend.vulkan.info import DEVICE_TYPES, VulkanMemoryError
-from pyggml.errors import BackendError
+from pyggml.errors import BackendError, SettingsError
 
 RNG = np.random.default_rng(7)
 
@@ -97,6 +97,62 @@ def test_recorded_once_replayed_for_n_computes(vk):
     assert vk.n_recordings - rec0 == 3
     assert nmse(read(out), _net_reference(xv, wv)) < 1e-6
     del buf, buf2
+
+
+def test_replay_is_o1_and_reallocation_rerecords(vk, monkeypatch):
+    """An unchanged graph replays without looking at its nodes (no address signature is taken
+    while no tensor moved); re-allocating it at other addresses records it again, reading the new
+    memory; tensors moving elsewhere cost one address comparison, not a recording."""
+    from pyggml.alloc import GraphAllocator
+    from pyggml.backend.vulkan import record
+
+    ctx = Context(no_alloc=True)
+    x, w, out = _small_net(ctx)
+    x.set_input()
+    out.set_output()
+    g = Graph()
+    g.build_forward_expand(out)
+    buft = vk.get_default_buffer_type()
+    wbuf = base.alloc_tensors(buft, [w])
+    wv = (RNG.standard_normal((32, 64)) * 0.3).astype(np.float16)
+    base.tensor_set(w, wv.tobytes())
+    galloc = GraphAllocator(buft)
+    galloc.reserve(g)
+    galloc.alloc_graph(g)
+    rec0 = vk.n_recordings
+    xv = RNG.standard_normal((3, 64)).astype(np.float32)
+    base.tensor_set(x, xv)
+    vk.graph_compute(g)
+    assert vk.n_recordings - rec0 == 1
+    calls = []
+    real_signature = record.signature
+    monkeypatch.setattr(record, "signature", lambda gr: calls.append(gr) or real_signature(gr))
+    for _ in range(3):                                 # replays: no per-node Python work
+        vk.graph_compute(g)
+    assert vk.n_recordings - rec0 == 1 and calls == []
+    galloc.alloc_graph(g)                              # same plan, same memory: nothing moved
+    vk.graph_compute(g)
+    assert vk.n_recordings - rec0 == 1 and calls == []
+    assert nmse(read(out), _net_reference(xv, wv)) < 1e-6
+    # the same graph (same uid) placed in other memory: recorded again, reads the new buffers
+    old, uid = (x.data, out.data), g.uid
+    other = buft.alloc_buffer(galloc.get_buffer_size(0), base.BufferUsage.COMPUTE)
+    galloc.alloc_graph(g, buffers=[other])
+    assert (x.data, out.data) != old and g.uid == uid
+    xv = RNG.standard_normal((3, 64)).astype(np.float32)
+    base.tensor_set(x, xv)
+    vk.graph_compute(g)
+    assert vk.n_recordings - rec0 == 2
+    assert nmse(read(out), _net_reference(xv, wv)) < 1e-6
+    # a tensor of another graph moves: one address comparison, then replays are O(1) again
+    elsewhere = Context(no_alloc=True).new_tensor("f32", [8], name="elsewhere")
+    ebuf = base.alloc_tensors(buft, [elsewhere])
+    calls.clear()
+    vk.graph_compute(g)
+    vk.graph_compute(g)
+    assert vk.n_recordings - rec0 == 2 and len(calls) == 1
+    vk.synchronize()
+    del wbuf, other, ebuf
 
 
 def test_barriers_only_where_needed(vk):
@@ -258,6 +314,31 @@ def test_weights_split_across_windows(wtype, cpu):
         check_case(f"windows-{wtype}-{M}", build(M), 1e-9 if wtype == "f32" else 5e-4, small, cpu)
 
 
+@pytest.mark.parametrize("wtype", ["f32", "q4_k"])
+def test_expert_weights_split_across_windows(wtype, cpu):
+    """MUL_MAT_ID on stacked experts larger than one binding: one dispatch per window of
+    experts, each computing the entries routed to its experts (bad ids none here)."""
+    small = vulkan.open_device(0, storage_range=64 << 10).init_backend()
+    K, N, n_expert = (256, 20, 12) if wtype == "f32" else (256, 40, 24)
+
+    def build(n_tok):
+        def b(ctx, I):
+            w = I.weights(wtype, n_expert, N, K)
+            assert w.nbytes() > 64 << 10 and w.nb[2] < 32 << 10    # several expert windows
+            ids = I.i32(I.rng.integers(0, n_expert, (n_tok, 4)))
+            out = ops.mul_mat_id(ctx, w, I.f32(n_tok, 1, K), ids)
+            return out, out
+        return b
+    for n_tok in (1, 6):
+        check_case(f"expert-windows-{wtype}-{n_tok}", build(n_tok),
+                   1e-9 if wtype == "f32" else 5e-4, small, cpu)
+    ctx = Context(no_alloc=True)
+    huge = ctx.new_tensor("f32", [64, 1000, 2], name="huge")        # one expert > a binding
+    mm = ops.mul_mat_id(ctx, huge, ctx.new_tensor("f32", [64, 1, 3]),
+                        ctx.new_tensor("i32", [1, 3]))
+    assert "binding" in small.why_unsupported(mm)
+
+
 def test_tensor_larger_than_a_binding_is_refused():
     small = vulkan.open_device(0, storage_range=64 << 10).init_backend()
     ctx = Context(no_alloc=True)
@@ -356,6 +437,38 @@ def test_bad_row_index_is_reported_after_the_graph(vk):
     del buf
 
 
+@pytest.mark.parametrize("n_tok", [2, 8])          # 4 entries: matrix-vector; 16: tiled
+def test_bad_expert_index_is_reported_after_the_graph(vk, n_tok):
+    ctx = Context(no_alloc=True)
+    w = ctx.new_tensor("f32", [32, 3, 2], name="exps")
+    x = ctx.new_tensor("f32", [32, 1, n_tok], name="x")
+    ids = ctx.new_tensor("i32", [2, n_tok], name="ids")
+    out = ops.mul_mat_id(ctx, w, x, ids, name="moe")
+    g = Graph()
+    g.build_forward_expand(out)
+    buf = on_vk(vk, ctx)
+    wv = RNG.standard_normal((2, 3, 32)).astype(np.float32)
+    xv = RNG.standard_normal((n_tok, 1, 32)).astype(np.float32)
+    base.tensor_set(w, wv)
+    base.tensor_set(x, xv)
+    iv = np.tile(np.array([[1, 0]], np.int32), (n_tok, 1))
+    iv[0, 1], iv[1, 1] = 2, -1
+    base.tensor_set(ids, iv)
+    vk.graph_compute(g)
+    with pytest.raises(BackendError, match="'moe'.*expert id"):
+        vk.synchronize()
+    got = read(out)
+    assert np.all(got[0, 1] == 0) and np.all(got[1, 1] == 0)      # bad entries: zero rows
+    np.testing.assert_allclose(got[0, 0], wv[1] @ xv[0, 0], rtol=1e-5)
+    for tok in range(2, n_tok):
+        np.testing.assert_allclose(got[tok], wv[[1, 0]] @ xv[tok, 0], rtol=1e-5)
+    base.tensor_set(ids, np.tile(np.array([[1, 0]], np.int32), (n_tok, 1)))   # flag reset
+    vk.graph_compute(g)
+    vk.synchronize()
+    np.testing.assert_allclose(read(out)[1, 1], wv[0] @ xv[1, 0], rtol=1e-5)
+    del buf
+
+
 def _heap_of_device_memory(vk) -> int:
     info = vk.device.info
     return info.heaps[info.memory_types[vk.ctx.dev_type][1]][0]
@@ -403,7 +516,12 @@ def test_devices_and_registry(monkeypatch, vk):
     monkeypatch.setenv("PYGGML_VULKAN_DEVICES", "0")
     assert len(vulkan.backend._discover()[0]) == 1
     monkeypatch.setenv("PYGGML_VULKAN_DEVICES", "99")
-    with pytest.raises(BackendError, match="no device 99"):
+    with pytest.raises(SettingsError, match=r"PYGGML_VULKAN_DEVICES=99: no device 99 \(this "
+                                            r"machine has \d+ Vulkan device"):
+        vulkan.backend._discover()
+    monkeypatch.setenv("PYGGML_VULKAN_DEVICES", "gpu0")
+    with pytest.raises(SettingsError, match="PYGGML_VULKAN_DEVICES='gpu0': expected device "
+                                            "indices like '0' or '1,0', or 'none'"):
         vulkan.backend._discover()
     monkeypatch.delenv("PYGGML_VULKAN_DEVICES")
     monkeypatch.setenv("PYGGML_SHADER_DIR", "/nonexistent")
