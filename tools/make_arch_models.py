@@ -81,9 +81,9 @@ VARIANTS: dict[str, Spec] = {
     "gemma2": Spec("gemma2", ("q6_k", "q4_0", "q5_k", "bf16"), n_layer=3, tied=True,
                    post_norms=True,
                    kv={"attention.sliding_window": 8, "attn_logit_softcapping": 2.0,
-                       "final_logit_softcapping": 4.0}, seed=6),
+                       "final_logit_softcapping": 15.0}, seed=6),
     "granite": Spec("granite", ("q3_k", "q4_1", "q8_0", "q6_k"), tied=True,
-                    kv={"logit_scale": 2.0, "residual_scale": 0.22, "embedding_scale": 12.0,
+                    kv={"logit_scale": 2.0, "residual_scale": 0.6, "embedding_scale": 3.0,
                         "attention.scale": 0.015625}, seed=7),
     "olmo2": Spec("olmo2", ("q5_1", "q4_k", "f16", "q2_k"), qk_norm="row", post_norms=True,
                   pre_norms=False, n_head_kv=4, seed=8),
@@ -95,7 +95,7 @@ VARIANTS: dict[str, Spec] = {
                   n_expert_used=2, n_ff_exp=256, seed=11),
     "granitemoe": Spec("granitemoe", ("q4_k", "q6_k", "q8_0"), tied=True, n_expert=6,
                        n_expert_used=2, n_ff_exp=256, n_ff_shexp=512,
-                       kv={"logit_scale": 3.0, "residual_scale": 0.5, "embedding_scale": 6.0,
+                       kv={"logit_scale": 3.0, "residual_scale": 0.7, "embedding_scale": 2.0,
                            "attention.scale": 0.02}, seed=12),
 }
 

@@ -104,6 +104,17 @@ def ffn_shapes(hp, il: int) -> dict:
     return {"ffn_norm": [E], "ffn_gate": [E, F], "ffn_up": [E, F], "ffn_down": [F, E]}
 
 
+def rope_factors(hp, weights: dict, n_ctx: int) -> Tensor | None:
+    """The rope frequency factors F32 [n_rot/2]: rope_freqs (Llama 3) or, for LongRoPE (Phi-3),
+    the long factors when the context (n_ctx cells) is longer than the original one, else the
+    short ones (llama.cpp's get_rope_factors); None without any."""
+    if "rope_freqs.weight" in weights:
+        return weights["rope_freqs.weight"]
+    if n_ctx > hp.n_ctx_orig_yarn and "rope_factors_long.weight" in weights:
+        return weights["rope_factors_long.weight"]
+    return weights.get("rope_factors_short.weight")
+
+
 class Builder:
     """The graph of one ubatch under construction: context, graph, inputs and the shared
     pieces. `build(arch)` runs the whole model: embeddings → arch.build_layer per layer →
@@ -141,7 +152,7 @@ class Builder:
                      if select_outputs else None),
         )
         self.rope_mode = ROPE_MODE_NEOX if hp.rope_neox else ROPE_MODE_NORMAL
-        self.rope_factors = self._rope_factors()
+        self.rope_factors = rope_factors(hp, weights, kv.n_ctx)
 
     # ---- tensors -------------------------------------------------------------------------------
     def w(self, il: int, short: str) -> Tensor:
@@ -154,16 +165,6 @@ class Builder:
     def bias(self, x: Tensor, il: int, short: str) -> Tensor:
         b = self.opt(il, short, "bias")
         return ops.add(self.ctx, x, b) if b is not None else x
-
-    def _rope_factors(self) -> Tensor | None:
-        """rope_freqs (Llama 3) or, for LongRoPE (Phi-3), the long factors when the context is
-        longer than the original one, else the short ones (llama.cpp's get_rope_factors)."""
-        w = self.weights
-        if "rope_freqs.weight" in w:
-            return w["rope_freqs.weight"]
-        if self.kv.n_ctx > self.hp.n_ctx_orig_yarn and "rope_factors_long.weight" in w:
-            return w["rope_factors_long.weight"]
-        return w.get("rope_factors_short.weight")
 
     # ---- pieces --------------------------------------------------------------------------------
     def norm(self, t: Tensor, w: Tensor, name: str = "") -> Tensor:
