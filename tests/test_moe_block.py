@@ -242,3 +242,27 @@ def test_moe_block_vulkan(case, vk, cpus):
     assert np.array_equal(read(sel2), ref_sel)
     _, _, (cpu_out, _) = _cpu_run(case, cpus[:1] * 2)
     close(read(out2), cpu_out, 1e-5)          # the expert matmuls are the CPU's
+
+
+@pytest.mark.parametrize("n_tokens", [40, 4])
+def test_moe_block_host_experts_offloaded_for_batches(n_tokens, vk, cpus):
+    """With op_offload (llama.cpp's default), a batch of at least 32 tokens copies the host
+    experts to the GPU for its mul_mat_id (ggml-vulkan counts MUL_MAT_ID's batch in ne[2]); a
+    smaller one runs them where they are."""
+    blk = Block("q4_0", n_tokens, 2, "softmax", 5)
+    ref, ref_sel = blk.reference(True, quantize_acts=False)
+    host = {"up", "gate", "down"}
+    ctx = Context(no_alloc=True)
+    g, out, sel = blk.build(ctx, lambda n: cpu_buffer_type() if n in host
+                            else vk.get_default_buffer_type(), True)
+    s = Scheduler([vk, cpus[1]], op_offload=True)
+    s.alloc_graph(g)
+    on_cpu = {n.name for sp in s.splits if s.get_backend(sp.backend_id) is cpus[1]
+              for n in sp.graph.nodes}
+    if n_tokens >= 32:
+        assert not {"moe-up", "moe-gate", "moe-down"} & on_cpu
+    else:
+        assert {"moe-up", "moe-gate", "moe-down"} <= on_cpu
+    s.graph_compute(g)
+    assert np.array_equal(read(sel), ref_sel)
+    close(read(out), ref, 1e-4 if n_tokens >= 32 else 3e-2)

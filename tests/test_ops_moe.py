@@ -279,3 +279,15 @@ def test_clamp_and_sigmoid(cpus):
     x[0, 0] = 0.5
     close(run(ops.sigmoid(ctx, tensor(ctx, x)), cpus), 1 / (1 + np.exp(-x.astype(np.float64))),
           2e-7)
+
+
+def test_clamp_and_sigmoid_in_place(cpus):
+    """Both are in alloc.INPLACE_OPS: the kernels accept dst == src."""
+    ctx = new_ctx()
+    x = rand(4, 37, scale=3.0)
+    a = tensor(ctx, x)
+    out = ops.clamp(ctx, ops.sigmoid(ctx, a, inplace=True), 0.25, 0.75, inplace=True)
+    assert out.view_src is a or out.view_src.view_src is a
+    got = run(out, cpus[:1])
+    ref = np.clip(1 / (1 + np.exp(-x.astype(np.float64))), 0.25, 0.75)
+    close(got, ref, 2e-7)

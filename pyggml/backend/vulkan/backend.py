@@ -92,7 +92,7 @@ REQUIRED_SHADERS = (["binary", "unary", "rope", "norm", "norm_sg", "soft_max", "
                     + [f"{k}_{t}_sg" for k in ("mul_mat_vec", "mul_mat_vec_id") for t in _TYPES])
 
 
-OFFLOAD_MIN_BATCH = 32    # a MUL_MAT over this many rows is worth copying its host weight here
+OFFLOAD_MIN_BATCH = 32    # a MUL_MAT (ID) over this many rows (tokens) is worth copying its host weight
 
 
 class VulkanRules:
@@ -113,8 +113,10 @@ class VulkanRules:
         return why_unsupported(node, self) is None
 
     def offload_op(self, node: Tensor) -> bool:
-        return (node.op == Op.MUL_MAT and node.ne[1] >= self.offload_min_batch
-                and self.supports_op(node))
+        """Host weights worth copying here: a MUL_MAT over at least offload_min_batch rows, a
+        MUL_MAT_ID over that many tokens (ne[2], as ggml-vulkan counts its batch)."""
+        batch = {Op.MUL_MAT: node.ne[1], Op.MUL_MAT_ID: node.ne[2]}.get(node.op, 0)
+        return batch >= self.offload_min_batch and self.supports_op(node)
 
 
 # ---- discovery -----------------------------------------------------------------------------------
@@ -433,7 +435,7 @@ class VulkanBackend(Backend):
         self.cfg = device.cfg
         self.rules = VulkanRules(self.ctx.max_bind, device.info.max_wg_count, self.cfg)
         self.max_bind = self.rules.max_bind           # limits the Builder reads
-        self.recorder = Recorder(device, self)
+        self.recorder = Recorder(device, self.rules)
         self._records: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.n_computes = 0
 

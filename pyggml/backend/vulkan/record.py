@@ -96,7 +96,7 @@ class Recorder:
         self.device = device
         self.ctx: VkContext = device.ctx
         self.cfg = device.cfg
-        self.limits = limits                 # what why_unsupported needs (the backend)
+        self.limits = limits                 # what why_unsupported needs (VulkanRules)
         self.max_bind = self.ctx.max_bind
         self.max_wg_count = device.info.max_wg_count
         self.builder = Builder(self)
