@@ -89,14 +89,16 @@ def cpu_path(request):
     _native.set_cpu_path(before)
 
 
-def check_against_llamacpp(name, fa, logits):
-    """logits float32 [T, V] of pyggml vs llama.cpp's (fa: its attention path)."""
+def check_against_llamacpp(name, fa, logits, slack=1.0):
+    """logits float32 [T, V] of pyggml vs llama.cpp's (fa: its attention path); slack scales
+    the RMS bound and the noise."""
     ref = REFS[f"{name}.fa{fa}.logits"].astype(np.float32)
     ids, vals = REFS[f"{name}.fa{fa}.top_ids"], REFS[f"{name}.fa{fa}.top_vals"]
     assert logits.shape == ref.shape
     rms = float(np.sqrt(((logits - ref) ** 2).mean()))
-    assert rms <= RMS_BOUND[name], f"{name}: logit RMS error {rms:.4f} > {RMS_BOUND[name]:.4f}"
-    noise = NOISE[name]
+    bound = slack * RMS_BOUND[name]
+    assert rms <= bound, f"{name}: logit RMS error {rms:.4f} > {bound:.4f}"
+    noise = slack * NOISE[name]
     checked = 0
     for t in range(len(ref)):
         order = np.argsort(-logits[t], kind="stable")[:5]
@@ -217,4 +219,34 @@ def test_moe_on_vulkan_matches_llamacpp(models, name):
         assert dev.lower().startswith("vulkan")
         assert m.offload.weights["blk.0.ffn_up_exps.weight"].device == dev
         logits = m.eval(TOKENS)
-    check_against_llamacpp(name, 1, logits)
+    # The Vulkan matmuls round activations otherwise than the CPU's Q8_0 / Q8_K rows: an expert
+    # whose router probability is within that difference of the k-th best can be chosen
+    # otherwise, and that token's logits (and, through attention, the next ones') move
+    # (qwen3moe: position 3, 0.31 RMS there, 0.078 over all logits; the other variants
+    # 0.027-0.032 against CPU bounds of 0.032-0.043): 2.5 / 1.25 times the CPU bound and noise,
+    # and the typical position within the CPU bound. With f16 weights (no activation
+    # quantization) the Vulkan graph equals the CPU's: test_moe_on_vulkan_equals_cpu_f16.
+    check_against_llamacpp(name, 1, logits, slack=2.5 if name == "qwen3moe" else 1.25)
+    ref = REFS[f"{name}.fa1.logits"].astype(np.float32)
+    per_pos = np.sqrt(((logits - ref) ** 2).mean(1))
+    assert float(np.median(per_pos)) <= RMS_BOUND[name], np.round(per_pos, 3)
+
+
+@pytest.mark.skipif(vulkan_missing is not None, reason=f"no Vulkan device: {vulkan_missing}")
+@pytest.mark.parametrize("name", MOE)
+def test_moe_on_vulkan_equals_cpu_f16(tmp_path, name):
+    import dataclasses
+    M.VARIANTS["f16-moe"] = dataclasses.replace(M.VARIANTS[name], types=("f16",))
+    try:
+        path = M.write_variant("f16-moe", tmp_path / "f16.gguf")
+    finally:
+        del M.VARIANTS["f16-moe"]
+    with LLM(path, n_ctx=N_CTX, logits_all=True, n_threads=2) as m:
+        cpu = m.eval(TOKENS)
+    with LLM(path, n_ctx=N_CTX, logits_all=True, n_threads=2, n_gpu_layers=99,
+             device="Vulkan0") as m:
+        assert m.offload.weights["blk.1.ffn_down_exps.weight"].device != "CPU"
+        gpu = m.eval(TOKENS)
+    # measured 0.001 (f16 K/V and activations rounded in different places)
+    assert float(np.sqrt(((gpu - cpu) ** 2).mean(1)).max()) <= 0.004
+    assert (np.argmax(gpu, 1) == np.argmax(cpu, 1)).all()
