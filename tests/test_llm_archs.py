@@ -24,7 +24,8 @@ attention path (pyggml's flash_attn False / True against llama.cpp's fa0 / fa1):
 
 Also: the sequence fed as a 16-token prompt then 8 single-token decodes (decode graphs, KV
 reuse) gives the same logits within the same bound; every variant fully offloaded to Vulkan
-(lavapipe) meets the same bounds (1.25 times them; 2.5 for qwen3moe, see the test); an unknown architecture is a clear error naming the known ones.
+(lavapipe) meets the same bounds (1.25 times them; 2.5 for qwen3moe, see the test); an unknown
+architecture is a clear error naming the known ones.
 """
 import hashlib
 import sys

@@ -13,7 +13,8 @@ cache, 2 threads, with flash attention off (`fa0.`, llama-cpp-python's default) 
 the two differ in rounding: without it the softmax weights meet V in f16), and without
 the CPU "extra buffer types" (AMX / repacked weights: its AMX tile kernels stop with SIGILL on
 this machine, whose kernel does not grant AMX state; the plain ggml-cpu kernels remain, the same
-vec_dot / quantization code). Stored per variant `<name>.fa0.` / `<name>.fa1.`: `logits` float16 [T, V] (all of them), `top_ids`
+vec_dot / quantization code). Stored per variant `<name>.fa0.` / `<name>.fa1.`: `logits`
+float16 [T, V] (all of them), `top_ids`
 int16 / `top_vals` float32 [T, 16] (exact values of the 16 largest), `sha256` of the GGUF (the
 test checks that the regenerated file is the same bytes, stored once as `<name>.sha256`), plus
 `tokens` and `llama_cpp_version`.
@@ -72,8 +73,9 @@ def main(argv) -> int:
             ref = reference(p, tokens, bool(fa))
             for k, v in ref.items():
                 data[f"{p.stem}.fa{fa}.{k}"] = v
-        print(f"{p.stem}: logits rms {float(np.sqrt((ref['logits'].astype(np.float32) ** 2).mean())):.3f}, "
-              f"min top-2 margin {float((ref['top_vals'][:, 0] - ref['top_vals'][:, 1]).min()):.4f}")
+        rms = float(np.sqrt((ref["logits"].astype(np.float32) ** 2).mean()))
+        margin = float((ref["top_vals"][:, 0] - ref["top_vals"][:, 1]).min())
+        print(f"{p.stem}: logits rms {rms:.3f}, min top-2 margin {margin:.4f}")
     np.savez_compressed(out, **data)
     print(f"{out}: {out.stat().st_size} bytes")
     return 0

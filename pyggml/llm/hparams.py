@@ -107,7 +107,8 @@ def read_hparams(model, tensor_names) -> HParams:
     if scale_type not in ("none", "linear", "yarn", "longrope"):
         raise ModelError(f"{k('rope.scaling.type')}: unknown rope scaling {scale_type!r} "
                          f"(known: none, linear, yarn, longrope)")
-    factor = model.get_f32(k("rope.scaling.factor"), 0.0) or model.get_f32(k("rope.scale_linear"), 0.0)
+    factor = (model.get_f32(k("rope.scaling.factor"), 0.0)
+              or model.get_f32(k("rope.scale_linear"), 0.0))
     freq_scale = 1.0 / factor if factor and scale_type != "none" else 1.0
     hp = HParams(
         arch=arch, n_layer=L, n_embd=E, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
