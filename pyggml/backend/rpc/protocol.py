@@ -21,6 +21,8 @@ import threading
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+import numpy as np
+
 from pyggml import _native
 from pyggml.errors import BackendError
 
@@ -68,16 +70,10 @@ _U64 = struct.Struct("<Q")
 
 
 def fnv1a64(data) -> int:
-    """FNV-1a 64 of bytes-like data (the server's cache key); computed in libpyggml."""
-    mv = memoryview(data).cast("B")
-    n = mv.nbytes
-    if n == 0:
-        return 0xcbf29ce484222325
-    if mv.readonly:
-        buf = (ctypes.c_char * n).from_buffer_copy(mv)
-    else:
-        buf = (ctypes.c_char * n).from_buffer(mv)
-    return _native.fn("pg_fnv1a64")(buf, n)
+    """FNV-1a 64 of bytes-like data (the server's cache key); computed in libpyggml, in place
+    (read-only buffers such as a mapped GGUF file included)."""
+    arr = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    return _native.fn("pg_fnv1a64")(arr.ctypes.data if arr.size else None, arr.size)
 
 
 _native.declare("pg_fnv1a64", ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_size_t])
