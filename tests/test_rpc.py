@@ -350,6 +350,32 @@ def test_graph_reuse_recomputes_with_new_inputs(remote):
     del buf
 
 
+@needs_server
+def test_buffer_clear_memset_and_copy_on_the_server(remote):
+    _, r, be = remote
+    ctx = Context(no_alloc=True)
+    a, b = ctx.new_tensor_1d("f32", 32, name="a"), ctx.new_tensor_1d("f32", 32, name="b")
+    buf = base.alloc_tensors(be.get_default_buffer_type(), [a, b], base.BufferUsage.COMPUTE)
+    buf.clear(0x3F)
+    assert base.tensor_get(a) == b"\x3f" * 128 and base.tensor_get(b) == b"\x3f" * 128
+    buf.memset_tensor(a, 0, 16, 32)
+    assert base.tensor_get(a) == b"\x3f" * 16 + bytes(32) + b"\x3f" * 80
+    base.tensor_set(a, np.arange(32, dtype=np.float32))
+    n = r.traffic().commands.get("COPY_TENSOR", 0)
+    assert be.cpy_tensor_async(a, b)                       # server side, no bytes through us
+    assert r.traffic().commands["COPY_TENSOR"] == n + 1
+    assert np.array_equal(np.frombuffer(base.tensor_get(b), np.float32), np.arange(32))
+    host = ctx.new_tensor_1d("f32", 32, name="host")
+    hbuf = base.alloc_tensors(CpuBackend(1).get_default_buffer_type(), [host])
+    base.tensor_copy(b, host)                              # GET_TENSOR into host memory
+    assert np.array_equal(np.frombuffer(base.tensor_get(host), np.float32), np.arange(32))
+    frees = r.traffic().commands.get("FREE_BUFFER", 0)
+    buf.free()
+    r.conn.device_count()                                  # queued frees go before a command
+    assert r.traffic().commands["FREE_BUFFER"] == frees + 1
+    del hbuf
+
+
 # ---- validation: nothing that could abort a server leaves the client -----------------------------
 
 @needs_server
