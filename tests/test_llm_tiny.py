@@ -251,7 +251,7 @@ def test_unknown_architecture_missing_and_misshapen_tensors(tiny_models, tmp_pat
     with pytest.raises(ModelError, match="'blk.0.attn_q.weight' has shape .* expected"):
         LLM(_rewrite(tm.path, tmp_path / "c.gguf", reshape="blk.0.attn_q.weight"), n_ctx=16)
     with pytest.raises(ModelError, match="n_ctx must be a positive integer"):
-        LLM(tm.path, n_ctx=0)
+        LLM(tm.path, n_ctx=-1)
     with pytest.raises(ModelError, match="type_k"):
         LLM(tm.path, n_ctx=16, type_k="q4_k")
 

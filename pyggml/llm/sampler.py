@@ -29,6 +29,15 @@ class SamplingParams:
     seed: int = DEFAULT_SEED
 
     def validate(self) -> "SamplingParams":
+        kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float,
+                 "repeat_penalty": float, "repeat_last_n": int, "seed": int}
+        for name, kind in kinds.items():
+            v = getattr(self, name)
+            ok = (isinstance(v, (int, np.integer)) if kind is int
+                  else isinstance(v, (int, float, np.integer, np.floating)))
+            if not ok or isinstance(v, bool):
+                raise ModelError(f"invalid sampling parameters: {name} must be "
+                                 f"{'an integer' if kind is int else 'a number'}, got {v!r}")
         problems = []
         if not np.isfinite(self.temperature):
             problems.append(f"temperature must be finite, got {self.temperature}")
@@ -74,6 +83,9 @@ class Sampler:
         """Pick the next token id from logits (float32 [n_vocab])."""
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
+        if logits.ndim != 1 or logits.size == 0:
+            raise ModelError(f"sample: logits must be one non-empty row [n_vocab], got shape "
+                             f"{logits.shape}")
         if p.repeat_penalty != 1.0 and self.recent:
             logits = logits.copy()
             ids = np.fromiter(set(self.recent), dtype=np.int64)
