@@ -158,6 +158,8 @@ def why_unsupported(node: Tensor) -> str | None:
             return f"FLASH_ATTN_EXT cannot read K {k.type.name} / V {v.type.name}"
         if mask is not None and mask.type != F16:
             return "FLASH_ATTN_EXT needs an F16 mask (ggml's CPU kernel reads it as F16)"
+        if not all(_rows_dense(t) for t in (a, k, v, node)):
+            return "FLASH_ATTN_EXT needs q, K, V and the result with dense rows"
         return None
     if op == Op.GET_ROWS:
         if b is None or b.type != I32:
