@@ -376,6 +376,19 @@ def test_buffer_clear_memset_and_copy_on_the_server(remote):
     del hbuf
 
 
+@needs_server
+def test_alloc_size_asked_for_unpadded_quantized_rows(remote):
+    _, r, be = remote
+    bt = be.get_default_buffer_type()
+    ctx = Context(no_alloc=True)
+    q = ctx.new_tensor_2d("q4_k", 768, 3, name="q")          # 768 % 512 != 0: asked
+    f = ctx.new_tensor_2d("f32", 768, 3, name="f")           # not quantized: not asked
+    n = r.traffic().commands.get("GET_ALLOC_SIZE", 0)
+    assert bt.get_alloc_size(q) == q.nbytes()                 # a CPU server pads nothing
+    assert bt.get_alloc_size(q) == q.nbytes() and bt.get_alloc_size(f) == f.nbytes()
+    assert r.traffic().commands["GET_ALLOC_SIZE"] == n + 1   # cached by type and shape
+
+
 # ---- validation: nothing that could abort a server leaves the client -----------------------------
 
 @needs_server

@@ -295,9 +295,30 @@ class RpcBufferType(BufferType):
                          is_host=False, device=device)
         self.conn = device.conn
         self.index = device.index
+        self._alloc_sizes: dict[tuple, int] = {}
 
     def alloc_buffer(self, n_bytes: int, usage: BufferUsage = BufferUsage.ANY) -> "RpcBuffer":
         return RpcBuffer(self, n_bytes, usage)
+
+    def get_alloc_size(self, tensor: Tensor) -> int:
+        """Bytes the server's buffer type wants for `tensor` (GET_ALLOC_SIZE), asked only where
+        llama.cpp's client asks: a quantized tensor owning its memory whose rows are not a
+        multiple of 512 elements (CUDA pads those). Cached by type and shape; never less than
+        nbytes."""
+        n = tensor.nbytes()
+        if tensor.view_src is not None or not traits(tensor.type).is_quantized \
+                or tensor.ne[0] % 512 == 0:
+            return n
+        key = (tensor.type, tensor.ne, tensor.nb)
+        got = self._alloc_sizes.get(key)
+        if got is None:
+            check_layout(tensor, self.conn.endpoint)
+            shape = Tensor(tensor.type, tensor.ne, tensor.nb, name=tensor.name)
+            rec = pack_tensor(shape, self.conn, with_data=False)
+            payload = struct.pack("<I", self.index) + rec + bytes(RPC_TENSOR.size * MAX_SRC)
+            got = _U64.unpack(self.conn.request(Cmd.GET_ALLOC_SIZE, payload, 8))[0]
+            self._alloc_sizes[key] = got
+        return max(n, got)
 
 
 def _free_remote(conn_ref, remote_ptr: int) -> None:
