@@ -249,9 +249,8 @@ class Connection:
     def _flush_frees(self) -> None:
         if not self._pending_frees:
             return
-        frees, self._pending_frees = self._pending_frees, []
-        for p in frees:
-            self._send(Cmd.FREE_BUFFER, _U64.pack(p))
+        while self._pending_frees:          # pop: a finalizer may append meanwhile
+            self._send(Cmd.FREE_BUFFER, _U64.pack(self._pending_frees.pop()))
         if self.on_free is not None:
             self.on_free()
 
