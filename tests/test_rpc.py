@@ -668,3 +668,15 @@ def test_offload_rules_know_rpc_device_names():
                                 "fallback": "cpu"}, list(names), 2, True, catalog=cat)
     assert all(p.device == "CPU" for p in plan.weights.values())
     assert any("absent" in w for w in plan.warnings)
+
+
+def test_bad_rpc_settings_name_the_variable():
+    from pyggml import settings
+    from pyggml.errors import SettingsError
+    for var, val in (("PYGGML_RPC", "localhost"), ("PYGGML_RPC", "h:0"),
+                     ("PYGGML_RPC_TIMEOUT", "0"), ("PYGGML_RPC_TIMEOUT", "soon"),
+                     ("PYGGML_RPC_HASH_MIN", "-1")):
+        with pytest.raises(SettingsError, match=var):
+            settings.Settings.from_env({var: val})
+    s = settings.Settings.from_env({"PYGGML_RPC": " 10.0.0.2:50052, 10.0.0.3:50053 "})
+    assert s.rpc_endpoints == ("10.0.0.2:50052", "10.0.0.3:50053")

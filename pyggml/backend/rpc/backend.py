@@ -30,9 +30,10 @@ answer (at the latest the next read of a result), as RpcError within the timeout
 
 from __future__ import annotations
 
-import os
 import struct
 import weakref
+
+from pyggml import settings
 
 from pyggml.backend.base import (
     Backend,
@@ -64,10 +65,10 @@ from pyggml.graph import Graph
 from pyggml.tensor import MAX_SRC, Tensor, TensorFlag
 from pyggml.types import VIEW_OPS, GGMLType, Op, traits
 
-ENV_ENDPOINTS = "PYGGML_RPC"            # comma-separated host:port list, read by backend_reg()
-ENV_TIMEOUT = "PYGGML_RPC_TIMEOUT"      # seconds
-ENV_HASH_MIN = "PYGGML_RPC_HASH_MIN"    # bytes
-DEFAULT_TIMEOUT_S = 60.0
+# pyggml.settings reads them: rpc_endpoints (backend_reg()), rpc_timeout_s, rpc_hash_min_bytes
+ENV_ENDPOINTS = "PYGGML_RPC"
+ENV_TIMEOUT = "PYGGML_RPC_TIMEOUT"
+ENV_HASH_MIN = "PYGGML_RPC_HASH_MIN"
 
 _COMPUTE = int(TensorFlag.COMPUTE)
 _U64 = struct.Struct("<Q")
@@ -535,28 +536,6 @@ class RpcReg(BackendReg):
 
 # ---- registration ---------------------------------------------------------------------------
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        raise RpcError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if v <= 0:
-        raise RpcError(f"{name} must be > 0, got {raw!r}")
-    return v
-
-
-def _env_hash_min() -> int:
-    raw = os.environ.get(ENV_HASH_MIN, "").strip()
-    if not raw:
-        return HASH_MIN_BYTES
-    if not raw.isdigit():
-        raise RpcError(f"{ENV_HASH_MIN} must be a number of bytes >= 0, got {raw!r}")
-    return int(raw)
-
-
 def parse_endpoints(endpoints) -> list[str]:
     """'h:p,h:p' or an iterable of 'h:p' -> a list without duplicates, each checked."""
     from pyggml.backend.rpc.protocol import parse_endpoint
@@ -583,11 +562,12 @@ def register_endpoints(endpoints, registry: Registry | None = None, *,
 
     timeout_s: per socket operation (default $PYGGML_RPC_TIMEOUT or 60 s); hash_min_bytes:
     weights of at least this many bytes are offered by hash first (None: never; default
-    $PYGGML_RPC_HASH_MIN or 64 KiB). Raises RpcError naming the endpoint when one cannot be
+    $PYGGML_RPC_HASH_MIN or 64 KiB), both through pyggml.settings. Raises RpcError naming the endpoint when one cannot be
     reached or speaks another protocol version; nothing is registered then."""
     reg = registry if registry is not None else default_registry()
-    timeout = timeout_s if timeout_s is not None else _env_float(ENV_TIMEOUT, DEFAULT_TIMEOUT_S)
-    hmin = _env_hash_min() if hash_min_bytes == -1 else hash_min_bytes
+    st = settings.current()
+    timeout = timeout_s if timeout_s is not None else st.rpc_timeout_s
+    hmin = st.rpc_hash_min_bytes if hash_min_bytes == -1 else hash_min_bytes
     existing = {r.endpoint: r for r in rpc_regs(reg)}
     made: list[RpcReg] = []
     out: list[RpcReg] = []
@@ -635,13 +615,13 @@ def backend_reg() -> BackendReg | None:
     """The registry's entry point (Registry.DEFAULT_MODULES): the devices of the servers named in
     $PYGGML_RPC ('host:port,host:port'; unset or empty: None, no device). The Registry takes one
     entry per module, so several servers come as one entry holding each server's RpcReg."""
-    raw = os.environ.get(ENV_ENDPOINTS, "").strip()
-    if not raw:
+    st = settings.current()
+    if not st.rpc_endpoints:
         return None
-    timeout, hmin = _env_float(ENV_TIMEOUT, DEFAULT_TIMEOUT_S), _env_hash_min()
+    timeout, hmin = st.rpc_timeout_s, st.rpc_hash_min_bytes
     regs: list[RpcReg] = []
     try:
-        for e in parse_endpoints(raw):
+        for e in st.rpc_endpoints:
             regs.append(RpcReg(Connection(e, timeout), hmin))
     except BaseException:
         for r in regs:
