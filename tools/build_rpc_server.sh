@@ -7,6 +7,9 @@
 # Usage: tools/build_rpc_server.sh [PYTHON]   (PYTHON: a python with pip; default .venv/bin/python)
 # Env:   PYGGML_LLAMACPP_SDIST_DIR  an already unpacked sdist to build from (skips the download)
 #        RPC_BUILD_JOBS             parallel compile jobs (default 2)
+#        PYGGML_CACHE_DIR           where the built server is kept for the next clone on this
+#                                   machine (default ~/.cache/pyggml): the build runs once
+# Also copies the tree's ggml.h beside the binary (tests check the op/type table against it).
 set -eu
 VERSION=0.3.36
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,8 +19,16 @@ DL=$ROOT/build/downloads
 SRC=$ROOT/build/llama-cpp-python-$VERSION
 JOBS=${RPC_BUILD_JOBS:-2}
 
-if [ -x "$OUT/bin/rpc-server" ]; then
+CACHE=${PYGGML_CACHE_DIR:-$HOME/.cache/pyggml}/rpc-server-$VERSION
+
+if [ -x "$OUT/bin/rpc-server" ] && [ -f "$OUT/ggml.h" ]; then
     echo "rpc-server: present ($OUT/bin/rpc-server)"
+    exit 0
+fi
+if [ -x "$CACHE/rpc-server" ] && [ -f "$CACHE/ggml.h" ]; then
+    mkdir -p "$OUT/bin"
+    cp "$CACHE/rpc-server" "$OUT/bin/rpc-server" && cp "$CACHE/ggml.h" "$OUT/ggml.h"
+    echo "rpc-server: from the cache ($CACHE)"
     exit 0
 fi
 command -v cmake >/dev/null || { echo "rpc-server: cmake missing (tools/setup_system.sh installs it)"; exit 1; }
@@ -55,4 +66,9 @@ bin=$(find "$OUT/cmake" -type f \( -name ggml-rpc-server -o -name rpc-server \) 
 [ -n "$bin" ] || { echo "rpc-server: built, but no ggml-rpc-server binary found"; exit 1; }
 mkdir -p "$OUT/bin"
 cp "$bin" "$OUT/bin/rpc-server.tmp" && mv "$OUT/bin/rpc-server.tmp" "$OUT/bin/rpc-server"
+cp "$LLAMA/ggml/include/ggml.h" "$OUT/ggml.h"
+if mkdir -p "$CACHE" 2>/dev/null; then
+    cp "$OUT/bin/rpc-server" "$CACHE/rpc-server.tmp" && mv "$CACHE/rpc-server.tmp" "$CACHE/rpc-server"
+    cp "$OUT/ggml.h" "$CACHE/ggml.h"
+fi
 echo "rpc-server: built $OUT/bin/rpc-server"
