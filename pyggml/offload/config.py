@@ -25,7 +25,7 @@ import yaml
 from pyggml.errors import ConfigError
 from pyggml.units import size_or_none
 
-KINDS = ("attn", "ffn", "norm", "embd", "output")
+KINDS = ("attn", "ffn", "experts", "norm", "embd", "output")
 PHASES = ("prefill", "decode")
 KV_TYPE_NAMES = ("f16", "f32", "q8_0")
 MAX_EXTENDS_DEPTH = 8
@@ -115,7 +115,9 @@ SCHEMA = {
                     "layers": dict(_LAYERS, doc="only tensors of these layers (blk.N.*)"),
                     "kind": {"type": ["string", "array"], "format": "kinds",
                              "doc": "only tensors of these kinds: attn (attention matrices and "
-                                    "biases), ffn (feed-forward matrices, experts), norm "
+                                    "biases), ffn (feed-forward matrices, experts too), "
+                                    "experts (a mixture-of-experts model's ffn_*_exps and "
+                                    "ffn_*_shexp: -ot exps=CPU), norm "
                                     "(normalisation weights in layers), embd (token "
                                     "embeddings), output (output matrix and output norm); one "
                                     "or a list"},

@@ -124,8 +124,19 @@ def layer_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+_EXPERTS = re.compile(r"^ffn_\w+_(exps|shexp)\b")
+
+
+def is_expert(name: str) -> bool:
+    """A mixture-of-experts weight: blk.N.ffn_{gate,up,down,gate_up}_exps (the stacked routed
+    experts, [ne0, ne1, n_expert]) or ffn_*_shexp (the shared expert), as llama.cpp names them."""
+    il = layer_of(name)
+    return il is not None and bool(_EXPERTS.match(name.split(".", 2)[2]))
+
+
 def tensor_kind(name: str) -> str | None:
-    """attn, ffn, norm (in layers), embd, output, or None (e.g. rope_freqs)."""
+    """attn, ffn, experts (MoE expert FFN weights: also of kind ffn), norm (in layers), embd,
+    output, or None (e.g. rope_freqs)."""
     il = layer_of(name)
     if il is not None:
         short = name.split(".", 2)[2]
@@ -133,6 +144,8 @@ def tensor_kind(name: str) -> str | None:
             return "norm"
         if short.startswith("attn_"):
             return "attn"
+        if _EXPERTS.match(short):
+            return "experts"
         if short.startswith("ffn_"):
             return "ffn"
         return None
@@ -337,7 +350,8 @@ class _Rule:
                 return False
             if self.ranges is not None and not any(a <= il <= b for a, b in self.ranges):
                 return False
-        if self.kinds is not None and kind not in self.kinds:
+        if self.kinds is not None and kind not in self.kinds and not (
+                kind == "experts" and "ffn" in self.kinds):     # experts are ffn weights too
             return False
         return True
 
@@ -868,6 +882,8 @@ def llama_flags(cfg: Config, plan: OffloadPlan, tensor_names, n_layer: int,
             continue
         if set(r) - {"name"} <= {"match", "device", "buffer_type"}:
             pat = r["match"]
+        elif set(r) - {"name"} <= {"kind", "device"} and r["kind"] in ("experts", ["experts"]):
+            pat = r"ffn_\w+_(exps|shexp)\b"          # llama.cpp users write -ot exps=CPU
         else:
             pat = _names_regex(matched, n_layer)
         flags += ["-ot", f"{pat}={rep.device}"]
@@ -933,4 +949,4 @@ def pin_phase_ops(sched, graph, plan: OffloadPlan, phase: str, weights: dict) ->
 
 __all__ = ["CPU", "KINDS", "DeviceCatalog", "DeviceInfo", "VirtualSpec", "OffloadPlan", "Placement",
            "RuleReport", "RunSettings", "config_from_flags", "layer_of", "llama_flags",
-           "pin_phase_ops", "plan_from_args", "plan_from_config", "shell_join", "tensor_kind"]
+           "pin_phase_ops", "plan_from_args", "plan_from_config", "shell_join", "tensor_kind", "is_expert"]

@@ -150,6 +150,7 @@ def format_report(r: RunPlan, per_tensor: bool = False) -> str:
         rows.append([d, fmt_bytes(t.weights), fmt_bytes(t.kv), fmt_bytes(t.compute),
                      fmt_bytes(t.total), fmt_bytes(t.free), fit])
     L += _table(rows, ["device", "weights", "KV cache", "compute", "total", "free", "fits"])
+    L += _experts_lines(r)
     if r.fit_changes is not None:
         L.append("")
         bad = r.not_fitting()
@@ -163,10 +164,6 @@ def format_report(r: RunPlan, per_tensor: bool = False) -> str:
             for c in r.fit_changes:
                 sets = " ".join(f"--set {x}" for x in c.sets)
                 L.append(f"  {c.what}: moves {fmt_bytes(c.moved)} off {', '.join(bad)}  ({sets})")
-    soft = [d.device for d in r.devices if d.software and d.total and d.device != CPU]
-    if soft:
-        r.warnings.append(f"{', '.join(soft)}: a software device (computes on the CPU through "
-                          f"its driver, much slower than the CPU backend)")
     if r.warnings:
         L.append("")
         L.append("warnings:")
@@ -178,6 +175,17 @@ def format_report(r: RunPlan, per_tensor: bool = False) -> str:
     return "\n".join(L)
 
 
+
+
+def _experts_lines(r: RunPlan) -> list[str]:
+    """Where a mixture-of-experts model's expert weights live and what decoding reads."""
+    if not r.expert_bytes:
+        return []
+    where = ", ".join(f"{fmt_bytes(d.experts)} on {d.device}" for d in r.devices if d.experts)
+    n, k = r.facts.get("n_expert", 0), r.facts.get("n_expert_used", 0)
+    return [f"experts: {fmt_bytes(r.expert_bytes)} of the weights ({where}); a decoded token "
+            f"reads {k} of {n} routed experts per layer: {fmt_bytes(r.weight_bytes_per_token)} "
+            f"of weights per token (decode speed is about memory bandwidth / that)"]
 
 
 def _per_layer(t, n_layer: int) -> list[str]:

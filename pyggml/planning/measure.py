@@ -371,6 +371,8 @@ def format_report(rep: MemReport) -> str:
     for t in types:
         out.append(_row(f"  {t}", [fmt_bytes(d.weights_by_type.get(t)) if t in d.weights_by_type
                                    else "" for d in devs]))
+    if plan.expert_bytes:
+        out.append(_row("  of which experts (MoE)", [fmt_bytes(d.experts) for d in devs]))
     out.append(_row("KV cache", [fmt_bytes(d.kv) for d in devs], r("kv")))
     ng, bg, ns, bs = plan.kv_split()
     if ns:
@@ -397,6 +399,10 @@ def format_report(rep: MemReport) -> str:
                  for d in devs if d.uma]
     out.append(f"system RAM buffers: {fmt_bytes(plan.system_ram)} ("
                + ", ".join(sys_parts + [f"host staging {fmt_bytes(plan.staging)}"]) + ")")
+    if plan.expert_bytes:
+        out.append(f"weights read per decoded token: {fmt_bytes(plan.weight_bytes_per_token)} "
+                   f"({plan.facts.get('n_expert_used')} of {plan.facts.get('n_expert')} routed "
+                   f"experts per layer)")
     m = rep.measured
     if m is None:
         out.append(f"predicted RSS {fmt_bytes(rep.predicted_rss)} = runtime {fmt_bytes(rep.runtime)} "

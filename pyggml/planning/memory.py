@@ -30,6 +30,7 @@ from pyggml.alloc import PlanReport
 from pyggml.backend.cpu import default_n_threads
 from pyggml.llm.setup import ModelFile, RunOptions, build_run, resolve_offload
 from pyggml.offload import CPU, DeviceCatalog, OffloadPlan, VirtualSpec, llama_flags
+from pyggml.offload.rules import is_expert
 from pyggml.offload.config import Config, load_config
 from pyggml.offload.rules import config_from_flags
 
@@ -54,6 +55,7 @@ class DevicePlan:
     compute_lower_bound: int
     staging: int
     memory: tuple[int, int] | None
+    experts: int = 0                # of weights: mixture-of-experts FFN weights (ffn_*_exps)
     virtual: bool = False           # a planning-only device (no hardware)
     assumed_memory: bool = False    # memory declared, not read from the device
     software: bool = False          # computes on the host's cores through a driver (lavapipe)
@@ -111,6 +113,11 @@ class RunPlan:
     n_swa_cells: int = 0            # cells a window-sized cache for sliding layers holds
     plan_seconds: float = 0.0
     fit_changes: list[FitChange] | None = None
+    weight_bytes_per_token: int = 0     # weight bytes a decoded token reads (MoE: top-k experts)
+
+    @property
+    def expert_bytes(self) -> int:
+        return sum(d.experts for d in self.devices)
 
     # the options most reports show
     n_ctx = property(lambda self: self.opts.n_ctx)
@@ -167,7 +174,8 @@ class RunPlan:
         d = {k: getattr(self, k) for k in ("model", "facts", "n_ctx", "n_ubatch", "n_batch",
                                            "n_seq_max", "type_k", "type_v", "logits_all",
                                            "flash_attn", "n_swa_cells", "plan_seconds",
-                                           "llama", "llama_missing", "warnings")}
+                                           "llama", "llama_missing", "warnings",
+                                           "expert_bytes", "weight_bytes_per_token")}
         d["kv_layers"] = [asdict(x) for x in self.kv_layers]
         d["devices"] = [dict(asdict(x), total=x.total) for x in self.devices]
         d["system_ram"] = self.system_ram
@@ -255,6 +263,9 @@ class Planner:
         mf, plan, opts, hp = run.model, run.offload, run.opts, run.model.hparams
         tensor_bytes: dict[str, int] = {}
         by_type: dict[str, dict[str, int]] = {b.device.name: {} for b in run.backends}
+        experts: dict[str, int] = {b.device.name: 0 for b in run.backends}
+        n_exp, n_used = getattr(hp, "n_expert", 0), getattr(hp, "n_expert_used", 0)
+        per_token = 0           # a decoded token reads every weight once, of routed experts k/n
         largest: dict[str, int] = {}
         for name, t in run.weights.items():
             dev = plan.weight_device(name)
@@ -266,6 +277,12 @@ class Planner:
                 a = t.buffer.buft.alignment
                 n = -(-t.buffer.buft.get_alloc_size(t) // a) * a
             tensor_bytes[name] = n
+            routed = is_expert(name) and name.split(".", 2)[2].split(".")[0].endswith("_exps")
+            if is_expert(name):
+                experts[dev] += n
+            share = n * n_used // n_exp if routed and n_exp and n_used else t.nbytes()
+            if not name.startswith("token_embd"):       # get_rows reads one row per token
+                per_token += share
             tname = t.type.name.lower()
             by_type[dev][tname] = by_type[dev].get(tname, 0) + n
             largest[dev] = max(largest.get(dev, 0), t.nbytes())
@@ -300,16 +317,17 @@ class Planner:
                 kv=sum(x.bytes for x in kv_layers if x.device == name), compute=c[0],
                 compute_naive=c[1], compute_no_inplace=c[2] if with_no_inplace else None,
                 compute_lower_bound=c[3], staging=dev.staging_bytes(largest.get(name, 0)),
-                memory=mem, virtual=dev.virtual, assumed_memory=dev.assumed_memory,
-                software=dev.is_software()))
+                memory=mem, experts=experts[name], virtual=dev.virtual,
+                assumed_memory=dev.assumed_memory, software=dev.is_software()))
         n_swa = 0           # llama.cpp's SWA cache: window * n_seq_max + n_ubatch, padded
         if hp.sliding_window and any(x.sliding for x in kv_layers):
             n_swa = min(opts.n_ctx, -(-(hp.sliding_window * opts.n_seq_max + opts.n_ubatch)
                                        // 256) * 256)
         flags, missing = llama_flags(cfg, plan, mf.model.tensors, hp.n_layer, plan.settings)
-        return RunPlan(mf.path, mf.facts(), opts, cfg, plan, devices, kv_layers, tensor_bytes,
+        facts = dict(mf.facts(), n_expert=n_exp, n_expert_used=n_used)
+        return RunPlan(mf.path, facts, opts, cfg, plan, devices, kv_layers, tensor_bytes,
                        reports, by_phase, flags, missing, list(plan.warnings), n_swa,
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, weight_bytes_per_token=per_token)
 
     def close(self) -> None:
         if self.own_model:
