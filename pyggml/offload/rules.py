@@ -44,7 +44,8 @@ from pyggml.offload.config import (
 
 CPU = "CPU"
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
-_GPU_NAME = re.compile(r"^vulkan\d+$", re.IGNORECASE)     # devices pyggml can have
+# devices pyggml can have: Vulkan<i>, and rpc-server devices RPC[host:port] / RPC<d>[host:port]
+_GPU_NAME = re.compile(r"^(vulkan\d+|rpc\d*\[[^\]]+\])$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
