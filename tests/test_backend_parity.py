@@ -480,6 +480,22 @@ case("mul_mat_id-q4_0-top_k-ids", 5e-4)(_single(
     lambda ctx, I: _mul_mat_id(ctx, I, "q4_0", 7, 1, n_expert=8, n_used=2, top_k=True)))
 
 
+def _moe_block(ctx, I, wt, T, k=2, gating="softmax", norm_w=True, E=256, F=256, n_expert=8):
+    """The whole MoE FFN (llm/moe.py) on one backend: router, top-k, weights, experts, sum."""
+    from pyggml.llm.moe import moe_ffn
+    x = I.f32(T, E)
+    router = I.f32(n_expert, E, scale=0.1)
+    up, gate = I.weights(wt, n_expert, F, E, scale=0.2), I.weights(wt, n_expert, F, E, scale=0.2)
+    down = I.weights(wt, n_expert, E, F, scale=0.2)
+    return moe_ffn(ctx, x, router, up, gate, down, k, gating=gating, norm_w=norm_w)
+
+
+for _wt, _T, _k, _gating in (("q4_0", 1, 2, "softmax"), ("q4_k", 5, 4, "sigmoid"),
+                             ("q4_k", 40, 2, "softmax"), ("f16", 3, 1, "softmax_weight")):
+    case(f"moe_ffn-{_wt}-T{_T}-k{_k}-{_gating}", 5e-4)(_single(
+        lambda ctx, I, wt=_wt, T=_T, k=_k, g=_gating: _moe_block(ctx, I, wt, T, k, g)))
+
+
 def _fa(ctx, I, kv, softcap=0.0, mask="f16", bias=0.0, nq=5, nkv=41, D=40, H=4, Hkv=2):
     q = I.f32(H, nq, D)
     k = (I.f16 if kv == "f16" else I.f32)(Hkv, nkv, D)

@@ -266,3 +266,46 @@ def test_moe_block_host_experts_offloaded_for_batches(n_tokens, vk, cpus):
     s.graph_compute(g)
     assert np.array_equal(read(sel), ref_sel)
     close(read(out), ref, 1e-4 if n_tokens >= 32 else 3e-2)
+
+
+def test_moe_block_without_gate_gelu_and_scaled_weights(cpus):
+    """No gate experts (act(up)), GELU, w_scale and a selection bias (exp_probs_b shifts the
+    choice, not the weights), on F32 experts: float64 reference within fp32 rounding (GELU's
+    fp16 table: 1e-3)."""
+    rng = np.random.default_rng(7)
+    T, k, n_expert = 3, 2, 6
+    xv = rng.standard_normal((T, 64)).astype(np.float32)
+    rv = (rng.standard_normal((n_expert, 64)) * 0.3).astype(np.float32)
+    uv = (rng.standard_normal((n_expert, 32, 64)) * 0.2).astype(np.float32)
+    dv = (rng.standard_normal((n_expert, 64, 32)) * 0.2).astype(np.float32)
+    bias = np.array([0, 0, 5.0, 0, 0, 0], np.float32)        # expert 2 always chosen
+    ctx = Context(no_alloc=True)
+    ts = {n: ctx.new_tensor("f32", list(reversed(v.shape)), name=n)
+          for n, v in (("x", xv), ("r", rv), ("u", uv), ("d", dv), ("b", bias))}
+    buf = alloc_tensors(cpu_buffer_type(), list(ts.values()), BufferUsage.WEIGHTS)
+    for n, v in (("x", xv), ("r", rv), ("u", uv), ("d", dv), ("b", bias)):
+        tensor_set(ts[n], v)
+    out = moe_ffn(ctx, ts["x"], ts["r"], ts["u"], None, ts["d"], k, w_scale=2.5,
+                  exp_probs_b=ts["b"], act="gelu", name="m")
+    g = Graph()
+    g.build_forward_expand(out)
+    s = Scheduler([cpus[0]])
+    s.alloc_graph(g)
+    s.graph_compute(g)
+    logits = xv.astype(np.float64) @ rv.T.astype(np.float64)
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    sel = np.argsort(-(p + bias), axis=1, kind="stable")[:, :k]
+    assert np.all(sel[:, 0] == 2)
+    ref = np.zeros((T, 64))
+    for t in range(T):
+        for j, e in enumerate(sel[t]):
+            u = uv[e].astype(np.float64) @ xv[t]
+            h = 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u ** 3)))
+            ref[t] += (dv[e].astype(np.float64) @ h) * p[t, e] * 2.5
+    close(read(out), ref, 1e-3)
+    del buf
+    with pytest.raises(ValueError, match="gating"):
+        moe_ffn(ctx, ts["x"], ts["r"], ts["u"], None, ts["d"], k, gating="top1")
+    with pytest.raises(ValueError, match="n_expert_used=7"):
+        moe_ffn(ctx, ts["x"], ts["r"], ts["u"], None, ts["d"], 7)

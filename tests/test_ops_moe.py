@@ -291,3 +291,17 @@ def test_clamp_and_sigmoid_in_place(cpus):
     got = run(out, cpus[:1])
     ref = np.clip(1 / (1 + np.exp(-x.astype(np.float64))), 0.25, 0.75)
     close(got, ref, 2e-7)
+
+
+def test_batch_of_expert_products_uses_the_batch_threads():
+    """A CPU split of only MUL_MAT_ID nodes (experts on the CPU) over several tokens is batch
+    work: n_threads_batch, as for a MUL_MAT over several rows; one token: n_threads."""
+    cpu = CpuBackend(n_threads=1, n_threads_batch=3)
+    for n_tok, want in ((5, 3), (1, 1)):
+        ctx = Context(no_alloc=True)
+        out = ops.mul_mat_id(ctx, ctx.new_tensor("q4_0", [64, 8, 4]),
+                             ctx.new_tensor("f32", [64, 1, n_tok]),
+                             ctx.new_tensor("i32", [2, n_tok]))
+        g = Graph()
+        g.build_forward_expand(out)
+        assert cpu._threads_for(g) == want

@@ -295,6 +295,40 @@ case("mul_mat-kq-broadcast", 5e-4)(single(
                                                                  0, 2, 1, 3))))
 
 
+# the MoE ops against ggml's own CPU kernels (ARGSORT inputs without ties: ggml's std::sort
+# leaves their order unspecified)
+def _mmid(ctx, I, wt, T, n_b, top_k=False, n_expert=6, n_used=3):
+    w = I.weights(wt, n_expert, 13, 256)
+    ids = (ops.argsort_top_k(ctx, I.f32(T, n_expert), n_used) if top_k
+           else I.i32(I.rng.integers(0, n_expert, (T, n_used))))
+    return ops.mul_mat_id(ctx, w, I.f32(T, n_b, 256), ids)
+
+
+for _wt in ("f32", "f16", "q4_0", "q8_0", "q4_k", "q6_k"):
+    for _T, _nb in ((1, 1), (9, 3), (9, 1)):
+        case(f"mul_mat_id-{_wt}-T{_T}-b{_nb}", 1e-9 if _wt == "f32" else 1e-6)(single(
+            lambda ctx, I, wt=_wt, T=_T, nb=_nb: _mmid(ctx, I, wt, T, nb)))
+case("mul_mat_id-q4_k-top_k-ids", 1e-6)(single(lambda ctx, I: _mmid(ctx, I, "q4_k", 7, 1, True)))
+for _order in (0, 1):
+    case(f"argsort-{_order}", 0.0)(single(
+        lambda ctx, I, o=_order: ops.argsort(ctx, I.f32(3, 4, 60), o)))
+case("sum_rows", 1e-12)(single(lambda ctx, I: ops.sum_rows(ctx, I.f32(3, 5, 70, scale=3.0))))
+case("clamp", 0.0)(single(lambda ctx, I: ops.clamp(ctx, I.f32(4, 65, scale=3.0), -1.5, 2.25)))
+case("sigmoid", 1e-12)(single(lambda ctx, I: ops.sigmoid(ctx, I.f32(4, 65, scale=3.0))))
+
+
+def _moe(ctx, I, wt, T, k, norm_w):
+    from pyggml.llm.moe import moe_ffn
+    n_expert, E, F = 8, 256, 256
+    up, gate = (I.weights(wt, n_expert, F, E, scale=0.2) for _ in range(2))
+    return moe_ffn(ctx, I.f32(T, E), I.f32(n_expert, E, scale=0.1), up, gate,
+                   I.weights(wt, n_expert, E, F, scale=0.2), k, norm_w=norm_w)
+
+
+case("moe_ffn-q4_k-T5-k2-norm", 1e-6)(single(lambda ctx, I: _moe(ctx, I, "q4_k", 5, 2, True)))
+case("moe_ffn-q4_0-T1-k4", 1e-6)(single(lambda ctx, I: _moe(ctx, I, "q4_0", 1, 4, False)))
+
+
 def _fa(ctx, I, nq=5, nkv=41, D=64, H=4, Hkv=1):
     mv = np.zeros((8, nkv), np.float32)
     for i in range(nq):

@@ -1,12 +1,12 @@
 """MUL_MAT_ID on the CPU next to MUL_MAT reading the same bytes (BENCHMARKS.md, "Mixture of
 experts"). Shape of one OLMoE-1B-7B expert projection: 64 experts of 2048 x 1024, top-8.
 
-decode (1 token, 8 entries): mul_mat_id over the 64 stacked experts with 8 random distinct ids,
-against a mul_mat of 8 consecutive experts viewed as one [2048, 8192] matrix (the same 8 x 1024
-weight rows); the start expert and the ids change every call, so the weights come from memory
-(64 x 1.2 MB = 75 MB > cache). batch (T tokens): mul_mat_id against a dense mul_mat with the same
+decode (1 token, 8 entries): mul_mat_id over the 64 stacked experts with ids = 8 consecutive
+experts in shuffled order, against a mul_mat of the same 8 experts viewed as one [2048, 8192]
+matrix: the same bytes, the same cache state (the 8 change every run; order A B / B A
+alternates). batch (T tokens, random top-8 ids): mul_mat_id against a dense mul_mat with the same
 multiply-adds (T x 8 rows x 1024 x 2048) over one [2048, 8192] matrix; the MoE one also reads up
-to all 64 experts. Runs are interleaved (A B A B ...); medians.
+to all 64 experts. Medians.
 
     .venv/bin/python tools/bench_moe.py [--threads 2] [--runs 15] [--type q4_k]
 """
@@ -35,9 +35,7 @@ def main() -> None:
     raw = quants.quantize(w, args.type).tobytes()
     plane = len(raw) // N_EXPERT
     cpu = CpuBackend(n_threads=args.threads)
-    bw = cpu_read_bandwidth(len(raw))
-    print(f"type {args.type}, {args.threads} threads, expert {N}x{K} = {plane / 1e6:.2f} MB, "
-          f"read bandwidth (one thread, pg_bench_read) {bw:.1f} GB/s")
+    print(f"type {args.type}, {args.threads} threads, expert {N}x{K} = {plane / 1e6:.2f} MB")
     for T in args.tokens:
         ctx = Context(mem_size=len(raw) + (64 << 20), no_alloc=False)
         exps = ctx.new_tensor(args.type, [K, N, N_EXPERT], name="exps")
@@ -64,36 +62,27 @@ def main() -> None:
             g_dense.append(g)
         t_moe, t_dense = [], []
         for r in range(args.runs + 1):
-            idv = np.stack([rng.choice(N_EXPERT, TOP_K, replace=False) for _ in range(T)])
+            if T == 1:
+                idv = (r % len(g_dense)) * TOP_K + rng.permutation(TOP_K)[None]
+            else:
+                idv = np.stack([rng.choice(N_EXPERT, TOP_K, replace=False) for _ in range(T)])
             set_host_data(ids, idv.astype(np.int32))
-            t0 = time.perf_counter()
-            cpu.graph_compute(g_moe)
-            t1 = time.perf_counter()
-            cpu.graph_compute(g_dense[r % len(g_dense)])
-            t2 = time.perf_counter()
-            if r:       # the first pair warms up (plans, thread pool)
-                t_moe.append(t1 - t0)
-                t_dense.append(t2 - t1)
+            pair = [(g_moe, t_moe), (g_dense[r % len(g_dense)], t_dense)]
+            for g, ts in (pair if r % 2 else pair[::-1]):
+                t0 = time.perf_counter()
+                cpu.graph_compute(g)
+                if r:   # the first pair warms up (plans, thread pool)
+                    ts.append(time.perf_counter() - t0)
         m, d = np.median(t_moe) * 1e3, np.median(t_dense) * 1e3
         if T == 1:
             gbs = TOP_K * plane / (m * 1e-3) / 1e9
-            print(f"decode: mul_mat_id {m:.3f} ms ({gbs:.1f} GB/s, {gbs / bw:.0%} of read bw), "
-                  f"mul_mat of the same bytes {d:.3f} ms; dense/moe time ratio {d / m:.2f}")
+            print(f"decode: mul_mat_id {m:.3f} ms ({gbs:.1f} GB/s), mul_mat of the same bytes "
+                  f"{d:.3f} ms; dense/moe time ratio {d / m:.2f}")
         else:
             gf = 2 * T * TOP_K * N * K / 1e9
             print(f"T={T}: mul_mat_id {m:.2f} ms ({gf / m * 1e3:.0f} GFLOP/s), dense mul_mat "
                   f"of the same flops {d:.2f} ms ({gf / d * 1e3:.0f} GFLOP/s); "
                   f"dense/moe time ratio {d / m:.2f}")
-
-
-def cpu_read_bandwidth(nbytes: int) -> float:
-    buf = np.ones(nbytes, np.uint8)
-    ts = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        quants.bench_read(buf)
-        ts.append(time.perf_counter() - t0)
-    return nbytes / np.median(ts) / 1e9
 
 
 if __name__ == "__main__":

@@ -126,7 +126,28 @@ def why_unsupported(node: Tensor) -> str | None:
         if any(a.ne[i] % b.ne[i] for i in range(4)):
             return f"{op.name}: src1 must repeat into src0"
         return None
-    if op in (Op.SQR, Op.SQRT, Op.GELU, Op.SILU, Op.TANH):
+    if op == Op.MUL_MAT_ID:
+        ids = node.src[2] if len(node.src) > 2 else None
+        if a.type not in _TO_FLOAT or b is None or b.type != F32 or node.type != F32 \
+                or ids is None or ids.type != I32:
+            return "MUL_MAT_ID needs src0 of a float/legacy/k-quant type, src1 F32, I32 ids"
+        if not _rows_dense(a) or not _rows_dense(b) or not _rows_dense(node):
+            return "MUL_MAT_ID needs rows with dense elements"
+        return None
+    if op in (Op.ARGSORT, Op.CLAMP):
+        # ggml's kernels walk the rows as i * nb[1]: rows must follow each other in dims 1..3
+        if a.type != F32 or node.type != (I32 if op == Op.ARGSORT else F32) \
+                or not _rows_dense(a) or not _rows_dense(node):
+            return f"{op.name} needs F32 input with dense rows"
+        for t in (a, node):
+            if t.nb[2] != t.nb[1] * t.ne[1] or t.nb[3] != t.nb[2] * t.ne[2]:
+                return f"{op.name} needs rows evenly spaced over dims 1..3 (ggml walks i * nb[1])"
+        return None
+    if op == Op.SUM_ROWS:
+        if a.type != F32 or node.type != F32 or not _rows_dense(a) or not _rows_dense(node):
+            return "SUM_ROWS needs F32 with dense rows"
+        return None
+    if op in (Op.SQR, Op.SQRT, Op.GELU, Op.SILU, Op.TANH, Op.SIGMOID):
         if a.type not in (F32, F16) or node.type != a.type or not _rows_dense(a) \
                 or not _rows_dense(node):
             return f"{op.name} needs F32/F16 with dense rows, result of the same type"

@@ -61,6 +61,11 @@ OPS: dict[Op, WireOp] = {
     Op.GELU: WireOp("UNARY", 91, ("GELU", 8)),
     Op.SILU: WireOp("UNARY", 91, ("SILU", 10)),
     Op.TANH: WireOp("UNARY", 91, ("TANH", 4)),
+    Op.SUM_ROWS: WireOp("SUM_ROWS", 15),
+    Op.MUL_MAT_ID: WireOp("MUL_MAT_ID", 30),
+    Op.CLAMP: WireOp("CLAMP", 50),
+    Op.ARGSORT: WireOp("ARGSORT", 69),
+    Op.SIGMOID: WireOp("UNARY", 91, ("SIGMOID", 7)),
 }
 
 # ggml op numbers never to send: their op_params hold host function pointers (MAP_CUSTOM1..3,

@@ -92,7 +92,7 @@ REQUIRED_SHADERS = (["binary", "unary", "rope", "norm", "norm_sg", "soft_max", "
                     + [f"{k}_{t}_sg" for k in ("mul_mat_vec", "mul_mat_vec_id") for t in _TYPES])
 
 
-OFFLOAD_MIN_BATCH = 32    # a MUL_MAT (ID) over this many rows (tokens) is worth copying its host weight
+OFFLOAD_MIN_BATCH = 32    # a MUL_MAT (ID) over this many rows (tokens): worth copying host weights
 
 
 class VulkanRules:
