@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyggml.errors import (ArgumentTypeError, ClosedError, ContextLengthWarning,
+from pyggml.errors import (ArgumentTypeError, ClosedError, ConfigError, ContextLengthWarning,
                            ContextOverflowError, GGUFError, InsufficientMemoryError, ModelError,
                            PyggmlError, TokenizerError)
 from pyggml.llm import Tokenizer
@@ -80,7 +80,7 @@ CTOR_PROBES = [
     ("logits_all int", _ctor(logits_all=1), ArgumentTypeError, "logits_all"),
     ("swa_full None", _ctor(swa_full=None), ArgumentTypeError, "swa_full"),
     ("n_gpu_layers str", _ctor(n_gpu_layers="all"), ArgumentTypeError, "'all'"),
-    ("n_gpu_layers -3", _ctor(n_gpu_layers=-3), ModelError, "-3"),
+    ("n_gpu_layers -3", _ctor(n_gpu_layers=-3), ConfigError, "-3"),
     ("offload dict", _ctor(offload={}), ArgumentTypeError, "offload"),
     ("config int", lambda p: LLM(p, config=42), ArgumentTypeError, "42"),
     ("progress str", _ctor(progress="yes"), ArgumentTypeError, "'yes'"),

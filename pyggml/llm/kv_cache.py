@@ -159,7 +159,8 @@ class KVCache:
         cells' bookkeeping (position and sequence set, 16 bytes a cell), with the n_ctx that
         would fit in the message."""
         from pyggml.backend.cpu import GIB, available_host_memory
-        host = [il for il, bt in enumerate(buffer_types) if bt.is_host]
+        # planning stand-ins (no is_host) allocate nothing: only real host buffers count
+        host = [il for il, bt in enumerate(buffer_types) if getattr(bt, "is_host", False)]
         meta = 16 * sum(n_cells.values())
         need = meta + sum(self.k[il].nbytes() + self.v[il].nbytes() for il in host)
         avail = available_host_memory()

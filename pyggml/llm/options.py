@@ -80,7 +80,7 @@ def validate_options(model_path, config, *, n_ctx, n_batch, n_ubatch, n_threads,
     check_int("n_threads", n_threads, 1, MAX_THREADS, none_ok=True)
     check_int("n_threads_batch", n_threads_batch, 1, MAX_THREADS, none_ok=True)
     check_int("n_seq_max", n_seq_max, 1, MAX_SEQ)
-    check_int("n_gpu_layers", n_gpu_layers, 0)
+    check_int("n_gpu_layers", n_gpu_layers)     # its range: the offload rules (ConfigError)
     _check_kv_type("type_k", type_k)
     _check_kv_type("type_v", type_v)
     for name, v in (("logits_all", logits_all), ("flash_attn", flash_attn),
@@ -100,8 +100,9 @@ def resolve_n_ctx(n_ctx: int, n_ctx_train: int, path: str = "") -> int:
     n_ctx = int(n_ctx)
     if n_ctx == 0:
         if not n_ctx_train:
-            raise ModelError(f"n_ctx=0 means the model's trained context, but {path or 'the model'} "
-                             f"does not give one (context_length): pass n_ctx")
+            raise ModelError(f"n_ctx=0 means the model's trained context, but "
+                             f"{path or 'the model'} does not give one (context_length): pass "
+                             f"n_ctx")
         return int(n_ctx_train)
     if n_ctx_train and n_ctx > n_ctx_train:
         warnings.warn(f"n_ctx={n_ctx} exceeds the context the model was trained with "

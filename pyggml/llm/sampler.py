@@ -36,9 +36,9 @@ class SamplingParams:
             v = getattr(self, f.name)
             kind = numbers.Integral if f.name in _INT_FIELDS else numbers.Real
             if isinstance(v, bool) or not isinstance(v, kind):
-                raise ArgumentTypeError(f"sampling parameter {f.name} must be "
-                                        f"{'an integer' if kind is numbers.Integral else 'a number'}"
-                                        f", got {type(v).__name__} {v!r}")
+                what = "an integer" if kind is numbers.Integral else "a number"
+                raise ArgumentTypeError(f"sampling parameter {f.name} must be {what}, got "
+                                        f"{type(v).__name__} {v!r}")
         problems = []
         if not np.isfinite(self.temperature):
             problems.append(f"temperature must be finite, got {self.temperature}")

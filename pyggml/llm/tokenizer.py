@@ -188,7 +188,10 @@ def _encode_surrogates(exc: UnicodeEncodeError):
     out = bytearray()
     for c in exc.object[exc.start:exc.end]:
         cp = ord(c)
-        out += bytes([cp - 0xDC00]) if 0xDC80 <= cp <= 0xDCFF else c.encode("utf-8", "surrogatepass")
+        if 0xDC80 <= cp <= 0xDCFF:
+            out.append(cp - 0xDC00)             # surrogateescape: the byte it stands for
+        else:
+            out += c.encode("utf-8", "surrogatepass")
     return bytes(out), exc.end
 
 
@@ -214,8 +217,8 @@ codecs.register_error("pyggml-llama-utf8", _decode_like_llama)
 
 
 def prompt_bytes(text: str | bytes) -> bytes:
-    """The bytes a prompt stands for (see the module docstring); TypeError-like
-    ArgumentTypeError for anything but str / bytes-like."""
+    """The bytes a prompt stands for (see the module docstring); ArgumentTypeError (also a
+    TypeError) for anything but str and bytes-like objects."""
     if isinstance(text, str):
         try:
             return text.encode("utf-8")
