@@ -339,6 +339,34 @@ def test_bpe_takes_bytes_as_llama_cpp():
         tok.encode(5)
 
 
+INVALID_UTF8_REFS = json.loads((REPO / "tests" / "data" / "invalid_utf8_tokenize_refs.json")
+                               .read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("vocab", ["gemma3-spm", "gpt-2"])
+def test_invalid_utf8_prompts_give_llama_cpp_ids(vocab):
+    """llama.cpp's ids for prompts that are not UTF-8 (tools/make_invalid_utf8_refs.py)."""
+    from conftest import SHARED
+    if vocab == "gpt-2":
+        path = SHARED / "data" / "tokenizer-tests" / "ggml-vocab-gpt-2.gguf"
+        if not path.is_file():
+            pytest.skip(f"{path} not found (shared/ is not beside the repository)")
+    else:
+        from pyggml.models_default import ensure_default_model
+        path = ensure_default_model()
+    tok = Tokenizer.from_gguf(path)
+    cases = INVALID_UTF8_REFS["cases_hex"]
+    assert len(cases) >= 25
+    bad = [(h, ref, got) for h, ref in zip(cases, INVALID_UTF8_REFS["ids"][vocab])
+           if (got := tok.encode(bytes.fromhex(h), add_special=False)) != ref]
+    assert not bad, f"{len(bad)}/{len(cases)} differ from llama.cpp, first: {bad[0]}"
+    # the same bytes as a surrogateescape'd str (sys.argv) give the same ids
+    for h in cases:
+        raw = bytes.fromhex(h)
+        assert (tok.encode(raw.decode("utf-8", "surrogateescape"), add_special=False)
+                == tok.encode(raw, add_special=False))
+
+
 def test_spm_keeps_every_byte(tiny):
     tok = Tokenizer.from_gguf(tiny.path)
     enc = lambda x: tok.encode(x, add_special=False)     # noqa: E731

@@ -21,10 +21,10 @@ undecodable bytes that sys.argv and os.fsdecode give, back to those bytes; other
 surrogates as their 3-byte form). Then, as llama.cpp's `unicode_cpts_from_utf8`: BPE decodes with
 its lenient rules (any lead byte followed by the right number of continuation bytes is a code
 point, so overlong forms and surrogates pass; every other byte that starts no such sequence is
-one U+FFFD) before the pre-tokenizer; SPM keeps every byte (byte-fallback tokens). Where
-llama.cpp would throw (a 4-byte form above U+10FFFF) BPE gives U+FFFD per byte, and SPM groups
-invalid bytes one per symbol (llama.cpp: the length its lead byte announces); both differ from
-llama.cpp only on input that is not UTF-8.
+one U+FFFD) before the pre-tokenizer; SPM keeps every byte: its first symbols are as many bytes
+as each lead byte announces, so an invalid one takes the next bytes into its byte-fallback tokens.
+Where llama.cpp would throw (a 4-byte form above U+10FFFF) BPE gives U+FFFD per byte.
+tests/data/invalid_utf8_tokenize_refs.json holds llama.cpp's ids for such prompts.
 """
 
 from __future__ import annotations
@@ -210,6 +210,27 @@ def _decode_like_llama(exc: UnicodeDecodeError):
         if cp <= 0x10FFFF:
             return chr(cp), i + n
     return "\ufffd", i + 1
+
+
+_UNDECODABLE = regex.compile("[\udc80-\udcff]")     # surrogateescape'd bytes
+
+
+def _spm_symbols(text: str) -> tuple[str, list[int]]:
+    """llama.cpp's first SPM symbols over the bytes of `text` (undecodable ones surrogateescape'd):
+    a symbol is as many bytes as its first byte announces (unicode_len_utf8: 0x80-0xBF one,
+    0xC0-0xDF two, 0xE0-0xEF three, 0xF0-0xFF four; at most what is left), so a bad lead byte
+    takes the bytes after it along, and the byte fallback turns the symbol into byte tokens.
+    Returns the text rebuilt from the symbols' bytes and (n,) characters per symbol, 0 inside."""
+    raw = _raw(text)
+    parts, size = [], []
+    off = 0
+    while off < len(raw):
+        n = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)[raw[off] >> 4]
+        piece = raw[off:off + n].decode("utf-8", "surrogateescape")
+        parts.append(piece)
+        size += [len(piece)] + [0] * (len(piece) - 1)
+        off += n
+    return "".join(parts), size
 
 
 codecs.register_error("pyggml-surrogates", _encode_surrogates)
@@ -648,17 +669,24 @@ class Tokenizer:
     def _spm_merge(self, text: str) -> list[int]:
         """llama.cpp `llm_tokenizer_spm_session::tokenize`: merge the adjacent pair whose joined
         text is the best-scoring token (ties: leftmost) until none is left. Symbol i starts at
-        character i, so its text is text[i:i + size[i]]."""
+        character i, so its text is text[i:i + size[i]]. The first symbols are the characters,
+        or with undecodable bytes llama.cpp's byte groups (_spm_symbols)."""
+        if _UNDECODABLE.search(text):
+            text, size = _spm_symbols(text)
+        else:
+            size = [1] * len(text)          # (n,) characters per symbol, 0 once merged away
         n = len(text)
         to_id, scores = self._to_id, self._scores
-        size = [1] * n                      # (n,) characters per symbol, 0 once merged away
-        nxt = list(range(1, n + 1))         # (n,) next symbol, n (or -1) at the end
-        prev = list(range(-1, n - 1))       # (n,) previous symbol, -1 at the start
+        nxt = [n] * n                       # (n,) next symbol, n at the end
+        prev = [-1] * n                     # (n,) previous symbol, -1 at the start
+        starts = [i for i in range(n) if size[i]]
+        for a, b in zip(starts, starts[1:]):
+            nxt[a], prev[b] = b, a
         heap = []
-        for i in range(n - 1):
-            tid = to_id.get(text[i:i + 2])
+        for a, b in zip(starts, starts[1:]):
+            tid = to_id.get(text[a:b + size[b]])
             if tid is not None:
-                heap.append((-scores[tid], i, i + 1, 2))
+                heap.append((-scores[tid], a, b, size[a] + size[b]))
         heapq.heapify(heap)
         while heap:
             _, left, right, joined = heapq.heappop(heap)
