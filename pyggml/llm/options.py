@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numbers
 import os
-import warnings
 
-from pyggml.errors import ArgumentTypeError, ContextLengthWarning, ModelError
+from pyggml.errors import ArgumentTypeError, ModelError
 
 MAX_THREADS = 256       # the C thread pool's limit (PG_MAX_THREADS)
 MAX_SEQ = 64            # sequences: one bit each in the KV cache's cell sets
@@ -63,8 +62,10 @@ def _check_kv_type(name: str, v) -> None:
 
 def validate_options(model_path, config, *, n_ctx, n_batch, n_ubatch, n_threads,
                      n_threads_batch, n_seq_max, type_k, type_v, logits_all, flash_attn,
-                     n_gpu_layers, offload, progress, swa_full, verbose) -> None:
-    """LLM.__init__'s arguments: types and ranges that do not depend on the model."""
+                     n_gpu_layers, offload, progress, swa_full, device=None,
+                     verbose=False) -> None:
+    """LLM.__init__'s arguments: types and ranges that do not depend on the model (n_ctx 0, the
+    trained context, is resolved by pyggml.llm.setup)."""
     if model_path is not None and not isinstance(model_path, (str, os.PathLike)):
         raise ArgumentTypeError(f"model_path must be a path (str or os.PathLike) or None, got "
                                 f"{type(model_path).__name__} {_show(model_path)}")
@@ -87,28 +88,14 @@ def validate_options(model_path, config, *, n_ctx, n_batch, n_ubatch, n_threads,
                     ("swa_full", swa_full), ("verbose", verbose)):
         check_flag(name, v)
     check_flag("progress", progress, none_ok=True)
+    if device is not None and not isinstance(device, str):
+        raise ArgumentTypeError(f"device must be a device name such as 'Vulkan0' or None, got "
+                                f"{type(device).__name__} {_show(device)}")
     if offload is not None:
         from pyggml.offload import OffloadPlan
         if not isinstance(offload, OffloadPlan):
             raise ArgumentTypeError(f"offload must be a pyggml.offload.OffloadPlan or None, got "
                                     f"{type(offload).__name__} {_show(offload)}")
-
-
-def resolve_n_ctx(n_ctx: int, n_ctx_train: int, path: str = "") -> int:
-    """llama.cpp's rule: n_ctx 0 is the trained context. Past the trained context a
-    ContextLengthWarning says so (the model was not trained on such distances)."""
-    n_ctx = int(n_ctx)
-    if n_ctx == 0:
-        if not n_ctx_train:
-            raise ModelError(f"n_ctx=0 means the model's trained context, but "
-                             f"{path or 'the model'} does not give one (context_length): pass "
-                             f"n_ctx")
-        return int(n_ctx_train)
-    if n_ctx_train and n_ctx > n_ctx_train:
-        warnings.warn(f"n_ctx={n_ctx} exceeds the context the model was trained with "
-                      f"({n_ctx_train}): output quality usually drops past it",
-                      ContextLengthWarning, stacklevel=3)
-    return n_ctx
 
 
 def token_list(tokens, what: str = "tokens") -> list[int]:
