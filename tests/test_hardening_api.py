@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyggml.errors import (ArgumentTypeError, ClosedError, ConfigError, ContextOverflowError,
-                           GGUFError, InsufficientMemoryError, ModelError, PyggmlError,
-                           TokenizerError)
+                           GGUFError, InsufficientMemoryError, InvalidArgumentError, ModelError,
+                           PyggmlError, TokenizerError)
 from pyggml.llm import Tokenizer
 from pyggml.llm.runtime import LLM
 from pyggml.llm.sampler import Sampler, SamplingParams
@@ -63,13 +63,14 @@ CTOR_PROBES = [
     ("n_ctx bool", _ctor(n_ctx=True), ArgumentTypeError, "True"),
     ("n_ctx float", _ctor(n_ctx=2.5), ArgumentTypeError, "2.5"),
     ("n_ctx None", _ctor(n_ctx=None), ArgumentTypeError, "None"),
-    ("n_batch 0", _ctor(n_batch=0), ModelError, "n_batch must be >= 1, got 0"),
+    ("n_batch 0", _ctor(n_batch=0), ModelError, "n_batch must be a positive integer, got 0"),
     ("n_ubatch list", _ctor(n_ubatch=[8]), ArgumentTypeError, "[8]"),
-    ("n_threads 300", _ctor(n_threads=300), ModelError, "300"),
-    ("n_threads -2", _ctor(n_threads=-2), ModelError, "-2"),
-    ("n_threads str", _ctor(n_threads="4"), ArgumentTypeError, "'4'"),
-    ("n_threads_batch 300", _ctor(n_threads_batch=300), ModelError, "300"),
-    ("n_seq_max 0", _ctor(n_seq_max=0), ModelError, "n_seq_max must be in 1..64, got 0"),
+    ("n_threads 300", _ctor(n_threads=300), InvalidArgumentError, "1..256 (the CPU thread "
+     "pool's limit), got 300"),
+    ("n_threads -2", _ctor(n_threads=-2), InvalidArgumentError, "-2"),
+    ("n_threads str", _ctor(n_threads="4"), InvalidArgumentError, "'4'"),
+    ("n_threads_batch 300", _ctor(n_threads_batch=300), InvalidArgumentError, "300"),
+    ("n_seq_max 0", _ctor(n_seq_max=0), ModelError, "n_seq_max must be a positive integer, got 0"),
     ("n_seq_max 65", _ctor(n_seq_max=65), ModelError, "65"),
     ("type_k q4_k", _ctor(type_k="q4_k"), ModelError, "Q4_K"),
     ("type_k float", _ctor(type_k=1.5), ArgumentTypeError, "1.5"),

@@ -14,10 +14,6 @@ import os
 
 from pyggml.errors import ArgumentTypeError, ModelError
 
-MAX_THREADS = 256       # the C thread pool's limit (PG_MAX_THREADS)
-MAX_SEQ = 64            # sequences: one bit each in the KV cache's cell sets
-
-
 def _show(v) -> str:
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
@@ -75,12 +71,11 @@ def validate_options(model_path, config, *, n_ctx, n_batch, n_ubatch, n_threads,
             raise ArgumentTypeError(f"config must be a YAML path, a dict or a "
                                     f"pyggml.offload.config.Config, got {type(config).__name__} "
                                     f"{_show(config)}")
-    check_int("n_ctx", n_ctx, 0, hint=" (0: the model's trained context)")
-    check_int("n_batch", n_batch, 1)
-    check_int("n_ubatch", n_ubatch, 1)
-    check_int("n_threads", n_threads, 1, MAX_THREADS, none_ok=True)
-    check_int("n_threads_batch", n_threads_batch, 1, MAX_THREADS, none_ok=True)
-    check_int("n_seq_max", n_seq_max, 1, MAX_SEQ)
+    # types only: the ranges are RunOptions.resolved's (sizes), the CPU backend's (threads) and
+    # the KV cache's (n_seq_max), with the messages the CLI shows too
+    for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
+                    ("n_seq_max", n_seq_max)):
+        check_int(name, v)
     check_int("n_gpu_layers", n_gpu_layers)     # its range: the offload rules (ConfigError)
     _check_kv_type("type_k", type_k)
     _check_kv_type("type_v", type_v)

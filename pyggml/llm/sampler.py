@@ -38,7 +38,7 @@ class SamplingParams:
             if isinstance(v, bool) or not isinstance(v, kind):
                 what = "an integer" if kind is numbers.Integral else "a number"
                 raise ArgumentTypeError(f"invalid sampling parameters: {f.name} must be {what}, "
-                                        f"got {type(v).__name__} {v!r}")
+                                        f"got {v!r}")
         problems = []
         if not np.isfinite(self.temperature):
             problems.append(f"temperature must be finite, got {self.temperature}")
