@@ -247,6 +247,11 @@ int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, 
                          pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
                          pg_eval_cb cb, void *cb_user, int32_t *bad_node);
 
+/* ---- hashing ------------------------------------------------------------------------------ */
+/* FNV-1a 64 of n bytes (offset basis 0xcbf29ce484222325, prime 0x100000001b3): the content hash
+ * of ggml's RPC tensor cache. */
+uint64_t pg_fnv1a64(const void *data, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
