@@ -31,10 +31,11 @@ log = logging.getLogger("pyggml.native")
 ABI_VERSION = 1        # PG_ABI_VERSION in native/include/pyggml.h: change both together
 
 # pg_status (values as in pyggml.h; tests/test_types.py checks them against the header)
-PG_OK, PG_ERR_INVALID_ARG, PG_ERR_UNSUPPORTED, PG_ERR_NOMEM, PG_ERR_INTERNAL, PG_ERR_ABORTED = \
-    range(6)
+(PG_OK, PG_ERR_INVALID_ARG, PG_ERR_UNSUPPORTED, PG_ERR_NOMEM, PG_ERR_INTERNAL, PG_ERR_ABORTED,
+ PG_ERR_CLOSED) = range(7)
 STATUS_NAMES = {0: "ok", 1: "invalid argument", 2: "unsupported", 3: "out of memory",
-                4: "internal error", 5: "stopped by the evaluation callback"}
+                4: "internal error", 5: "stopped by the evaluation callback",
+                6: "thread pool freed"}
 
 # numpy mirror of `pg_tensor`, the array element pg_graph_compute reads (pyggml/backend/cpu.py
 # marshals graphs into it). Its itemsize is checked against the C sizeof when the library loads,

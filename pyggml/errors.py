@@ -77,3 +77,30 @@ class ModelError(PyggmlError, ValueError):
 class UsageError(PyggmlError, ValueError):
     """A command line that cannot be parsed: an unknown flag, a missing or malformed value
     (the CLI exits with status 2, as argparse)."""
+
+
+class ArgumentTypeError(ModelError, TypeError):
+    """An argument of the wrong type given to a pyggml API (`LLM(n_ctx="4096")`); the message
+    names the argument, the value and the type expected. Also a TypeError."""
+
+
+class ContextOverflowError(ModelError):
+    """The KV cache has no room for the tokens to evaluate; the message says how many cells are
+    needed and free, and the fixes (a larger n_ctx, reset, fewer tokens)."""
+
+
+class ClosedError(PyggmlError):
+    """An object used after close(): an LLM, its generators, or a backend whose thread pool was
+    freed. Create a new one."""
+
+
+class GeneratorInvalidatedError(PyggmlError):
+    """A generator resumed after its sequence was changed by something else (a newer generate,
+    reset, eval or decode_batch on that sequence): continuing would read a cache that no longer
+    holds its tokens."""
+
+
+class InsufficientMemoryError(PyggmlError, MemoryError):
+    """Memory the system cannot give: the message says how much is needed, how much is
+    available and what would fit."""
+

@@ -60,7 +60,8 @@ def test_status_codes_and_abi_version_match_header():
     header = _header_enum("PG_ERR_")
     assert header == {"INVALID_ARG": _native.PG_ERR_INVALID_ARG,
                       "UNSUPPORTED": _native.PG_ERR_UNSUPPORTED, "NOMEM": _native.PG_ERR_NOMEM,
-                      "INTERNAL": _native.PG_ERR_INTERNAL, "ABORTED": _native.PG_ERR_ABORTED}
+                      "INTERNAL": _native.PG_ERR_INTERNAL, "ABORTED": _native.PG_ERR_ABORTED,
+                      "CLOSED": _native.PG_ERR_CLOSED}
     assert set(_native.STATUS_NAMES) == {_native.PG_OK, *header.values()}
     m = re.search(r"^#define PG_ABI_VERSION\s+(\d+)", HEADER, re.M)
     assert m and int(m.group(1)) == _native.ABI_VERSION

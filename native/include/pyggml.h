@@ -35,6 +35,7 @@ typedef enum pg_status {
     PG_ERR_NOMEM        = 3,
     PG_ERR_INTERNAL     = 4,   /* a bug in the library, never the input's fault              */
     PG_ERR_ABORTED      = 5,   /* the eval callback asked to stop (ggml: GGML_STATUS_ABORTED) */
+    PG_ERR_CLOSED       = 6,   /* a thread pool that was freed (or never created) was passed  */
 } pg_status;
 
 /* ---- tensor types (ids as stored in GGUF files) ------------------------------------------ */
@@ -106,12 +107,21 @@ typedef enum pg_op {
     PG_OP_SILU          = 25,
     PG_OP_FLASH_ATTN_EXT = 26,
     PG_OP_TANH          = 27,
-    PG_OP_COUNT         = 28,
+    PG_OP_MUL_MAT_ID    = 28,
+    PG_OP_ARGSORT       = 29,
+    PG_OP_SUM_ROWS      = 30,
+    PG_OP_CLAMP         = 31,
+    PG_OP_SIGMOID       = 32,
+    PG_OP_COUNT         = 33,
 } pg_op;
 
 /* rope modes (op_params[2]), as ggml */
 #define PG_ROPE_MODE_NORMAL 0
 #define PG_ROPE_MODE_NEOX   2
+
+/* argsort orders (op_params[0]), as ggml_sort_order */
+#define PG_SORT_ORDER_ASC  0
+#define PG_SORT_ORDER_DESC 1
 
 /* tensor flags, as ggml */
 #define PG_TENSOR_FLAG_INPUT   1
@@ -219,9 +229,14 @@ typedef struct pg_threadpool pg_threadpool;
 /* Called after each node when set: return non-zero to stop the graph (PG_ERR_ABORTED). */
 typedef int32_t (*pg_eval_cb)(int32_t node_index, const pg_tensor *node, void *user);
 
+/* A pool handle stays safe to pass after pg_threadpool_free: compute refuses it with
+ * PG_ERR_CLOSED, a second free is a no-op, n_threads gives 0 (live pools are looked up by
+ * address, never read through a stale pointer; callers should still drop freed handles, since
+ * a later pool may get the same address). Computes on one pool are serialized; free waits for
+ * a compute in flight. */
 pg_threadpool *pg_threadpool_new(int32_t n_threads);   /* NULL if n_threads out of [1, 256] */
 void           pg_threadpool_free(pg_threadpool *tp);
-int32_t        pg_threadpool_n_threads(const pg_threadpool *tp);
+int32_t        pg_threadpool_n_threads(const pg_threadpool *tp);   /* 0 if not a live pool */
 
 /* Checks every node of `order`: op known and supported for its types and layouts, sources
  * present, shapes consistent, data non-NULL. On failure returns PG_ERR_INVALID_ARG or
@@ -235,10 +250,16 @@ int32_t pg_node_supported(const pg_tensor *t, int32_t n_tensors, int32_t i, char
 int32_t pg_graph_work_size(const pg_tensor *t, int32_t n_tensors, const int32_t *order,
                            int32_t n_nodes, int32_t n_threads, size_t *work_size);
 /* Validates, then runs the nodes in order with n_threads threads of tp (tp may be NULL for one
- * thread). *bad_node is set on failure (-1 if no node is at fault). */
+ * thread; a freed tp gives PG_ERR_CLOSED). *bad_node is set on failure (-1 if no node is at
+ * fault). */
 int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes,
                          pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
                          pg_eval_cb cb, void *cb_user, int32_t *bad_node);
+
+/* ---- hashing ------------------------------------------------------------------------------ */
+/* FNV-1a 64 of n bytes (offset basis 0xcbf29ce484222325, prime 0x100000001b3): the content hash
+ * of ggml's RPC tensor cache. */
+uint64_t pg_fnv1a64(const void *data, size_t n);
 
 #ifdef __cplusplus
 }

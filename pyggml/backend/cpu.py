@@ -34,7 +34,9 @@ from pyggml.backend.base import (
 )
 from pyggml.errors import (
     BackendError,
+    ClosedError,
     ComputeAbortedError,
+    InsufficientMemoryError,
     InvalidArgumentError,
     UnsupportedOpError,
 )
@@ -97,11 +99,37 @@ class HostBufferType(BufferType):
         return HostBuffer(self, n_bytes, usage)
 
 
+GIB = 1 << 30
+CHECKED_ALLOC_BYTES = 256 << 20     # host buffers from this size on are checked before allocating
+
+
+def available_host_memory() -> int:
+    """Bytes the system can give without swapping (psutil's `available`)."""
+    import psutil
+    return int(psutil.virtual_memory().available)
+
+
+def require_host_memory(n_bytes: int, what: str, hint: str = "") -> None:
+    """InsufficientMemoryError, before allocating, if `n_bytes` exceed the available memory: a
+    failed allocation would be a numpy error, and an overcommitted one an OOM kill later."""
+    avail = available_host_memory()
+    if n_bytes > avail:
+        raise InsufficientMemoryError(f"{what} needs {n_bytes / GIB:.2f} GiB of host memory but "
+                                      f"only {avail / GIB:.2f} GiB are available"
+                                      + (f"; {hint}" if hint else ""))
+
+
 class HostBuffer(Buffer):
     def __init__(self, buft: BufferType, n_bytes: int, usage: BufferUsage = BufferUsage.ANY):
         super().__init__(buft, n_bytes, usage)
+        if n_bytes >= CHECKED_ALLOC_BYTES:
+            require_host_memory(n_bytes, f"a host buffer ({usage.name.lower()})")
         # over-allocate so the base can be aligned
-        self._mem = np.zeros(max(n_bytes, 1) + buft.alignment, dtype=np.uint8)
+        try:
+            self._mem = np.zeros(max(n_bytes, 1) + buft.alignment, dtype=np.uint8)
+        except MemoryError:
+            raise InsufficientMemoryError(f"cannot allocate a host buffer of {n_bytes / GIB:.2f} "
+                                          f"GiB ({usage.name.lower()})") from None
         addr = self._mem.ctypes.data
         self._pad = (-addr) % buft.alignment
         self.base = addr + self._pad
@@ -347,6 +375,7 @@ class CpuBackend(Backend):
         if not self._tp:
             raise BackendError("could not create the CPU thread pool")
         self._finalizer = weakref.finalize(self, _native.fn("pg_threadpool_free"), self._tp)
+        self._closed = False
         self._plans: "weakref.WeakKeyDictionary[Graph, tuple]" = weakref.WeakKeyDictionary()
         self._eval_cb = None
         self._support_cache: dict[tuple, str | None] = {}
@@ -363,6 +392,10 @@ class CpuBackend(Backend):
         self.n_threads_active = n
 
     def close(self) -> None:
+        """Free the thread pool (again: no-op). Computing afterwards raises ClosedError; the C
+        library refuses the freed pool too (PG_ERR_CLOSED), so a compute racing with close()
+        ends in the same error, never a hang."""
+        self._closed = True
         self._finalizer()
 
     # -- capability queries --
@@ -441,7 +474,8 @@ class CpuBackend(Backend):
         if self.n_threads_active:
             return self.n_threads_active
         # single-token work (every node has at most one row per sequence) uses n_threads
-        big = any(t.op == Op.MUL_MAT and t.ne[1] > 1 for t in graph.nodes[-8:])
+        big = any((t.op == Op.MUL_MAT and t.ne[1] > 1) or (t.op == Op.MUL_MAT_ID and t.ne[2] > 1)
+                  for t in graph.nodes[-8:])
         return self.n_threads_batch if big else self.n_threads
 
     def graph_compute(self, graph: Graph, n_threads: int | None = None) -> None:
@@ -450,6 +484,8 @@ class CpuBackend(Backend):
         self.plan_compute(self.plan(graph, nt), nt)
 
     def plan_compute(self, plan: CpuGraphPlan, n_threads: int | None = None) -> None:
+        if self._closed:        # first: a later pool may have been given the freed one's address
+            raise ClosedError("the CPU backend was closed (its thread pool is freed)")
         nt = min(n_threads or plan.n_threads, plan.n_threads)
         bad = ctypes.c_int32(-1)
         cb = EVAL_CB()
@@ -478,8 +514,11 @@ class CpuBackend(Backend):
             if st == _native.PG_ERR_INTERNAL:
                 raise BackendError("pg_graph_compute: internal error in libpyggml (a bug: please "
                                    "report it with the graph)")
+            if st == _native.PG_ERR_CLOSED:
+                raise ClosedError("the CPU backend's thread pool was freed (closed) before this "
+                                  "compute started")
             if bad.value >= 0:
                 t = plan.tensors[bad.value]
                 raise BackendError(f"node '{t.name}' ({t.op.name}) met bad data while computing "
-                                   f"(e.g. a row index outside its source)")
+                                   f"(e.g. a row index or expert id outside its source)")
             raise _node_error(plan.arr, plan.tensors, bad.value, st)

@@ -14,10 +14,22 @@ USER_DEFINED tokens always. The reference is llama.cpp's `src/llama-vocab.cpp` a
 
 Text is handled as Python `str`; a token text that is not valid UTF-8 is kept with
 `surrogateescape`, so raw bytes round-trip.
+
+Prompts may be `bytes` or `str`, valid UTF-8 or not, as llama.cpp takes any bytes
+(`prompt_bytes`): a str becomes bytes first (U+DC80..U+DCFF, the `surrogateescape` form of
+undecodable bytes that sys.argv and os.fsdecode give, back to those bytes; other lone
+surrogates as their 3-byte form). Then, as llama.cpp's `unicode_cpts_from_utf8`: BPE decodes with
+its lenient rules (any lead byte followed by the right number of continuation bytes is a code
+point, so overlong forms and surrogates pass; every other byte that starts no such sequence is
+one U+FFFD) before the pre-tokenizer; SPM keeps every byte: its first symbols are as many bytes
+as each lead byte announces, so an invalid one takes the next bytes into its byte-fallback tokens.
+Where llama.cpp would throw (a 4-byte form above U+10FFFF) BPE gives U+FFFD per byte.
+tests/data/invalid_utf8_tokenize_refs.json holds llama.cpp's ids for such prompts.
 """
 
 from __future__ import annotations
 
+import codecs
 import enum
 import heapq
 import os
@@ -26,7 +38,7 @@ from typing import Any, Mapping
 import numpy as np
 import regex
 
-from pyggml.errors import TokenizerError
+from pyggml.errors import ArgumentTypeError, TokenizerError
 
 SPACE_MARK = "\u2581"   # '▁', SentencePiece's escaped space
 _CACHE_MAX = 1 << 14    # entries kept per word/fragment cache before it is cleared
@@ -109,6 +121,28 @@ _R_LLAMA3 = _ws(r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r
 _R_QWEN2 = _ws(r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?"
                r"\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+_R_QWEN35 = _ws(r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?"
+                r"[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# DeepSeek's CJK / Hangul run (the same code point ranges as llama.cpp)
+_R_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+# deepseek-llm's letter class: the explicit ranges of llama.cpp's table (Latin, Greek, Cyrillic,
+# Armenian, Georgian, Cherokee, ... full-width and a few astral blocks), not \p{L}
+_DEEPSEEK_LETTERS = (
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293"
+    "\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a"
+    "\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556"
+    "\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b"
+    "\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d"
+    "\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+    "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4"
+    "\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128"
+    "\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184"
+    "\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b"
+    "\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17"
+    "\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
+    "\U0001e900-\U0001e943")
+
 _PRE_REGEXES = {   # family -> regexes applied in sequence, each re-splitting every chunk
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _R_GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
     "gpt2": (_R_GPT2,),
@@ -116,6 +150,12 @@ _PRE_REGEXES = {   # family -> regexes applied in sequence, each re-splitting ev
     "qwen2": (_R_QWEN2,),
     "smollm": (r"\p{N}", _R_GPT2),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _R_GPT2, r"[0-9][0-9][0-9]"),
+    "qwen35": (_R_QWEN35,),
+    # std::regex's `$` (no multiline) is Python's \Z
+    "deepseek-llm": ("[\r\n]", _ws(f"\\s?[{_DEEPSEEK_LETTERS}]+"),
+                     _ws("\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"),
+                     _ws("\\s+\\Z"), _R_CJK, r"\p{N}+"),
+    "deepseek-coder": ("[\r\n]", _ws(r"\s?\p{L}+"), _ws(r"\s?\p{P}+"), _R_CJK, r"\p{N}"),
 }
 
 
@@ -145,6 +185,9 @@ _PRE_TYPES = {
     "smollm": _pre("smollm", clean_spaces=False),
     "command-r": _pre("smollm", clean_spaces=False),
     "falcon": _pre("falcon"),
+    "qwen35": _pre("qwen35", clean_spaces=False),
+    "deepseek-llm": _pre("deepseek-llm", clean_spaces=False),
+    "deepseek-coder": _pre("deepseek-coder", clean_spaces=False),
 }
 
 
@@ -168,6 +211,75 @@ _C_SPACE = " \t\n\v\f\r"    # C isspace(), used by LSTRIP/RSTRIP and nothing els
 
 def _raw(s: str) -> bytes:
     return s.encode("utf-8", "surrogateescape")
+
+
+# ---- prompts that are not valid UTF-8 (see the module docstring) -------------------------------
+
+def _encode_surrogates(exc: UnicodeEncodeError):
+    out = bytearray()
+    for c in exc.object[exc.start:exc.end]:
+        cp = ord(c)
+        if 0xDC80 <= cp <= 0xDCFF:
+            out.append(cp - 0xDC00)             # surrogateescape: the byte it stands for
+        else:
+            out += c.encode("utf-8", "surrogatepass")
+    return bytes(out), exc.end
+
+
+def _decode_like_llama(exc: UnicodeDecodeError):
+    """llama.cpp unicode_cpt_from_utf8 at the byte Python's strict decoder stopped at: a lead
+    byte and the continuation bytes it announces give one code point (no overlong or surrogate
+    check); otherwise this one byte is U+FFFD. Python resumes strictly after it; both decoders
+    agree on valid UTF-8, so the result is llama.cpp's code point sequence."""
+    data, i = exc.object, exc.start
+    b = data[i]
+    n = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 0
+    if n and i + n <= len(data) and all(x & 0xC0 == 0x80 for x in data[i + 1:i + n]):
+        cp = b & (0xFF >> (n + 1))
+        for x in data[i + 1:i + n]:
+            cp = cp << 6 | x & 0x3F
+        if cp <= 0x10FFFF:
+            return chr(cp), i + n
+    return "\ufffd", i + 1
+
+
+_UNDECODABLE = regex.compile("[\udc80-\udcff]")     # surrogateescape'd bytes
+
+
+def _spm_symbols(text: str) -> tuple[str, list[int]]:
+    """llama.cpp's first SPM symbols over the bytes of `text` (undecodable ones surrogateescape'd):
+    a symbol is as many bytes as its first byte announces (unicode_len_utf8: 0x80-0xBF one,
+    0xC0-0xDF two, 0xE0-0xEF three, 0xF0-0xFF four; at most what is left), so a bad lead byte
+    takes the bytes after it along, and the byte fallback turns the symbol into byte tokens.
+    Returns the text rebuilt from the symbols' bytes and (n,) characters per symbol, 0 inside."""
+    raw = _raw(text)
+    parts, size = [], []
+    off = 0
+    while off < len(raw):
+        n = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)[raw[off] >> 4]
+        piece = raw[off:off + n].decode("utf-8", "surrogateescape")
+        parts.append(piece)
+        size += [len(piece)] + [0] * (len(piece) - 1)
+        off += n
+    return "".join(parts), size
+
+
+codecs.register_error("pyggml-surrogates", _encode_surrogates)
+codecs.register_error("pyggml-llama-utf8", _decode_like_llama)
+
+
+def prompt_bytes(text: str | bytes) -> bytes:
+    """The bytes a prompt stands for (see the module docstring); ArgumentTypeError (also a
+    TypeError) for anything but str and bytes-like objects."""
+    if isinstance(text, str):
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "pyggml-surrogates")
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        return bytes(text)
+    raise ArgumentTypeError(f"text must be str or bytes, got {type(text).__name__} "
+                            f"{_short(text)}")
 
 
 def _hex_byte(text: str) -> int:
@@ -496,9 +608,9 @@ class Tokenizer:
 
         add_special: prepend BOS / append EOS when the vocabulary asks for them.
         parse_special: cut CONTROL tokens (e.g. `<start_of_turn>`) out of the text; USER_DEFINED
-        tokens are cut out either way."""
-        if not isinstance(text, str):
-            raise TypeError(f"encode() takes str, not {type(text).__name__}")
+        tokens are cut out either way. `text` may be bytes or a str that is not valid UTF-8
+        (module docstring)."""
+        text = self._prompt_text(text)
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
@@ -523,6 +635,19 @@ class Tokenizer:
         if add_special and self.add_eos:
             out.append(self.eos_id)
         return out
+
+    def _prompt_text(self, text: str | bytes) -> str:
+        """`text` as the str the algorithms below cut: itself when it is valid UTF-8."""
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+                return text
+            except UnicodeEncodeError:
+                pass
+        raw = prompt_bytes(text)
+        if self.is_spm:     # keep every byte: undecodable ones reach the byte fallback
+            return raw.decode("utf-8", "surrogateescape")
+        return raw.decode("utf-8", "pyggml-llama-utf8")
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Split raw text into raw fragments (str) and special tokens (int): each special token,
@@ -575,17 +700,24 @@ class Tokenizer:
     def _spm_merge(self, text: str) -> list[int]:
         """llama.cpp `llm_tokenizer_spm_session::tokenize`: merge the adjacent pair whose joined
         text is the best-scoring token (ties: leftmost) until none is left. Symbol i starts at
-        character i, so its text is text[i:i + size[i]]."""
+        character i, so its text is text[i:i + size[i]]. The first symbols are the characters,
+        or with undecodable bytes llama.cpp's byte groups (_spm_symbols)."""
+        if _UNDECODABLE.search(text):
+            text, size = _spm_symbols(text)
+        else:
+            size = [1] * len(text)          # (n,) characters per symbol, 0 once merged away
         n = len(text)
         to_id, scores = self._to_id, self._scores
-        size = [1] * n                      # (n,) characters per symbol, 0 once merged away
-        nxt = list(range(1, n + 1))         # (n,) next symbol, n (or -1) at the end
-        prev = list(range(-1, n - 1))       # (n,) previous symbol, -1 at the start
+        nxt = [n] * n                       # (n,) next symbol, n at the end
+        prev = [-1] * n                     # (n,) previous symbol, -1 at the start
+        starts = [i for i in range(n) if size[i]]
+        for a, b in zip(starts, starts[1:]):
+            nxt[a], prev[b] = b, a
         heap = []
-        for i in range(n - 1):
-            tid = to_id.get(text[i:i + 2])
+        for a, b in zip(starts, starts[1:]):
+            tid = to_id.get(text[a:b + size[b]])
             if tid is not None:
-                heap.append((-scores[tid], i, i + 1, 2))
+                heap.append((-scores[tid], a, b, size[a] + size[b]))
         heapq.heapify(heap)
         while heap:
             _, left, right, joined = heapq.heappop(heap)
@@ -648,7 +780,9 @@ class Tokenizer:
         for word in self.pretokenize(text):
             ids = cache.get(word)
             if ids is None:
-                ids = self._bpe_word("".join([_B2U[b] for b in word.encode("utf-8")]))
+                # surrogatepass: lone surrogates that llama.cpp's decoder let through
+                ids = self._bpe_word("".join([_B2U[b] for b in word.encode("utf-8",
+                                                                          "surrogatepass")]))
                 if len(word) <= _CACHE_LEN:
                     if len(cache) >= _CACHE_MAX:
                         cache.clear()
