@@ -80,6 +80,11 @@ PROBES = [
     (["mem", "-m", "{m}", "--sweep-ctx", "a,b"], 2, "comma-separated integers"),
     (["mem", "-m", "{m}", "--plan-only", "-c", "-1"], 1, "n_ctx"),
     (["graph", "--dot", "{d}/no/such/dir/g.dot"], 1, "cannot write"),
+    (["run", "-m", "{m}", "-c", "100000000", "-n", "1"], 1, "would fit"),
+    (["run", "-m", "{m}", "-t", "300"], 1, "got 300"),
+    (["run", "-m", "{m}", "-tb", "300"], 1, "got 300"),
+    (["run", "-m", "{m}", "-t", "-2"], 1, "got -2"),
+    (["bench", "-m", "{m}", "-t", "-1", "-p", "8", "-n", "0", "-r", "1"], 1, "got -1"),
     (["info", "extra"], 2, "unrecognized arguments"),
     (["nosuchcommand"], 2, "invalid choice: 'nosuchcommand'"),
     ([], 2, "required"),
@@ -110,6 +115,8 @@ WORKS = [
      "generation"),
     (["run", "-m", "{m}", "--temp", "-1", "-n", "1"], "generation"),    # llama.cpp: greedy
     (["plan", "-m", "{m}", "-c", "0"], ""),                             # trained context
+    (["run", "-m", "{m}", "--seed", "-1", "-n", "2"], "generation"),     # llama.cpp: random
+    (["run", "-m", "{m}", "-c", "16", "-n", "-1", "--ignore-eos"], "the context is full"),
     (["plan", "-m", "{m}", "-c", "2048", "-c", str(CONFIGS / "cpu-only.yaml")], ""),
 ]
 
@@ -161,3 +168,10 @@ def test_unwritable_model_cache_is_one_line(tmp_path):
     err = r.stderr.decode()
     assert r.returncode == 1 and "PYGGML_MODEL_DIR" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_prompt_that_is_not_utf8(tiny):
+    r = subprocess.run([sys.executable, "-m", "pyggml.cli", "run", "-m", tiny, "-n", "2",
+                        "-p", os.fsdecode(b"caf\xe9 \xff\xfe ok")], capture_output=True,
+                       timeout=120)
+    assert r.returncode == 0 and b"Traceback" not in r.stderr and b"generation" in r.stderr

@@ -161,6 +161,9 @@ class LLM:
         self._seq_pos = [0] * self.n_seq_max
         self._seq_epoch = [0] * self.n_seq_max    # bumped by every change of a sequence from outside
         self.last_finish_reason: str | None = None    # of the last generation that ended
+        # called as on_ubatch(tokens_done, tokens_total) after each ubatch of an eval of more
+        # than one ubatch (a progress bar for long prompts; None: nothing)
+        self.on_ubatch = None
         self.stats.t_load_s = time.perf_counter() - t0
 
     # the run's parts (pyggml.llm.setup.Run) under the names users know
@@ -305,6 +308,8 @@ class LLM:
             for i in range(0, len(toks), self.n_ubatch):
                 sl = slice(i, i + self.n_ubatch)
                 rows.append(self._decode_ubatch(toks[sl], pos[sl], sids[sl], want[sl]))
+                if self.on_ubatch is not None and len(toks) > self.n_ubatch:
+                    self.on_ubatch(min(i + self.n_ubatch, len(toks)), len(toks))
         except BaseException:
             # leave the cache as it was: the model stays usable after an error
             self.kv.restore(snapshot[0])
