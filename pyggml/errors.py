@@ -56,3 +56,8 @@ class ConfigError(PyggmlError, ValueError):
 
 class ModelError(PyggmlError, ValueError):
     """A model cannot be built or run with the given input (unknown architecture, bad prompt)."""
+
+
+class ChatTemplateError(PyggmlError, ValueError):
+    """A chat template is missing, cannot be compiled or fails to render, or chat messages are
+    malformed; the message names the template (and line) or the message and field."""

@@ -38,7 +38,8 @@ class RunStats:
     graphs_built: int = 0
     graphs_reused: int = 0
     allocator_plans: int = 0          # reserve() calls (planning); the reuse path makes none
-    n_prompt_tokens: int = 0
+    n_prompt_tokens: int = 0          # prompt tokens evaluated
+    n_prompt_reused: int = 0          # prompt tokens whose KV cells were kept (reuse_prefix)
     n_gen_tokens: int = 0
     t_load_s: float = 0.0
     t_prompt_s: float = 0.0
@@ -142,6 +143,8 @@ class LLM:
         self.stats = RunStats()
         self._graph: _BuiltGraph | None = None
         self._seq_pos = [0] * n_seq_max
+        self._seq_tokens: list[list[int]] = [[] for _ in range(n_seq_max)]   # what each holds
+        self._chat_templates: dict = {}
         self._reserve()
         self.stats.t_load_s = time.perf_counter() - t0
 
@@ -262,10 +265,12 @@ class LLM:
         if seq_id is None:
             self.kv.clear()
             self._seq_pos = [0] * self.n_seq_max
+            self._seq_tokens = [[] for _ in range(self.n_seq_max)]
         else:
             self._check_seq(seq_id)
             self.kv.seq_rm(seq_id)
             self._seq_pos[seq_id] = 0
+            self._seq_tokens[seq_id] = []
 
     def _check_seq(self, seq_id: int) -> None:
         if not (isinstance(seq_id, (int, np.integer)) and 0 <= seq_id < self.n_seq_max):
@@ -314,6 +319,7 @@ class LLM:
             raise
         for tokens, sid in seqs:
             self._seq_pos[sid] += len(tokens)
+            self._seq_tokens[sid] += [int(t) for t in tokens]
         logits = np.concatenate(rows) if len(rows) > 1 else rows[0]
         if len(seqs) == 1:          # no selection: no second copy of (maybe large) logits
             return {seqs[0][1]: logits if self.logits_all else logits[-1]}
@@ -378,6 +384,67 @@ class LLM:
         if not np.all(np.isfinite(out)):
             raise PyggmlError("the model produced non-finite logits")
         return out
+
+    # ---- prompt prefix reuse ---------------------------------------------------------------
+    def seq_tokens(self, seq_id: int = 0) -> list[int]:
+        """The tokens sequence `seq_id` holds in the KV cache, in position order."""
+        self._check_seq(seq_id)
+        return list(self._seq_tokens[seq_id])
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        """Keep the first n_keep tokens of a sequence, forget the rest (positions >= n_keep)."""
+        self._check_seq(seq_id)
+        if not 0 <= n_keep <= self._seq_pos[seq_id]:
+            raise ModelError(f"n_keep must be in [0, {self._seq_pos[seq_id]}] (tokens held by "
+                             f"sequence {seq_id}), got {n_keep}")
+        self.kv.seq_rm(seq_id, n_keep)
+        self._seq_pos[seq_id] = n_keep
+        del self._seq_tokens[seq_id][n_keep:]
+
+    def reuse_prefix(self, ids: list[int], seq_id: int = 0) -> int:
+        """Prepare sequence seq_id to evaluate prompt `ids`: keep the KV cells of the longest
+        common prefix with what it holds (but at least the last prompt token is evaluated
+        again, its logits are needed), forget the rest. Returns the tokens kept: evaluate
+        ids[n:] next. Sliding-window layers: when cells the window needs for the shorter
+        prefix were already dropped, nothing is kept (llama.cpp does the same)."""
+        held = self._seq_tokens[seq_id] if 0 <= seq_id < self.n_seq_max else []
+        self._check_seq(seq_id)
+        n = 0
+        for a, b in zip(held, ids[:-1]):
+            if a != b:
+                break
+            n += 1
+        if n > 0 and not self.kv.can_keep_prefix(seq_id, n):
+            n = 0
+        self.truncate(seq_id, n)
+        self.stats.n_prompt_reused += n
+        return n
+
+    # ---- completions (llama-cpp-python's API; pyggml/llm/completion.py) --------------------
+    def get_chat_template(self, spec=None):
+        """The chat template: `spec` (a built-in name such as 'chatml' or 'gemma', or a Jinja
+        file), else the model's tokenizer.chat_template; ChatTemplateError when there is none."""
+        from pyggml.llm.chat import load_chat_template
+        key = None if spec is None else os.fspath(spec)
+        if key not in self._chat_templates:
+            tok = self.tokenizer
+            text = lambda i: tok.decode([i], special=True) if i is not None else ""   # noqa: E731
+            self._chat_templates[key] = load_chat_template(
+                key, self.model.get("tokenizer.chat_template"), text(tok.bos_id),
+                text(tok.eos_id))
+        return self._chat_templates[key]
+
+    def create_completion(self, prompt, max_tokens: int | None = 16, **kw):
+        """As llama-cpp-python's: temperature, top_p, top_k, min_p, repeat_penalty, seed,
+        stop, logprobs, echo, stream, seq_id (see pyggml.llm.completion.create_completion)."""
+        from pyggml.llm.completion import create_completion
+        return create_completion(self, prompt, max_tokens=max_tokens, **kw)
+
+    def create_chat_completion(self, messages, **kw):
+        """As llama-cpp-python's: chat_template, max_tokens, temperature, top_p, top_k, min_p,
+        repeat_penalty, seed, stop, logprobs, top_logprobs, stream, seq_id."""
+        from pyggml.llm.completion import create_chat_completion
+        return create_chat_completion(self, messages, **kw)
 
     # ---- generation ------------------------------------------------------------------------
     def generate(self, prompt: str | list[int], max_tokens: int = 128, *,
