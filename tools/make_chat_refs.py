@@ -54,12 +54,27 @@ def cpp_render(llama_cpp, name: str, messages, add_ass: bool) -> str:
     return buf.raw[:n].decode("utf-8")
 
 
+def _pyggml_builtin_templates() -> dict:
+    """pyggml/llm/chat.py's built-ins, loaded by path: it needs only jinja2 and pyggml/errors.py,
+    while importing the pyggml package would need its native library and dependencies."""
+    import importlib.util
+    import types
+    root = Path(__file__).resolve().parents[1] / "pyggml"
+    for name, rel in (("pyggml.errors", "errors.py"), ("pyggml.llm.chat", "llm/chat.py")):
+        for pkg in ("pyggml", "pyggml.llm"):
+            sys.modules.setdefault(pkg, types.ModuleType(pkg))
+        spec = importlib.util.spec_from_file_location(name, root / rel)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["pyggml.llm.chat"].BUILTIN_TEMPLATES
+
+
 def main() -> None:
     import llama_cpp
     from llama_cpp import Llama
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from pyggml.llm.chat import BUILTIN_TEMPLATES      # pure Python: imports jinja2 only
+    BUILTIN_TEMPLATES = _pyggml_builtin_templates()
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
