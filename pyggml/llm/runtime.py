@@ -351,29 +351,11 @@ class LLM:
             pin_phase_ops(sched, g, self.offload, "decode" if T == 1 else "prefill", self.weights)
             sched.alloc_graph(g)
             self.stats.allocator_plans += sched.n_reserves - before
-            views = {name: host_array(getattr(inp, name)).reshape(-1)
-                     for name in ("tokens", "pos", "kv_idxs", "kv_idxs_swa", "out_ids")
-                     if getattr(inp, name) is not None}
-            if inp.mask is not None:
-                views["mask"] = host_array(inp.mask).reshape(T, -1)
-            if inp.mask_swa is not None:
-                views["mask_swa"] = host_array(inp.mask_swa).reshape(T, -1)
+            views = self._input_views(inp, T)
             self._graph = _BuiltGraph(gp, g, logits, views, sched)
             self.stats.graphs_built += 1
         g, logits, views = self._graph.graph, self._graph.logits, self._graph.views
-        views["tokens"][:] = toks
-        views["pos"][:] = pos
-        if "kv_idxs" in views:
-            views["kv_idxs"][:] = cells["full"]
-        if "kv_idxs_swa" in views:
-            views["kv_idxs_swa"][:] = cells["swa"]
-        if "out_ids" in views:
-            views["out_ids"][:] = out_ids
-        if "mask" in views:
-            views["mask"][:] = self.kv.mask("full", pos, sids, n_kv["full"])
-        if "mask_swa" in views:
-            sp = "swa" if "swa" in n_kv else "full"
-            views["mask_swa"][:] = self.kv.mask(sp, pos, sids, n_kv[sp], self.hparams.sliding_window)
+        self._write_inputs(views, toks, pos, sids, cells, out_ids, n_kv)
         self.backend.set_n_threads(self.backend.n_threads if T == 1 else self.backend.n_threads_batch)
         sched.graph_compute(g)
         V = self.hparams.n_vocab
@@ -445,6 +427,40 @@ class LLM:
         repeat_penalty, seed, stop, logprobs, top_logprobs, stream, seq_id."""
         from pyggml.llm.completion import create_chat_completion
         return create_chat_completion(self, messages, **kw)
+
+    @staticmethod
+    def _input_views(inp, T: int) -> dict:
+        """numpy views of a placed graph's input tensors (host memory), by input name."""
+        views = {name: host_array(getattr(inp, name)).reshape(-1)
+                 for name in ("tokens", "pos", "kv_idxs", "kv_idxs_swa", "out_ids")
+                 if getattr(inp, name) is not None}
+        if inp.mask is not None:
+            views["mask"] = host_array(inp.mask).reshape(T, -1)
+        if inp.mask_swa is not None:
+            views["mask_swa"] = host_array(inp.mask_swa).reshape(T, -1)
+        return views
+
+    def _write_inputs(self, views, toks, pos, sids, cells, out_ids, n_kv) -> None:
+        """Write a ubatch's inputs into its graph's input tensors (numpy views of them)."""
+        views["tokens"][:] = toks
+        views["pos"][:] = pos
+        if "kv_idxs" in views:
+            views["kv_idxs"][:] = cells["full"]
+        if "kv_idxs_swa" in views:
+            views["kv_idxs_swa"][:] = cells["swa"]
+        if "out_ids" in views:
+            views["out_ids"][:] = out_ids
+        if "mask" in views:
+            views["mask"][:] = self.kv.mask("full", pos, sids, n_kv["full"])
+        if "mask_swa" in views:
+            sp = "swa" if "swa" in n_kv else "full"
+            views["mask_swa"][:] = self.kv.mask(sp, pos, sids, n_kv[sp], self.hparams.sliding_window)
+
+    def embed(self, texts, pooling: str = "mean", normalize: bool = True, seq_id: int = 0):
+        """Embeddings (final normed hidden state, mean or last-token pooled, L2-normalized):
+        one list of floats per text (pyggml/llm/embedding.py). Uses and frees seq_id."""
+        from pyggml.llm.embedding import embed
+        return embed(self, texts, pooling, normalize, seq_id)
 
     # ---- generation ------------------------------------------------------------------------
     def generate(self, prompt: str | list[int], max_tokens: int = 128, *,
