@@ -157,6 +157,11 @@ def test_prefix_reuse_gives_the_tokens_of_a_fresh_run(smol):
     assert smol.stats.n_prompt_reused - before == n_common
     assert reused == fresh
     assert smol.seq_tokens(0)[:len(smol.tokenize(b))] == smol.tokenize(b)
+    # the same prompt again: all but its last two tokens kept, the same text
+    before = smol.stats.n_prompt_reused
+    again = smol.create_completion(b, max_tokens=10, temperature=0)["choices"][0]["text"]
+    assert smol.stats.n_prompt_reused - before == len(smol.tokenize(b)) - 2
+    assert again == fresh
 
 
 def test_sliding_window_cells_that_fell_out_are_not_reused(tiny_models):

@@ -4,6 +4,8 @@
   pyggml bench [-m MODEL] -p 64,512 -n 32,128 -t 1,2 -r 3 [--compare-llamacpp]
   pyggml bench kernels [--types ...]                                  quantized matvec GB/s
   pyggml plan  [-m MODEL] [-c config.yaml] [-ngl N] [-ot RE=DEV] [--check-fit]   dry run
+  pyggml chat  [-m MODEL] [-sys TEXT] [--chat-template FILE|NAME]    conversation
+  pyggml serve [-m MODEL] [--host H] [--port P] [-np N] [-c N_CTX] [--api-key KEY]
   pyggml info                                                         CPU features, paths
   pyggml graph [--dot FILE]                                           a small example graph
 
@@ -230,6 +232,10 @@ def _parser() -> argparse.ArgumentParser:
     plan_args.add_offload_arguments(pl)
     plan_args.add_arguments(pl)
     pl.set_defaults(func=_cmd_plan)
+
+    from pyggml.cli import chat, serve          # commands in their own modules
+    for mod in (chat, serve):
+        mod.register(sub)
 
     i = sub.add_parser("info", help="CPU features and kernel paths")
     i.set_defaults(func=_cmd_info)

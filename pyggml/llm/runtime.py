@@ -385,14 +385,17 @@ class LLM:
 
     def reuse_prefix(self, ids: list[int], seq_id: int = 0) -> int:
         """Prepare sequence seq_id to evaluate prompt `ids`: keep the KV cells of the longest
-        common prefix with what it holds (but at least the last prompt token is evaluated
-        again, its logits are needed), forget the rest. Returns the tokens kept: evaluate
-        ids[n:] next. Sliding-window layers: when cells the window needs for the shorter
-        prefix were already dropped, nothing is kept (llama.cpp does the same)."""
-        held = self._seq_tokens[seq_id] if 0 <= seq_id < self.n_seq_max else []
+        common prefix with what it holds, forget the rest. Returns the tokens kept: evaluate
+        ids[n:] next. At least the last two prompt tokens are evaluated again: the last one's
+        logits are needed, and with a single row the matmuls take the one-row path, whose
+        rounding differs from the multi-row path for some formats (Q4_1's block sums), so a
+        reused prompt would not give exactly the tokens of a fresh one. Sliding-window layers:
+        when cells the window needs for the shorter prefix were already dropped, nothing is
+        kept (llama.cpp does the same)."""
         self._check_seq(seq_id)
+        held = self._seq_tokens[seq_id]
         n = 0
-        for a, b in zip(held, ids[:-1]):
+        for a, b in zip(held, ids[:-2]):
             if a != b:
                 break
             n += 1
