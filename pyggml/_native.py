@@ -19,9 +19,10 @@ _lib: ctypes.CDLL | None = None
 _bound: dict[str, object] = {}
 _prototypes: dict[str, tuple] = {}
 
-PG_OK, PG_ERR_INVALID_ARG, PG_ERR_UNSUPPORTED, PG_ERR_NOMEM, PG_ERR_INTERNAL = range(5)
+(PG_OK, PG_ERR_INVALID_ARG, PG_ERR_UNSUPPORTED, PG_ERR_NOMEM, PG_ERR_INTERNAL,
+ PG_ERR_CLOSED) = range(6)
 STATUS_NAMES = {0: "ok", 1: "invalid argument", 2: "unsupported", 3: "out of memory",
-                4: "internal error"}
+                4: "internal error", 5: "thread pool freed"}
 
 PATH_NAMES = ("scalar", "avx2", "avx512", "neon")
 CPU_FEATURE_BITS = {

@@ -58,6 +58,41 @@ class ModelError(PyggmlError, ValueError):
     """A model cannot be built or run with the given input (unknown architecture, bad prompt)."""
 
 
+class ArgumentTypeError(ModelError, TypeError):
+    """An argument of the wrong type given to a pyggml API (`LLM(n_ctx="4096")`); the message
+    names the argument, the value and the type expected. Also a TypeError."""
+
+
+class ContextOverflowError(ModelError):
+    """The KV cache has no room for the tokens to evaluate; the message says how many cells are
+    needed and free, and the fixes (a larger n_ctx, reset, fewer tokens)."""
+
+
+class ClosedError(PyggmlError):
+    """An object used after close(): an LLM, its generators, or a backend whose thread pool was
+    freed. Create a new one."""
+
+
+class GeneratorInvalidatedError(PyggmlError):
+    """A generator resumed after its sequence was changed by something else (a newer generate,
+    reset, eval or decode_batch on that sequence): continuing would read a cache that no longer
+    holds its tokens."""
+
+
+class InsufficientMemoryError(PyggmlError, MemoryError):
+    """Memory the system cannot give: the message says how much is needed, how much is
+    available and what would fit."""
+
+
+class PyggmlWarning(UserWarning):
+    """Base class of pyggml's warnings (the CLI prints them as one line each)."""
+
+
+class ContextLengthWarning(PyggmlWarning):
+    """n_ctx is larger than the context the model was trained with: quality usually drops past
+    the trained length."""
+
+
 class ChatTemplateError(PyggmlError, ValueError):
     """A chat template is missing, cannot be compiled or fails to render, or chat messages are
     malformed; the message names the template (and line) or the message and field."""

@@ -30,6 +30,7 @@ typedef enum pg_status {
     PG_ERR_UNSUPPORTED  = 2,   /* type/op/path not implemented or not available on this CPU   */
     PG_ERR_NOMEM        = 3,
     PG_ERR_INTERNAL     = 4,
+    PG_ERR_CLOSED       = 5,   /* a thread pool that was freed (or never created) was passed  */
 } pg_status;
 
 /* ---- tensor types (ids as stored in GGUF files) ------------------------------------------ */
@@ -209,9 +210,14 @@ typedef struct pg_threadpool pg_threadpool;
 /* Called after each node when set: return non-zero to stop the graph (PG_ERR_INTERNAL). */
 typedef int32_t (*pg_eval_cb)(int32_t node_index, const pg_tensor *node, void *user);
 
+/* A pool handle stays safe to pass after pg_threadpool_free: compute refuses it with
+ * PG_ERR_CLOSED, a second free is a no-op, n_threads gives 0 (live pools are looked up by
+ * address, never read through a stale pointer; callers should still drop freed handles, since
+ * a later pool may get the same address). Computes on one pool are serialized; free waits for
+ * a compute in flight. */
 pg_threadpool *pg_threadpool_new(int32_t n_threads);   /* NULL if n_threads out of [1, 256] */
 void           pg_threadpool_free(pg_threadpool *tp);
-int32_t        pg_threadpool_n_threads(const pg_threadpool *tp);
+int32_t        pg_threadpool_n_threads(const pg_threadpool *tp);   /* 0 if not a live pool */
 
 /* Checks every node of `order`: op known and supported for its types and layouts, sources
  * present, shapes consistent, data non-NULL. On failure returns PG_ERR_INVALID_ARG or
@@ -225,7 +231,8 @@ int32_t pg_node_supported(const pg_tensor *t, int32_t n_tensors, int32_t i, char
 int32_t pg_graph_work_size(const pg_tensor *t, int32_t n_tensors, const int32_t *order,
                            int32_t n_nodes, int32_t n_threads, size_t *work_size);
 /* Validates, then runs the nodes in order with n_threads threads of tp (tp may be NULL for one
- * thread). *bad_node is set on failure (-1 if no node is at fault). */
+ * thread; a freed tp gives PG_ERR_CLOSED). *bad_node is set on failure (-1 if no node is at
+ * fault). */
 int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes,
                          pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
                          pg_eval_cb cb, void *cb_user, int32_t *bad_node);

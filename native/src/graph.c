@@ -295,11 +295,10 @@ static void graph_worker(void *arg, int ith, int nth) {
     }
 }
 
-int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes,
+/* pg_graph_compute with tp acquired (or NULL). */
+static int32_t run_graph(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes,
                          pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
                          pg_eval_cb cb, void *cb_user, int32_t *bad_node) {
-    if (bad_node) *bad_node = -1;
-    if (n_threads < 1 || n_threads > PG_MAX_THREADS) return PG_ERR_INVALID_ARG;
     if (!tp) n_threads = 1;
     else if (n_threads > tp->n_max) n_threads = tp->n_max;
     const int32_t st = pg_graph_validate(t, n_tensors, order, n_nodes, bad_node);
@@ -316,4 +315,17 @@ int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, 
     }
     if (atomic_load(&job.stop)) return PG_ERR_INTERNAL;
     return PG_OK;
+}
+
+int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes,
+                         pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
+                         pg_eval_cb cb, void *cb_user, int32_t *bad_node) {
+    if (bad_node) *bad_node = -1;
+    if (n_threads < 1 || n_threads > PG_MAX_THREADS) return PG_ERR_INVALID_ARG;
+    /* a freed pool is refused here, before anything reads through the handle */
+    if (tp && pg_threadpool_acquire(tp) != PG_OK) return PG_ERR_CLOSED;
+    const int32_t st = run_graph(t, n_tensors, order, n_nodes, tp, n_threads, work, work_size,
+                                 cb, cb_user, bad_node);
+    if (tp) pg_threadpool_release(tp);
+    return st;
 }

@@ -73,6 +73,47 @@ static void *worker_main(void *p) {
     return NULL;
 }
 
+/* ---- registry of live pools ------------------------------------------------------------------ */
+
+static pthread_mutex_t g_reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t  g_reg_cv = PTHREAD_COND_INITIALIZER;   /* a pool's users dropped to 0 */
+static pg_threadpool  *g_live = NULL;
+
+/* The link that points at tp in the live list, or NULL. Caller holds g_reg_mu. */
+static pg_threadpool **find_live(const pg_threadpool *tp) {
+    for (pg_threadpool **l = &g_live; *l; l = &(*l)->next_live)
+        if (*l == tp) return l;
+    return NULL;
+}
+
+int32_t pg_threadpool_acquire(pg_threadpool *tp) {
+    pthread_mutex_lock(&g_reg_mu);
+    const int live = tp && find_live(tp) != NULL;
+    if (live) tp->users++;
+    pthread_mutex_unlock(&g_reg_mu);
+    return live ? PG_OK : PG_ERR_CLOSED;
+}
+
+void pg_threadpool_release(pg_threadpool *tp) {
+    pthread_mutex_lock(&g_reg_mu);
+    if (--tp->users == 0) pthread_cond_broadcast(&g_reg_cv);
+    pthread_mutex_unlock(&g_reg_mu);
+}
+
+/* Stops and joins the first n_workers workers, then frees tp (not registered, no users). */
+static void destroy(pg_threadpool *tp, int n_workers) {
+    pthread_mutex_lock(&tp->mu);
+    atomic_store(&tp->stop, 1);
+    pthread_cond_broadcast(&tp->cv);
+    pthread_mutex_unlock(&tp->mu);
+    for (int i = 0; i < n_workers; i++) pthread_join(tp->threads[i], NULL);
+    pthread_mutex_destroy(&tp->run_mu);
+    pthread_mutex_destroy(&tp->mu);
+    pthread_cond_destroy(&tp->cv);
+    free(tp->threads);
+    free(tp);
+}
+
 pg_threadpool *pg_threadpool_new(int32_t n_threads) {
     if (n_threads < 1 || n_threads > PG_MAX_THREADS) return NULL;
     pg_threadpool *tp = calloc(1, sizeof(*tp));
@@ -80,37 +121,46 @@ pg_threadpool *pg_threadpool_new(int32_t n_threads) {
     tp->n_max = n_threads;
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->cv, NULL);
+    pthread_mutex_init(&tp->run_mu, NULL);
     tp->threads = calloc((size_t)n_threads, sizeof(pthread_t));
-    if (!tp->threads) { free(tp); return NULL; }
+    if (!tp->threads) { destroy(tp, 0); return NULL; }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof(*wa));
-        if (!wa) { tp->n_max = i; pg_threadpool_free(tp); return NULL; }
+        if (!wa) { destroy(tp, i - 1); return NULL; }
         wa->tp = tp;
         wa->ith = i;
         if (pthread_create(&tp->threads[i - 1], NULL, worker_main, wa) != 0) {
             free(wa);
-            tp->n_max = i;
-            pg_threadpool_free(tp);
+            destroy(tp, i - 1);
             return NULL;
         }
     }
+    pthread_mutex_lock(&g_reg_mu);
+    tp->next_live = g_live;
+    g_live = tp;
+    pthread_mutex_unlock(&g_reg_mu);
     return tp;
 }
 
 void pg_threadpool_free(pg_threadpool *tp) {
-    if (!tp) return;
-    pthread_mutex_lock(&tp->mu);
-    atomic_store(&tp->stop, 1);
-    pthread_cond_broadcast(&tp->cv);
-    pthread_mutex_unlock(&tp->mu);
-    for (int i = 1; i < tp->n_max; i++) pthread_join(tp->threads[i - 1], NULL);
-    pthread_mutex_destroy(&tp->mu);
-    pthread_cond_destroy(&tp->cv);
-    free(tp->threads);
-    free(tp);
+    pthread_mutex_lock(&g_reg_mu);
+    pg_threadpool **link = tp ? find_live(tp) : NULL;
+    if (!link) {                    /* NULL, already freed or never a pool: nothing to do */
+        pthread_mutex_unlock(&g_reg_mu);
+        return;
+    }
+    *link = tp->next_live;          /* from now on every acquire refuses it */
+    while (tp->users > 0) pthread_cond_wait(&g_reg_cv, &g_reg_mu);   /* computes in flight */
+    pthread_mutex_unlock(&g_reg_mu);
+    destroy(tp, tp->n_max - 1);
 }
 
-int32_t pg_threadpool_n_threads(const pg_threadpool *tp) { return tp ? tp->n_max : 0; }
+int32_t pg_threadpool_n_threads(const pg_threadpool *tp) {
+    pthread_mutex_lock(&g_reg_mu);
+    const int32_t n = tp && find_live(tp) ? tp->n_max : 0;
+    pthread_mutex_unlock(&g_reg_mu);
+    return n;
+}
 
 void pg_threadpool_run(pg_threadpool *tp, pg_job_fn fn, void *arg, int nth) {
     if (nth <= 1 || tp->n_max <= 1) {
@@ -118,6 +168,8 @@ void pg_threadpool_run(pg_threadpool *tp, pg_job_fn fn, void *arg, int nth) {
         return;
     }
     if (nth > tp->n_max) nth = tp->n_max;
+    /* one job at a time: two callers publishing at once would share fn/arg/n_done */
+    pthread_mutex_lock(&tp->run_mu);
     tp->fn = fn;
     tp->arg = arg;
     tp->nth = nth;
@@ -130,6 +182,7 @@ void pg_threadpool_run(pg_threadpool *tp, pg_job_fn fn, void *arg, int nth) {
     fn(arg, 0, nth);
     while (atomic_load_explicit(&tp->n_done, memory_order_acquire) < tp->n_max - 1)
         PG_CPU_RELAX();
+    pthread_mutex_unlock(&tp->run_mu);
 }
 
 void pg_threadpool_barrier(pg_threadpool *tp, int nth) {

@@ -31,7 +31,7 @@ from pyggml.backend.base import (
     DeviceType,
     Event,
 )
-from pyggml.errors import BackendError, UnsupportedOpError
+from pyggml.errors import BackendError, ClosedError, InsufficientMemoryError, UnsupportedOpError
 from pyggml.graph import Graph
 from pyggml.tensor import Tensor
 from pyggml.types import VIEW_OPS, GGMLType, Op, traits
@@ -63,6 +63,9 @@ _NUMPY_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.I3
                  GGMLType.I64: np.int64, GGMLType.F64: np.float64}
 
 
+MAX_THREADS = 256                   # PG_MAX_THREADS: the largest C thread pool
+
+
 def default_n_threads() -> int:
     """Physical cores where known (hyper-threads do not help memory-bound decode), at least 1."""
     try:
@@ -86,11 +89,37 @@ class HostBufferType(BufferType):
         return HostBuffer(self, n_bytes, usage)
 
 
+GIB = 1 << 30
+CHECKED_ALLOC_BYTES = 256 << 20     # host buffers from this size on are checked before allocating
+
+
+def available_host_memory() -> int:
+    """Bytes the system can give without swapping (psutil's `available`)."""
+    import psutil
+    return int(psutil.virtual_memory().available)
+
+
+def require_host_memory(n_bytes: int, what: str, hint: str = "") -> None:
+    """InsufficientMemoryError, before allocating, if `n_bytes` exceed the available memory: a
+    failed allocation would be a numpy error, and an overcommitted one an OOM kill later."""
+    avail = available_host_memory()
+    if n_bytes > avail:
+        raise InsufficientMemoryError(f"{what} needs {n_bytes / GIB:.2f} GiB of host memory but "
+                                      f"only {avail / GIB:.2f} GiB are available"
+                                      + (f"; {hint}" if hint else ""))
+
+
 class HostBuffer(Buffer):
     def __init__(self, buft: BufferType, n_bytes: int, usage: BufferUsage = BufferUsage.ANY):
         super().__init__(buft, n_bytes, usage)
+        if n_bytes >= CHECKED_ALLOC_BYTES:
+            require_host_memory(n_bytes, f"a host buffer ({usage.name.lower()})")
         # over-allocate so the base can be aligned
-        self._mem = np.zeros(max(n_bytes, 1) + buft.alignment, dtype=np.uint8)
+        try:
+            self._mem = np.zeros(max(n_bytes, 1) + buft.alignment, dtype=np.uint8)
+        except MemoryError:
+            raise InsufficientMemoryError(f"cannot allocate a host buffer of {n_bytes / GIB:.2f} "
+                                          f"GiB ({usage.name.lower()})") from None
         addr = self._mem.ctypes.data
         self._pad = (-addr) % buft.alignment
         self.base = addr + self._pad
@@ -328,14 +357,16 @@ class CpuBackend(Backend):
     def __init__(self, n_threads: int | None = None, n_threads_batch: int | None = None):
         self.n_threads = n_threads or default_n_threads()
         self.n_threads_batch = n_threads_batch or self.n_threads
-        if not 1 <= max(self.n_threads, self.n_threads_batch) <= 256:
-            raise ValueError(f"n_threads must be in 1..256, got {self.n_threads}")
+        for name, n in (("n_threads", self.n_threads), ("n_threads_batch", self.n_threads_batch)):
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
+                raise BackendError(f"{name} must be an integer in 1..{MAX_THREADS}, got {n!r}")
         self.device = cpu_device()
         self.buft = cpu_buffer_type()
         self._tp = _native.fn("pg_threadpool_new")(max(self.n_threads, self.n_threads_batch))
         if not self._tp:
             raise BackendError("could not create the CPU thread pool")
         self._finalizer = weakref.finalize(self, _native.fn("pg_threadpool_free"), self._tp)
+        self._closed = False
         self._plans: "weakref.WeakKeyDictionary[Graph, tuple]" = weakref.WeakKeyDictionary()
         self._eval_cb = None
         self._support_cache: dict[tuple, str | None] = {}
@@ -353,6 +384,10 @@ class CpuBackend(Backend):
         self.n_threads_active = n
 
     def close(self) -> None:
+        """Free the thread pool (again: no-op). Computing afterwards raises ClosedError; the C
+        library refuses the freed pool too (PG_ERR_CLOSED), so a compute racing with close()
+        ends in the same error, never a hang."""
+        self._closed = True
         self._finalizer()
 
     # -- capability queries --
@@ -436,6 +471,8 @@ class CpuBackend(Backend):
         self.plan_compute(self.plan(graph, nt), nt)
 
     def plan_compute(self, plan: CpuGraphPlan, n_threads: int | None = None) -> None:
+        if self._closed:        # first: a later pool may have been given the freed one's address
+            raise ClosedError("the CPU backend was closed (its thread pool is freed)")
         nt = min(n_threads or plan.n_threads, plan.n_threads)
         bad = ctypes.c_int32(-1)
         cb = EVAL_CB()
@@ -457,6 +494,9 @@ class CpuBackend(Backend):
         if st != _native.PG_OK:
             if st == _native.PG_ERR_INTERNAL:
                 raise BackendError("graph stopped by the evaluation callback")
+            if st == _native.PG_ERR_CLOSED:
+                raise ClosedError("the CPU backend's thread pool was freed (closed) before this "
+                                  "compute started")
             if bad.value >= 0:
                 t = plan.tensors[bad.value]
                 raise BackendError(f"node '{t.name}' ({t.op.name}) met bad data while computing "

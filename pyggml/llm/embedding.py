@@ -69,11 +69,12 @@ def embed(llm, texts, pooling: str = "mean", normalize: bool = True, seq_id: int
         if len(ids) > llm.n_ctx:
             raise ModelError(f"embed: input {k} has {len(ids)} tokens, more than the context "
                              f"of {llm.n_ctx} (n_ctx)")
-        llm.reset(seq_id)
-        try:
-            h = _hidden_states(llm, ids, seq_id)
-        finally:
+        with llm.lock:                 # one evaluation at a time (LLM's lock is reentrant)
             llm.reset(seq_id)
+            try:
+                h = _hidden_states(llm, ids, seq_id)
+            finally:
+                llm.reset(seq_id)
         v = h.mean(axis=0, dtype=np.float64) if pooling == "mean" else h[-1].astype(np.float64)
         if normalize:
             n = np.linalg.norm(v)

@@ -18,7 +18,7 @@ import numpy as np
 
 from pyggml.backend.base import BufferUsage, alloc_tensors
 from pyggml.context import Context
-from pyggml.errors import ModelError
+from pyggml.errors import ContextOverflowError, InsufficientMemoryError, ModelError
 from pyggml.types import GGMLType, as_type
 
 KV_PAD = 256          # n_kv (cells the attention reads) is padded to this: graphs get reused
@@ -46,10 +46,10 @@ class CellSpace:
         """Indices of n_tokens free cells (lowest first); ModelError when there are too few."""
         free = np.flatnonzero(self.pos < 0)
         if free.size < n_tokens:
-            raise ModelError(f"context overflow: {n_tokens} new tokens but only {free.size} of "
-                             f"{self.n_cells} KV cells ({self.name}) are free (n_ctx={n_ctx}); "
-                             f"start a new sequence, remove old tokens (seq_rm) or use a larger "
-                             f"n_ctx")
+            raise ContextOverflowError(f"context overflow: {n_tokens} new tokens but only "
+                                       f"{free.size} of {self.n_cells} KV cells ({self.name}) are "
+                                       f"free (n_ctx={n_ctx}); start a new sequence, remove old "
+                                       f"tokens (seq_rm) or use a larger n_ctx")
         return free[:n_tokens]
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray) -> None:
@@ -122,24 +122,26 @@ class KVCache:
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
         self.window = hp.sliding_window
-        self.spaces = {FULL: CellSpace(FULL, n_ctx)}
         swa_layers = [hp.layer_is_swa(il) for il in range(hp.n_layer)]
         n_swa = min(n_ctx, -(-(self.window * n_seq_max + n_ubatch) // KV_PAD) * KV_PAD)
+        n_cells = {FULL: n_ctx}
         if any(swa_layers) and not swa_full and n_swa < n_ctx:
-            self.spaces[SWA] = CellSpace(SWA, n_swa)
-        self.layer_space = [SWA if sw and SWA in self.spaces else FULL for sw in swa_layers]
+            n_cells[SWA] = n_swa
+        self.layer_space = [SWA if sw and SWA in n_cells else FULL for sw in swa_layers]
         self.k, self.v = [], []
         ctx = Context(no_alloc=True, name="kv")
         for il in range(hp.n_layer):
             ne_k = hp.head_dim_k * hp.n_head_kv[il]
             ne_v = hp.head_dim_v * hp.n_head_kv[il]
-            n = self.spaces[self.layer_space[il]].n_cells
+            n = n_cells[self.layer_space[il]]
             self.k.append(ctx.new_tensor(self.types_k[il], [ne_k, n], name=f"cache_k_l{il}"))
             self.v.append(ctx.new_tensor(self.types_v[il], [ne_v, n], name=f"cache_v_l{il}"))
         self.n_bytes = sum(t.nbytes() for t in self.k + self.v)
         if buffer_types is None:
             from pyggml.backend.cpu import cpu_buffer_type
             buffer_types = [cpu_buffer_type()] * hp.n_layer
+        self._check_host_memory(buffer_types, n_cells)
+        self.spaces = {name: CellSpace(name, n) for name, n in n_cells.items()}
         groups: dict[int, tuple] = {}           # id(buft) -> (buft, [layers])
         for il, bt in enumerate(buffer_types):
             groups.setdefault(id(bt), (bt, []))[1].append(il)
@@ -151,6 +153,31 @@ class KVCache:
             self.buffers.append(buf)
             self.bytes_by_buffer_type[bt.name] = (self.bytes_by_buffer_type.get(bt.name, 0)
                                                   + buf.n_bytes)
+
+    def _check_host_memory(self, buffer_types, n_cells: dict[str, int]) -> None:
+        """Refuse, before allocating, a cache the system cannot hold: host K/V rows plus the
+        cells' bookkeeping (position and sequence set, 16 bytes a cell), with the n_ctx that
+        would fit in the message."""
+        from pyggml.backend.cpu import GIB, available_host_memory
+        # planning stand-ins (no is_host) allocate nothing: only real host buffers count
+        host = [il for il, bt in enumerate(buffer_types) if getattr(bt, "is_host", False)]
+        meta = 16 * sum(n_cells.values())
+        need = meta + sum(self.k[il].nbytes() + self.v[il].nbytes() for il in host)
+        avail = available_host_memory()
+        if need <= avail:
+            return
+        # bytes per cell of the full space (grows with n_ctx); the window space is fixed
+        per_cell = 16 + sum((self.k[il].nbytes() + self.v[il].nbytes()) / self.n_ctx
+                            for il in host if self.layer_space[il] == FULL)
+        fixed = need - per_cell * self.n_ctx
+        fit = int((avail - fixed) // per_cell) // KV_PAD * KV_PAD if avail > fixed else 0
+        raise InsufficientMemoryError(
+            f"the KV cache for n_ctx={self.n_ctx} needs {need / GIB:.2f} GiB of host memory "
+            f"({self.n_bytes / GIB:.2f} GiB K/V, {self.type_k.name.lower()}/"
+            f"{self.type_v.name.lower()}) but only {avail / GIB:.2f} GiB are available; "
+            + (f"n_ctx={fit} would fit" if fit >= KV_PAD else "no context size fits")
+            + (" (type_k/type_v q8_0 about halves an f16 cache)"
+               if GGMLType.Q8_0 not in (self.type_k, self.type_v) else ""))
 
     # ---- cells -------------------------------------------------------------------------------
     @property

@@ -10,6 +10,7 @@ built and placed with `alloc_graph` from the plan reserved at start-up for the w
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -20,12 +21,16 @@ from pyggml.backend.base import (BufferUsage, DeviceType, alloc_tensors, default
                                  is_host_tensor, tensor_get)
 from pyggml.backend.cpu import CpuBackend, host_array
 from pyggml.context import Context
-from pyggml.errors import ModelError, PyggmlError
+from pyggml.errors import (ArgumentTypeError, ClosedError, ContextOverflowError,
+                           GeneratorInvalidatedError, ModelError, PyggmlError)
 from pyggml.gguf import GGUFModel
 from pyggml.llm.hparams import read_hparams
 from pyggml.llm.kv_cache import KVCache
 from pyggml.llm.models import GraphParams, build_graph, check_weights, graph_size
-from pyggml.llm.sampler import Sampler, SamplingParams
+from pyggml.llm.options import (check_flag, check_int, is_int, resolve_n_ctx, token_list,
+                                validate_options)
+from pyggml.llm.sampler import DEFAULT_SEED, Sampler, SamplingParams
+from pyggml.llm.textstream import TextStream
 from pyggml.llm.tokenizer import Tokenizer
 from pyggml.offload import (CPU, OffloadPlan, pin_phase_ops, plan_from_args,
                             plan_from_config)
@@ -59,8 +64,39 @@ class _BuiltGraph:
 
 @dataclass
 class Token:
+    """One generated token: its id and the text it completes (see pyggml.llm.textstream: ''
+    while a character is incomplete, U+FFFD for invalid bytes; the texts of a generation joined
+    are its detokenized text)."""
     id: int
     text: str
+
+
+FINISH_REASONS = ("stop", "length", "context")
+
+
+class Generation:
+    """The tokens of one `LLM.generate` call: an iterator of Token.
+
+    finish_reason: None while running, then 'stop' (an end-of-generation token; it is not
+    yielded), 'length' (max_tokens reached) or 'context' (the KV cache has no cell for the next
+    token; llama.cpp without context shift stops the same way). It is set before the last
+    token is handed out. (OpenAI-style APIs call 'context' 'length'.)
+    Resuming raises ClosedError after LLM.close(), and GeneratorInvalidatedError once the
+    sequence was changed by anything else: a newer generate, reset, eval or decode_batch on it.
+    """
+
+    def __init__(self):
+        self.finish_reason: str | None = None
+        self._it: Iterator[Token] | None = None
+
+    def __iter__(self) -> "Generation":
+        return self
+
+    def __next__(self) -> Token:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it.close()
 
 
 class LLM:
@@ -79,6 +115,21 @@ class LLM:
     KV types it sets replace the keyword arguments;
     progress: a progress bar while weights are copied to devices (None: on a terminal);
     swa_full: sliding-window layers keep all n_ctx cells (else a window-sized cache, as llama.cpp).
+    n_ctx=0 is the model's trained context (llama.cpp); a larger n_ctx than the trained one
+    gives a ContextLengthWarning. A KV cache larger than the available memory is refused before
+    anything is allocated (InsufficientMemoryError, with the n_ctx that would fit).
+
+    Threads: one LLM may be shared. Evaluation is serialized by `lock` (a re-entrant lock):
+    eval, decode_batch, reset, generate and each step of a generation hold it, so calls from
+    several threads run one after another, never interleaved inside the engine. Hold
+    `with llm.lock:` yourself to make several calls atomic (reset then eval). Generators of
+    different sequences (seq_id, n_seq_max > 1) may be consumed by different threads; a
+    generator is invalidated by any other change of its sequence (see Generation). tokenize and
+    detokenize need no lock (the vocabulary is read-only).
+
+    close() (also at the end of a `with` block) frees the backends and the model file; it waits
+    for an evaluation in progress, and a second close() does nothing. Afterwards every method
+    except tokenize, detokenize and close raises ClosedError, and so do unfinished generators.
     """
 
     def __init__(self, model_path: str | os.PathLike | None = None, config=None, *,
@@ -89,6 +140,13 @@ class LLM:
                  offload: OffloadPlan | None = None, progress: bool | None = None,
                  swa_full: bool = False, verbose: bool = False):
         t0 = time.perf_counter()
+        self._closed = False
+        self.lock = threading.RLock()
+        validate_options(model_path, config, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                         n_threads=n_threads, n_threads_batch=n_threads_batch, n_seq_max=n_seq_max,
+                         type_k=type_k, type_v=type_v, logits_all=logits_all,
+                         flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, offload=offload,
+                         progress=progress, swa_full=swa_full, verbose=verbose)
         if model_path is None:
             from pyggml.models_default import ensure_default_model
             model_path = ensure_default_model()
@@ -107,8 +165,9 @@ class LLM:
             n_threads = s.n_threads or n_threads
             n_threads_batch = s.n_threads_batch or n_threads_batch
             type_k, type_v = s.type_k or type_k, s.type_v or type_v
+        n_ctx = resolve_n_ctx(n_ctx, self.hparams.n_ctx_train, self.path)
         for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
-            if not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ModelError(f"{name} must be a positive integer, got {v!r}")
         self.tokenizer = Tokenizer.from_gguf(self.path)
         self.n_ctx, self.n_ubatch = n_ctx, min(n_ubatch, n_batch)
@@ -143,19 +202,33 @@ class LLM:
         self.stats = RunStats()
         self._graph: _BuiltGraph | None = None
         self._seq_pos = [0] * n_seq_max
+        self._seq_epoch = [0] * n_seq_max     # bumped by every change of a sequence from outside
+        self.last_finish_reason: str | None = None    # of the last generation that ended
         self._seq_tokens: list[list[int]] = [[] for _ in range(n_seq_max)]   # what each holds
         self._chat_templates: dict = {}
         self._reserve()
         self.stats.t_load_s = time.perf_counter() - t0
 
     # ---- text ------------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str | bytes, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
         """Token ids of `text` (BOS per the model; special-token texts parsed, as llama.cpp's
-        completion does)."""
+        completion does). bytes and str that are not valid UTF-8 are taken as llama.cpp takes
+        bytes (pyggml.llm.tokenizer). Works after close()."""
+        check_flag("add_special", add_special)
+        check_flag("parse_special", parse_special)
         return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, ids, special: bool = False) -> str:
-        return self.tokenizer.decode(list(ids), special=special)
+        """Text of token ids (invalid UTF-8 as U+FFFD). Works after close()."""
+        check_flag("special", special)
+        return self.tokenizer.decode(token_list(ids, "ids"), special=special)
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"this LLM ({os.path.basename(self.path)}) was closed: create a "
+                              f"new one")
 
     # ---- devices and weights ---------------------------------------------------------------
     def _plan_from_ngl(self, n_gpu_layers: int) -> OffloadPlan:
@@ -246,6 +319,7 @@ class LLM:
     def compute_buffer_size(self, device: str | None = None) -> int:
         """Bytes of the planned compute buffers (intermediate tensors of the worst-case graph),
         of one device or all together."""
+        self._check_open()
         total = 0
         for _, s in self._scheds():
             for b in self.backends:
@@ -254,6 +328,7 @@ class LLM:
         return total
 
     def memory_report(self) -> dict:
+        self._check_open()
         unique = {id(t): t for t in self.weights.values()}     # a tied output may alias
         return {"weights_bytes": sum(t.nbytes() for t in unique.values()),
                 "kv_cache_bytes": self.kv.n_bytes,
@@ -261,49 +336,88 @@ class LLM:
 
     # ---- evaluation ------------------------------------------------------------------------
     def reset(self, seq_id: int | None = None) -> None:
-        """Forget a sequence's tokens (all sequences with None)."""
-        if seq_id is None:
-            self.kv.clear()
-            self._seq_pos = [0] * self.n_seq_max
-            self._seq_tokens = [[] for _ in range(self.n_seq_max)]
-        else:
-            self._check_seq(seq_id)
-            self.kv.seq_rm(seq_id)
-            self._seq_pos[seq_id] = 0
-            self._seq_tokens[seq_id] = []
+        """Forget a sequence's tokens (all sequences with None); its generators are
+        invalidated."""
+        with self.lock:
+            self._check_open()
+            if seq_id is None:
+                self.kv.clear()
+                self._seq_pos = [0] * self.n_seq_max
+                self._seq_tokens = [[] for _ in range(self.n_seq_max)]
+                self._seq_epoch = [e + 1 for e in self._seq_epoch]
+            else:
+                seq_id = self._check_seq(seq_id)
+                self.kv.seq_rm(seq_id)
+                self._seq_pos[seq_id] = 0
+                self._seq_tokens[seq_id] = []
+                self._seq_epoch[seq_id] += 1
 
-    def _check_seq(self, seq_id: int) -> None:
-        if not (isinstance(seq_id, (int, np.integer)) and 0 <= seq_id < self.n_seq_max):
+    def _check_seq(self, seq_id) -> int:
+        if not is_int(seq_id):
+            raise ArgumentTypeError(f"seq_id must be an integer in [0, {self.n_seq_max}), got "
+                                    f"{type(seq_id).__name__} {seq_id!r}")
+        if not 0 <= seq_id < self.n_seq_max:
             raise ModelError(f"seq_id must be in [0, {self.n_seq_max}) (n_seq_max), got {seq_id!r}")
+        return int(seq_id)
+
+    def _check_tokens(self, tokens, what: str = "tokens") -> list[int]:
+        tokens = token_list(tokens, what)
+        if not tokens:
+            raise ModelError(f"empty prompt: {what} has no token, at least one is needed")
+        V = self.hparams.n_vocab
+        bad = [t for t in tokens if not 0 <= t < V]
+        if bad:
+            raise ModelError(f"token ids outside the vocabulary [0, {V}): {bad[:5]}")
+        return tokens
+
+    def _free_cells(self) -> int:
+        return self.n_ctx - self.kv.n_used()
 
     def eval(self, tokens, seq_id: int = 0) -> np.ndarray:
         """Append `tokens` to sequence `seq_id` and return the logits: float32 [n_vocab] of the
-        last token, or [n_tokens, n_vocab] with logits_all."""
-        self._check_seq(seq_id)
-        out = self.decode_batch([(list(tokens), seq_id)])
+        last token, or [n_tokens, n_vocab] with logits_all. Invalidates the sequence's
+        generators."""
+        seq_id = self._check_seq(seq_id)
+        out = self.decode_batch([(self._check_tokens(tokens), seq_id)])
         return out[seq_id]
 
     def decode_batch(self, seqs: list[tuple[list[int], int]]) -> dict[int, np.ndarray]:
-        """Append tokens to several sequences in one batch: [(tokens, seq_id), ...]. Returns
-        {seq_id: logits of its last token} ([n, n_vocab] per sequence with logits_all)."""
+        """Append tokens to several sequences in one batch: [(tokens, seq_id), ...], each
+        sequence once. Returns {seq_id: logits of its last token} ([n, n_vocab] per sequence
+        with logits_all). ContextOverflowError (nothing changed) when the cache lacks room.
+        Invalidates the generators of these sequences."""
+        if not isinstance(seqs, (list, tuple)) or not seqs:
+            raise ArgumentTypeError(f"decode_batch takes a non-empty list of (tokens, seq_id) "
+                                    f"pairs, got {type(seqs).__name__} {seqs!r:.60}")
+        checked = []
+        for i, item in enumerate(seqs):
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise ArgumentTypeError(f"decode_batch: seqs[{i}] must be a (tokens, seq_id) "
+                                        f"pair, got {type(item).__name__} {item!r:.60}")
+            checked.append((self._check_tokens(item[0]), self._check_seq(item[1])))
+        sids_given = [sid for _, sid in checked]
+        if len(set(sids_given)) != len(sids_given):
+            raise ModelError(f"decode_batch: each sequence at most once per batch, got seq_ids "
+                             f"{sids_given}")
+        with self.lock:
+            self._check_open()
+            for sid in sids_given:
+                self._seq_epoch[sid] += 1
+            return self._decode_locked(checked)
+
+    def _decode_locked(self, seqs: list[tuple[list[int], int]]) -> dict[int, np.ndarray]:
+        """decode_batch of checked input; the caller holds the lock."""
         toks, pos, sids, want = [], [], [], []
-        V = self.hparams.n_vocab
         for tokens, sid in seqs:
-            self._check_seq(sid)
-            tokens = [int(t) for t in tokens]
-            if not tokens:
-                raise ModelError("empty prompt: at least one token is needed")
-            bad = [t for t in tokens if not 0 <= t < V]
-            if bad:
-                raise ModelError(f"token ids outside the vocabulary [0, {V}): {bad[:5]}")
             p0 = self._seq_pos[sid]
             toks += tokens
             pos += range(p0, p0 + len(tokens))
             sids += [sid] * len(tokens)
             want += [self.logits_all] * (len(tokens) - 1) + [True]
-        if len(toks) > self.n_ctx - self.kv.n_used():
-            raise ModelError(f"context overflow: {len(toks)} new tokens but {self.n_ctx - self.kv.n_used()} "
-                             f"of n_ctx={self.n_ctx} KV cells are free")
+        if len(toks) > self._free_cells():
+            raise ContextOverflowError(f"context overflow: {len(toks)} new tokens but "
+                                       f"{self._free_cells()} of n_ctx={self.n_ctx} KV cells are "
+                                       f"free; reset a sequence or use a larger n_ctx")
         toks, pos = np.asarray(toks, np.int32), np.asarray(pos, np.int32)
         sids, want = np.asarray(sids, np.int64), np.asarray(want, bool)
         rows = []
@@ -374,14 +488,18 @@ class LLM:
         return list(self._seq_tokens[seq_id])
 
     def truncate(self, seq_id: int, n_keep: int) -> None:
-        """Keep the first n_keep tokens of a sequence, forget the rest (positions >= n_keep)."""
-        self._check_seq(seq_id)
-        if not 0 <= n_keep <= self._seq_pos[seq_id]:
-            raise ModelError(f"n_keep must be in [0, {self._seq_pos[seq_id]}] (tokens held by "
-                             f"sequence {seq_id}), got {n_keep}")
-        self.kv.seq_rm(seq_id, n_keep)
-        self._seq_pos[seq_id] = n_keep
-        del self._seq_tokens[seq_id][n_keep:]
+        """Keep the first n_keep tokens of a sequence, forget the rest (positions >= n_keep);
+        its generators are invalidated."""
+        seq_id = self._check_seq(seq_id)
+        with self.lock:
+            self._check_open()
+            if not is_int(n_keep) or not 0 <= n_keep <= self._seq_pos[seq_id]:
+                raise ModelError(f"n_keep must be in [0, {self._seq_pos[seq_id]}] (tokens held "
+                                 f"by sequence {seq_id}), got {n_keep!r}")
+            self.kv.seq_rm(seq_id, int(n_keep))
+            self._seq_pos[seq_id] = int(n_keep)
+            del self._seq_tokens[seq_id][n_keep:]
+            self._seq_epoch[seq_id] += 1
 
     def reuse_prefix(self, ids: list[int], seq_id: int = 0) -> int:
         """Prepare sequence seq_id to evaluate prompt `ids`: keep the KV cells of the longest
@@ -392,17 +510,18 @@ class LLM:
         reused prompt would not give exactly the tokens of a fresh one. Sliding-window layers:
         when cells the window needs for the shorter prefix were already dropped, nothing is
         kept (llama.cpp does the same)."""
-        self._check_seq(seq_id)
-        held = self._seq_tokens[seq_id]
-        n = 0
-        for a, b in zip(held, ids[:-2]):
-            if a != b:
-                break
-            n += 1
-        if n > 0 and not self.kv.can_keep_prefix(seq_id, n):
+        seq_id = self._check_seq(seq_id)
+        with self.lock:
+            held = self._seq_tokens[seq_id]
             n = 0
-        self.truncate(seq_id, n)
-        self.stats.n_prompt_reused += n
+            for a, b in zip(held, ids[:-2]):
+                if a != b:
+                    break
+                n += 1
+            if n > 0 and not self.kv.can_keep_prefix(seq_id, n):
+                n = 0
+            self.truncate(seq_id, n)
+            self.stats.n_prompt_reused += n
         return n
 
     # ---- completions (llama-cpp-python's API; pyggml/llm/completion.py) --------------------
@@ -466,54 +585,134 @@ class LLM:
         return embed(self, texts, pooling, normalize, seq_id)
 
     # ---- generation ------------------------------------------------------------------------
-    def generate(self, prompt: str | list[int], max_tokens: int = 128, *,
+    def generate(self, prompt: str | bytes | list[int], max_tokens: int = 128, *,
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
-                 min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int = 0xFFFFFFFF,
-                 seq_id: int = 0, stop_at_eog: bool = True) -> Iterator[Token]:
-        """Yield generated tokens one by one (a fresh completion of `prompt` in seq_id)."""
+                 min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int = DEFAULT_SEED,
+                 seq_id: int = 0, stop_at_eog: bool = True) -> Generation:
+        """A fresh completion of `prompt` in seq_id (the sequence is reset now), as an iterator
+        of Token (see Generation for finish_reason and invalidation). max_tokens -1: until an
+        end-of-generation token or a full context. seed -1 or 0xFFFFFFFF: a random seed
+        (llama.cpp); temperature <= 0: greedy. The prompt is evaluated at the first next()."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, 64,
                                 seed).validate()
-        if not isinstance(max_tokens, int) or max_tokens < 0:
-            raise ModelError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if not ids:
-            raise ModelError("empty prompt: at least one token is needed")
+        max_tokens = check_int("max_tokens", max_tokens, -1,
+                               hint=" (-1: until end of generation or a full context)")
+        check_flag("stop_at_eog", stop_at_eog)
+        seq_id = self._check_seq(seq_id)
+        if isinstance(prompt, (str, bytes, bytearray, memoryview)):
+            ids = self.tokenize(prompt)
+        else:
+            ids = token_list(prompt, "prompt")
+        ids = self._check_tokens(ids, "prompt")
+        with self.lock:
+            self.reset(seq_id)
+            epoch = self._seq_epoch[seq_id]
+            if len(ids) > self._free_cells():
+                raise ContextOverflowError(
+                    f"the prompt has {len(ids)} tokens but only {self._free_cells()} of "
+                    f"n_ctx={self.n_ctx} KV cells are free: use a larger n_ctx or a shorter "
+                    f"prompt")
         sampler = Sampler(params)
         for t in ids:
             sampler.accept(t)
-        self.reset(seq_id)
-        return self._generate(ids, max_tokens, sampler, seq_id, stop_at_eog)
+        gen = Generation()
+        gen._it = self._generate(gen, ids, max_tokens, sampler, seq_id, stop_at_eog, epoch)
+        return gen
 
-    def _generate(self, ids, max_tokens, sampler, seq_id, stop_at_eog) -> Iterator[Token]:
+    def _check_generation(self, seq_id: int, epoch: int) -> None:
+        if self._closed:
+            raise ClosedError(f"this LLM ({os.path.basename(self.path)}) was closed: its "
+                              f"generations cannot continue")
+        if self._seq_epoch[seq_id] != epoch:
+            raise GeneratorInvalidatedError(
+                f"sequence {seq_id} was changed after this generation started (a newer "
+                f"generate, reset, eval or decode_batch on it): its cache no longer holds this "
+                f"generation's tokens; start a new generate")
+
+    def _step(self, tokens: list[int], seq_id: int, epoch: int) -> np.ndarray | None:
+        """Logits after appending `tokens` to the generation's sequence; None when the cache is
+        full (a sequence of another thread may take the last cells between two steps)."""
+        with self.lock:
+            self._check_generation(seq_id, epoch)
+            if len(tokens) > self._free_cells():
+                return None
+            logits = self._decode_locked([(tokens, seq_id)])[seq_id]
+        return logits[-1] if logits.ndim == 2 else logits
+
+    def _generate(self, gen: Generation, ids, max_tokens, sampler, seq_id, stop_at_eog,
+                  epoch) -> Iterator[Token]:
+        def finish(reason: str) -> None:
+            gen.finish_reason = self.last_finish_reason = reason
+
         t0 = time.perf_counter()
-        logits = self.eval(ids, seq_id)
-        if logits.ndim == 2:
-            logits = logits[-1]
+        logits = self._step(ids, seq_id, epoch)
+        if logits is None:      # another sequence took the cells since generate()
+            raise ContextOverflowError(f"the prompt's {len(ids)} tokens no longer fit: other "
+                                       f"sequences use the KV cache (n_ctx={self.n_ctx})")
         self.stats.t_prompt_s += time.perf_counter() - t0
         self.stats.n_prompt_tokens += len(ids)
         t1 = time.perf_counter()
-        pending = b""
-        for _ in range(max_tokens):
+        stream, n = TextStream(), 0
+        is_eog, piece = self.tokenizer.is_eog, self.tokenizer.token_to_piece
+        try:
+            if max_tokens == 0:
+                finish("length")
+                return
             tok = sampler.sample(logits)
             sampler.accept(tok)
-            if stop_at_eog and self.tokenizer.is_eog(tok):
-                break
-            pending += self.tokenizer.token_to_piece(tok)
-            try:                      # a piece may end inside a UTF-8 character
-                text, pending = pending.decode("utf-8"), b""
-            except UnicodeDecodeError:
-                text = ""
-            self.stats.n_gen_tokens += 1
-            yield Token(tok, text)
-            logits = self.eval([tok], seq_id)
-            if logits.ndim == 2:
-                logits = logits[-1]
-        self.stats.t_gen_s += time.perf_counter() - t1
+            while True:
+                if stop_at_eog and is_eog(tok):
+                    finish("stop")      # nothing is pending here: see the lookahead below
+                    return
+                n += 1
+                self.stats.n_gen_tokens += 1
+                text = stream.push(piece(tok))
+                if 0 < max_tokens <= n:
+                    finish("length")
+                    yield Token(tok, text + stream.flush())
+                    return
+                with self.lock:
+                    self._check_generation(seq_id, epoch)
+                    full = self._free_cells() < 1
+                if full:
+                    finish("context")
+                    yield Token(tok, text + stream.flush())
+                    return
+                if stream.pending:
+                    # bytes of an unfinished character: whether they ever finish depends on the
+                    # next token, so compute it before handing this one out (its text is
+                    # incomplete anyway); an end there flushes them as U+FFFD into this token
+                    logits = self._step([tok], seq_id, epoch)
+                    nxt = None if logits is None else sampler.sample(logits)
+                    if nxt is None or (stop_at_eog and is_eog(nxt)):
+                        finish("context" if nxt is None else "stop")
+                        yield Token(tok, text + stream.flush())
+                        return
+                    sampler.accept(nxt)
+                    yield Token(tok, text)
+                    tok = nxt
+                    continue
+                yield Token(tok, text)
+                logits = self._step([tok], seq_id, epoch)
+                if logits is None:
+                    finish("context")
+                    return
+                tok = sampler.sample(logits)
+                sampler.accept(tok)
+        finally:
+            self.stats.t_gen_s += time.perf_counter() - t1
 
     def close(self) -> None:
-        for b in self.backends:
-            b.close()
-        self.model.close()
+        """Free the backends and the model file (see the class docstring); idempotent."""
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            for b in getattr(self, "backends", ()):
+                b.close()
+            model = getattr(self, "model", None)
+            if model is not None:
+                model.close()
 
     def __enter__(self):
         return self

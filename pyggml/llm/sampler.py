@@ -8,14 +8,17 @@ dist sampler uses; whether every draw matches llama.cpp bit for bit is unconfirm
 
 from __future__ import annotations
 
+import numbers
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from pyggml.errors import ModelError
+from pyggml.errors import ArgumentTypeError, ModelError
 
-DEFAULT_SEED = 0xFFFFFFFF       # llama.cpp: "random seed"
+DEFAULT_SEED = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: a random seed
+RANDOM_SEEDS = (-1, DEFAULT_SEED)   # -1: llama.cpp's `--seed -1`, also random
+_INT_FIELDS = ("top_k", "repeat_last_n", "seed")
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,13 @@ class SamplingParams:
     seed: int = DEFAULT_SEED
 
     def validate(self) -> "SamplingParams":
+        for f in fields(self):
+            v = getattr(self, f.name)
+            kind = numbers.Integral if f.name in _INT_FIELDS else numbers.Real
+            if isinstance(v, bool) or not isinstance(v, kind):
+                what = "an integer" if kind is numbers.Integral else "a number"
+                raise ArgumentTypeError(f"sampling parameter {f.name} must be {what}, got "
+                                        f"{type(v).__name__} {v!r}")
         problems = []
         if not np.isfinite(self.temperature):
             problems.append(f"temperature must be finite, got {self.temperature}")
@@ -42,8 +52,8 @@ class SamplingParams:
             problems.append(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
         if self.repeat_last_n < -1:
             problems.append(f"repeat_last_n must be >= -1, got {self.repeat_last_n}")
-        if not 0 <= self.seed <= 0xFFFFFFFF:
-            problems.append(f"seed must be in [0, 2^32), got {self.seed}")
+        if not -1 <= self.seed <= 0xFFFFFFFF:
+            problems.append(f"seed must be in [0, 2^32) or -1 (random), got {self.seed}")
         if problems:
             raise ModelError("invalid sampling parameters: " + "; ".join(problems))
         return self
@@ -55,8 +65,8 @@ class Sampler:
 
     def __init__(self, params: SamplingParams | None = None):
         self.params = (params or SamplingParams()).validate()
-        seed = self.params.seed
-        if seed == DEFAULT_SEED:
+        seed = int(self.params.seed)
+        if seed in RANDOM_SEEDS:
             seed = int(np.random.SeedSequence().entropy % (1 << 32))
         self._mt = np.random.MT19937(0)
         self._mt._legacy_seeding(seed)      # init_genrand(seed), as std::mt19937(seed)

@@ -14,10 +14,22 @@ USER_DEFINED tokens always. The reference is llama.cpp's `src/llama-vocab.cpp` a
 
 Text is handled as Python `str`; a token text that is not valid UTF-8 is kept with
 `surrogateescape`, so raw bytes round-trip.
+
+Prompts may be `bytes` or `str`, valid UTF-8 or not, as llama.cpp takes any bytes
+(`prompt_bytes`): a str becomes bytes first (U+DC80..U+DCFF, the `surrogateescape` form of
+undecodable bytes that sys.argv and os.fsdecode give, back to those bytes; other lone
+surrogates as their 3-byte form). Then, as llama.cpp's `unicode_cpts_from_utf8`: BPE decodes with
+its lenient rules (any lead byte followed by the right number of continuation bytes is a code
+point, so overlong forms and surrogates pass; every other byte that starts no such sequence is
+one U+FFFD) before the pre-tokenizer; SPM keeps every byte: its first symbols are as many bytes
+as each lead byte announces, so an invalid one takes the next bytes into its byte-fallback tokens.
+Where llama.cpp would throw (a 4-byte form above U+10FFFF) BPE gives U+FFFD per byte.
+tests/data/invalid_utf8_tokenize_refs.json holds llama.cpp's ids for such prompts.
 """
 
 from __future__ import annotations
 
+import codecs
 import enum
 import heapq
 import os
@@ -26,7 +38,7 @@ from typing import Any, Mapping
 import numpy as np
 import regex
 
-from pyggml.errors import TokenizerError
+from pyggml.errors import ArgumentTypeError, TokenizerError
 
 SPACE_MARK = "\u2581"   # '▁', SentencePiece's escaped space
 _CACHE_MAX = 1 << 14    # entries kept per word/fragment cache before it is cleared
@@ -168,6 +180,75 @@ _C_SPACE = " \t\n\v\f\r"    # C isspace(), used by LSTRIP/RSTRIP and nothing els
 
 def _raw(s: str) -> bytes:
     return s.encode("utf-8", "surrogateescape")
+
+
+# ---- prompts that are not valid UTF-8 (see the module docstring) -------------------------------
+
+def _encode_surrogates(exc: UnicodeEncodeError):
+    out = bytearray()
+    for c in exc.object[exc.start:exc.end]:
+        cp = ord(c)
+        if 0xDC80 <= cp <= 0xDCFF:
+            out.append(cp - 0xDC00)             # surrogateescape: the byte it stands for
+        else:
+            out += c.encode("utf-8", "surrogatepass")
+    return bytes(out), exc.end
+
+
+def _decode_like_llama(exc: UnicodeDecodeError):
+    """llama.cpp unicode_cpt_from_utf8 at the byte Python's strict decoder stopped at: a lead
+    byte and the continuation bytes it announces give one code point (no overlong or surrogate
+    check); otherwise this one byte is U+FFFD. Python resumes strictly after it; both decoders
+    agree on valid UTF-8, so the result is llama.cpp's code point sequence."""
+    data, i = exc.object, exc.start
+    b = data[i]
+    n = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 0
+    if n and i + n <= len(data) and all(x & 0xC0 == 0x80 for x in data[i + 1:i + n]):
+        cp = b & (0xFF >> (n + 1))
+        for x in data[i + 1:i + n]:
+            cp = cp << 6 | x & 0x3F
+        if cp <= 0x10FFFF:
+            return chr(cp), i + n
+    return "\ufffd", i + 1
+
+
+_UNDECODABLE = regex.compile("[\udc80-\udcff]")     # surrogateescape'd bytes
+
+
+def _spm_symbols(text: str) -> tuple[str, list[int]]:
+    """llama.cpp's first SPM symbols over the bytes of `text` (undecodable ones surrogateescape'd):
+    a symbol is as many bytes as its first byte announces (unicode_len_utf8: 0x80-0xBF one,
+    0xC0-0xDF two, 0xE0-0xEF three, 0xF0-0xFF four; at most what is left), so a bad lead byte
+    takes the bytes after it along, and the byte fallback turns the symbol into byte tokens.
+    Returns the text rebuilt from the symbols' bytes and (n,) characters per symbol, 0 inside."""
+    raw = _raw(text)
+    parts, size = [], []
+    off = 0
+    while off < len(raw):
+        n = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)[raw[off] >> 4]
+        piece = raw[off:off + n].decode("utf-8", "surrogateescape")
+        parts.append(piece)
+        size += [len(piece)] + [0] * (len(piece) - 1)
+        off += n
+    return "".join(parts), size
+
+
+codecs.register_error("pyggml-surrogates", _encode_surrogates)
+codecs.register_error("pyggml-llama-utf8", _decode_like_llama)
+
+
+def prompt_bytes(text: str | bytes) -> bytes:
+    """The bytes a prompt stands for (see the module docstring); ArgumentTypeError (also a
+    TypeError) for anything but str and bytes-like objects."""
+    if isinstance(text, str):
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "pyggml-surrogates")
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        return bytes(text)
+    raise ArgumentTypeError(f"text must be str or bytes, got {type(text).__name__} "
+                            f"{_short(text)}")
 
 
 def _hex_byte(text: str) -> int:
@@ -496,9 +577,9 @@ class Tokenizer:
 
         add_special: prepend BOS / append EOS when the vocabulary asks for them.
         parse_special: cut CONTROL tokens (e.g. `<start_of_turn>`) out of the text; USER_DEFINED
-        tokens are cut out either way."""
-        if not isinstance(text, str):
-            raise TypeError(f"encode() takes str, not {type(text).__name__}")
+        tokens are cut out either way. `text` may be bytes or a str that is not valid UTF-8
+        (module docstring)."""
+        text = self._prompt_text(text)
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
@@ -523,6 +604,19 @@ class Tokenizer:
         if add_special and self.add_eos:
             out.append(self.eos_id)
         return out
+
+    def _prompt_text(self, text: str | bytes) -> str:
+        """`text` as the str the algorithms below cut: itself when it is valid UTF-8."""
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+                return text
+            except UnicodeEncodeError:
+                pass
+        raw = prompt_bytes(text)
+        if self.is_spm:     # keep every byte: undecodable ones reach the byte fallback
+            return raw.decode("utf-8", "surrogateescape")
+        return raw.decode("utf-8", "pyggml-llama-utf8")
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Split raw text into raw fragments (str) and special tokens (int): each special token,
@@ -575,17 +669,24 @@ class Tokenizer:
     def _spm_merge(self, text: str) -> list[int]:
         """llama.cpp `llm_tokenizer_spm_session::tokenize`: merge the adjacent pair whose joined
         text is the best-scoring token (ties: leftmost) until none is left. Symbol i starts at
-        character i, so its text is text[i:i + size[i]]."""
+        character i, so its text is text[i:i + size[i]]. The first symbols are the characters,
+        or with undecodable bytes llama.cpp's byte groups (_spm_symbols)."""
+        if _UNDECODABLE.search(text):
+            text, size = _spm_symbols(text)
+        else:
+            size = [1] * len(text)          # (n,) characters per symbol, 0 once merged away
         n = len(text)
         to_id, scores = self._to_id, self._scores
-        size = [1] * n                      # (n,) characters per symbol, 0 once merged away
-        nxt = list(range(1, n + 1))         # (n,) next symbol, n (or -1) at the end
-        prev = list(range(-1, n - 1))       # (n,) previous symbol, -1 at the start
+        nxt = [n] * n                       # (n,) next symbol, n at the end
+        prev = [-1] * n                     # (n,) previous symbol, -1 at the start
+        starts = [i for i in range(n) if size[i]]
+        for a, b in zip(starts, starts[1:]):
+            nxt[a], prev[b] = b, a
         heap = []
-        for i in range(n - 1):
-            tid = to_id.get(text[i:i + 2])
+        for a, b in zip(starts, starts[1:]):
+            tid = to_id.get(text[a:b + size[b]])
             if tid is not None:
-                heap.append((-scores[tid], i, i + 1, 2))
+                heap.append((-scores[tid], a, b, size[a] + size[b]))
         heapq.heapify(heap)
         while heap:
             _, left, right, joined = heapq.heappop(heap)
@@ -648,7 +749,9 @@ class Tokenizer:
         for word in self.pretokenize(text):
             ids = cache.get(word)
             if ids is None:
-                ids = self._bpe_word("".join([_B2U[b] for b in word.encode("utf-8")]))
+                # surrogatepass: lone surrogates that llama.cpp's decoder let through
+                ids = self._bpe_word("".join([_B2U[b] for b in word.encode("utf-8",
+                                                                          "surrogatepass")]))
                 if len(word) <= _CACHE_LEN:
                     if len(cache) >= _CACHE_MAX:
                         cache.clear()
