@@ -20,9 +20,24 @@ TEXTS = ["Hello world",
          "def add(a, b):\n    return a + b\n"]
 
 
+def _without_extra_buffer_types(llama_cpp) -> None:
+    """Weights in plain buffers (llama.cpp's --no-repack): a build with -march=native on a CPU
+    that reports AMX uses AMX tiles for Q4_1 weights, which a VM may not permit (SIGILL at the
+    first matmul)."""
+    import llama_cpp.llama_cpp as low
+    default = low.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+    low.llama_model_default_params = params
+
+
 def main() -> None:
     import llama_cpp
     from llama_cpp import Llama
+    _without_extra_buffer_types(llama_cpp)
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", action="append", required=True)
     ap.add_argument("--out", required=True)
