@@ -242,7 +242,8 @@ class Server:
             params = sampling_params(**_sampling(body))
         except ModelError as e:
             raise BadRequest(str(e)) from None
-        return Generation(self.llm, ids, budget, params, stop, n_logprobs, True), stream
+        stop_at_eog = not _bool(body, "ignore_eos", False)       # llama-server's extra field
+        return Generation(self.llm, ids, budget, params, stop, n_logprobs, stop_at_eog), stream
 
     def _submit(self, job: Job) -> None:
         try:
