@@ -186,3 +186,30 @@ def test_sliding_window_cells_that_fell_out_are_not_reused(tiny_models):
     with LLM(tm.path, n_ctx=1024, n_threads=1, n_ubatch=16, swa_full=True) as m:
         m.eval(ids[:20]); m.eval(ids[20:])
         assert m.kv.can_keep_prefix(0, 10)                # all cells kept: reusable
+
+
+def test_gemma_chats_with_a_builtin_template():
+    """Gemma 3 270M has no template in its GGUF: the built-in 'gemma' one; one BOS."""
+    with LLM(None, n_ctx=512, n_threads=2) as m:
+        with pytest.raises(ChatTemplateError, match="--chat-template"):
+            m.create_chat_completion([{"role": "user", "content": "Hi"}])
+        from pyggml.llm.completion import chat_prompt_ids
+        ids = chat_prompt_ids(m, m.get_chat_template("gemma"), [{"role": "user", "content": "Hi"}])
+        assert ids[0] == m.tokenizer.bos_id and ids[1] != m.tokenizer.bos_id
+        assert m.detokenize(ids, special=True).startswith("<bos><start_of_turn>user\nHi")
+        r = m.create_chat_completion([{"role": "user", "content": "What is the capital of "
+                                       "France? Answer with one word."}], chat_template="gemma",
+                                     max_tokens=8, temperature=0)
+        assert "Paris" in r["choices"][0]["message"]["content"]
+
+
+def test_qwen_coder_answers_when_fetched():
+    """Qwen2.5-Coder-1.5B-Instruct (1.1 GB) is fetched only by `make models`."""
+    from pyggml.models_pypi import QWEN_CODER_1_5B, cached_path
+    path = cached_path(QWEN_CODER_1_5B)
+    if path is None:
+        pytest.skip("Qwen2.5-Coder-1.5B-Instruct is not fetched (make models)")
+    with LLM(path, n_ctx=512, n_threads=2) as m:
+        r = m.create_chat_completion([{"role": "user", "content": "What is 2+3? Reply with the "
+                                       "number only."}], max_tokens=4, temperature=0)
+        assert "5" in r["choices"][0]["message"]["content"]

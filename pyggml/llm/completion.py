@@ -64,7 +64,7 @@ class Generation:
 
     def __post_init__(self):
         self.sampler = Sampler(self.params)
-        for t in self.prompt_ids[-max(self.params.repeat_last_n, 0) or len(self.prompt_ids):]:
+        for t in self.prompt_ids:          # the sampler keeps the last repeat_last_n
             self.sampler.accept(t)
         self.stream = TextStream()
         self.text = ""                 # generated text so far (cut at a stop string when found)
