@@ -1,30 +1,52 @@
 """Loads libpyggml with ctypes and binds its entry points lazily.
 
-Search order: $PYGGML_LIB, then <repo>/build/native/libpyggml.so (what `make setup` builds).
-A missing library raises NativeLibraryError naming every path tried and the command that builds it.
-Symbols are bound on first use (`native.fn(name)`), so one missing symbol does not break import.
-Modules declare the prototypes they use with `declare`.
+Search order: $PYGGML_LIB (pyggml.settings), then <repo>/build/native/libpyggml.so (what
+`make setup` builds). A missing library raises NativeLibraryError naming every path tried and the
+command that builds it. On load the library's ABI version (PG_ABI_VERSION) and sizeof(pg_tensor)
+must equal ABI_VERSION and PG_TENSOR_DTYPE.itemsize here: a library built from other sources
+than this Python code is refused (NativeLibraryError naming the path, both values and
+`make native`) instead of misreading structs. Symbols are bound on first use (`native.fn(name)`),
+so one missing symbol does not break import. Modules declare the prototypes they use with
+`declare`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
+import logging
 from pathlib import Path
 
-from pyggml.errors import NativeLibraryError
+import numpy as np
+
+from pyggml import settings
+from pyggml.errors import InvalidArgumentError, NativeLibraryError
 
 _REPO = Path(__file__).resolve().parent.parent
 _lib: ctypes.CDLL | None = None
 _bound: dict[str, object] = {}
 _prototypes: dict[str, tuple] = {}
 
-(PG_OK, PG_ERR_INVALID_ARG, PG_ERR_UNSUPPORTED, PG_ERR_NOMEM, PG_ERR_INTERNAL,
- PG_ERR_CLOSED) = range(6)
-STATUS_NAMES = {0: "ok", 1: "invalid argument", 2: "unsupported", 3: "out of memory",
-                4: "internal error", 5: "thread pool freed"}
+log = logging.getLogger("pyggml.native")
 
-PATH_NAMES = ("scalar", "avx2", "avx512", "neon")
+ABI_VERSION = 1        # PG_ABI_VERSION in native/include/pyggml.h: change both together
+
+# pg_status (values as in pyggml.h; tests/test_types.py checks them against the header)
+(PG_OK, PG_ERR_INVALID_ARG, PG_ERR_UNSUPPORTED, PG_ERR_NOMEM, PG_ERR_INTERNAL, PG_ERR_ABORTED,
+ PG_ERR_CLOSED) = range(7)
+STATUS_NAMES = {0: "ok", 1: "invalid argument", 2: "unsupported", 3: "out of memory",
+                4: "internal error", 5: "stopped by the evaluation callback",
+                6: "thread pool freed"}
+
+# numpy mirror of `pg_tensor`, the array element pg_graph_compute reads (pyggml/backend/cpu.py
+# marshals graphs into it). Its itemsize is checked against the C sizeof when the library loads,
+# and its field offsets against pg_tensor_field_offsets by tests/test_types.py.
+PG_TENSOR_DTYPE = np.dtype([
+    ("type", "<i4"), ("op", "<i4"), ("ne", "<i8", (4,)), ("nb", "<i8", (4,)),
+    ("op_params", "<i4", (16,)), ("src", "<i4", (10,)), ("flags", "<i4"), ("pad_", "<i4"),
+    ("data", "<u8"), ("name", "S48"),
+])
+
+PATH_NAMES = settings.CPU_PATHS            # pg_path order
 CPU_FEATURE_BITS = {
     "sse3": 1 << 0, "avx": 1 << 1, "avx2": 1 << 2, "fma": 1 << 3, "f16c": 1 << 4,
     "avx512f": 1 << 5, "avx512bw": 1 << 6, "avx512vl": 1 << 7, "avx512vnni": 1 << 8,
@@ -33,8 +55,8 @@ CPU_FEATURE_BITS = {
 
 
 def library_candidates() -> list[Path]:
-    env = os.environ.get("PYGGML_LIB")
-    paths = [Path(env)] if env else []
+    env = settings.current().lib
+    paths = [env] if env else []
     paths += [_REPO / "build" / "native" / "libpyggml.so",
               Path(__file__).resolve().parent / "libpyggml.so"]
     return paths
@@ -44,12 +66,13 @@ def lib() -> ctypes.CDLL:
     """The loaded library (loaded on first call)."""
     global _lib
     if _lib is None:
+        env = settings.current()
         tried = []
         for p in library_candidates():
             tried.append(str(p))
             if p.is_file():
                 try:
-                    _lib = ctypes.CDLL(str(p))
+                    handle = ctypes.CDLL(str(p))
                 except OSError as e:
                     raise NativeLibraryError(f"cannot load {p}: {e}; rebuild it with `make setup`")
                 break
@@ -57,7 +80,38 @@ def lib() -> ctypes.CDLL:
             raise NativeLibraryError(
                 "libpyggml.so not found (tried: " + ", ".join(tried) + "); build it with "
                 "`make setup` (or `make native`) in the repository root, or set PYGGML_LIB")
+        check_abi(handle, p)
+        _lib = handle
+        if env.cpu_path is not None:
+            _apply_cpu_path(env.cpu_path)
     return _lib
+
+
+def check_abi(handle: ctypes.CDLL, path) -> None:
+    """Refuse a library whose ABI version or sizeof(pg_tensor) differ from this Python code."""
+    fix = "rebuild it with `make native` (or point PYGGML_LIB at a matching build)"
+    try:
+        abi, size = handle.pg_abi_version, handle.pg_tensor_struct_size
+    except AttributeError:
+        raise NativeLibraryError(f"{path} has no ABI version (pg_abi_version): it is older than "
+                                 f"the Python code, which expects ABI {ABI_VERSION}; {fix}") \
+            from None
+    abi.restype, abi.argtypes = ctypes.c_int32, []
+    size.restype, size.argtypes = ctypes.c_size_t, []
+    got_abi, got_size = abi(), size()
+    if got_abi != ABI_VERSION or got_size != PG_TENSOR_DTYPE.itemsize:
+        raise NativeLibraryError(
+            f"{path} does not match the Python code: library ABI {got_abi}, sizeof(pg_tensor) "
+            f"{got_size} bytes; Python expects ABI {ABI_VERSION}, {PG_TENSOR_DTYPE.itemsize} "
+            f"bytes; {fix}")
+
+
+def _apply_cpu_path(name: str) -> None:
+    """PYGGML_CPU_PATH: the C side chose it at load if it can; say so when it could not."""
+    path = PATH_NAMES.index(name)
+    if fn("pg_cpu_path")() != path and fn("pg_set_cpu_path")(path) != PG_OK:
+        log.warning("PYGGML_CPU_PATH=%s: this CPU or build cannot run that path; using %s",
+                    name, cpu_path())
 
 
 def declare(name: str, restype, argtypes: list) -> None:
@@ -94,7 +148,9 @@ declare("pg_cpu_features", ctypes.c_uint32, [])
 declare("pg_cpu_path", ctypes.c_int32, [])
 declare("pg_set_cpu_path", ctypes.c_int32, [ctypes.c_int32])
 declare("pg_path_compiled", ctypes.c_int32, [ctypes.c_int32])
+declare("pg_abi_version", ctypes.c_int32, [])
 declare("pg_tensor_struct_size", ctypes.c_size_t, [])
+declare("pg_tensor_field_offsets", ctypes.c_int32, [ctypes.POINTER(ctypes.c_int64), ctypes.c_int32])
 
 
 def version() -> str:
@@ -114,7 +170,8 @@ def cpu_path() -> str:
 def set_cpu_path(name: str) -> None:
     """Force a kernel path; NativeLibraryError if this CPU or build cannot run it."""
     if name not in PATH_NAMES:
-        raise ValueError(f"unknown CPU path {name!r}; expected one of {', '.join(PATH_NAMES)}")
+        raise InvalidArgumentError(f"unknown CPU path {name!r}; expected one of "
+                                   f"{', '.join(PATH_NAMES)}")
     if fn("pg_set_cpu_path")(PATH_NAMES.index(name)) != PG_OK:
         raise NativeLibraryError(f"CPU path {name!r} is not available on this CPU/build "
                                  f"(features: {', '.join(k for k, v in cpu_features().items() if v)})")
@@ -129,19 +186,3 @@ def available_paths() -> list[str]:
             out.append(name)
     fn("pg_set_cpu_path")(cur)
     return out
-
-
-class PgTensor(ctypes.Structure):
-    """ctypes mirror of `pg_tensor` in pyggml.h (size checked against the C side by a test)."""
-    _fields_ = [
-        ("type", ctypes.c_int32),
-        ("op", ctypes.c_int32),
-        ("ne", ctypes.c_int64 * 4),
-        ("nb", ctypes.c_int64 * 4),
-        ("op_params", ctypes.c_int32 * 16),
-        ("src", ctypes.c_int32 * 10),
-        ("flags", ctypes.c_int32),
-        ("pad_", ctypes.c_int32),
-        ("data", ctypes.c_void_p),
-        ("name", ctypes.c_char * 48),
-    ]

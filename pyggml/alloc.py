@@ -1,6 +1,6 @@
 """The planning allocator: tensor lifetimes → offsets in one logical buffer per buffer type.
 
-ggml-alloc.c's design (see ../shared/seed/ggml-graph-and-allocator.zh.txt), in two layers:
+ggml-alloc.c's design (docs/ARCHITECTURE.md, "The allocator"), in two layers:
 
 DynAllocator    one logical buffer made of up to 16 chunks. Each chunk keeps its free blocks sorted
                 by offset, merged on free. A request takes the best fitting free block that is not
@@ -35,7 +35,10 @@ reserve / alloc_graph / needs_realloc follow ggml: `reserve` plans and keeps, pe
 index, (buffer id, chunk, offset, size); `alloc_graph` only refills addresses from that plan (no
 analysis), re-planning by itself only when there is one buffer type and the graph outgrew the plan;
 `needs_realloc` says whether it did: a different node/leaf count, a tensor larger than planned, or
-one that now needs memory and had none. Same-shaped graphs get identical addresses.
+one that now needs memory and had none. Same-shaped graphs get identical addresses. Every address
+that alloc_graph changes bumps `pyggml.tensor.placement_generation()` (backends compare it to
+know, in O(1), whether a graph they prepared was placed elsewhere); refilling the same addresses
+changes nothing.
 
 Addresses. A buffer type needs `name`, `alignment` (a power of two) and `max_size` (None = no
 limit); optionally `get_alloc_size(tensor)` (default `tensor.nbytes()`) and `alloc_buffer(n)`.
@@ -58,7 +61,7 @@ import weakref
 from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 
-from pyggml.errors import AllocatorError
+from pyggml.errors import AllocatorError, InvalidArgumentError
 from pyggml.tensor import Tensor, TensorFlag
 from pyggml.types import Op
 
@@ -157,11 +160,11 @@ class DynAllocator:
     def __init__(self, alignment: int = 64, max_chunk_size: int | None = None,
                  max_chunks: int = MAX_CHUNKS):
         if alignment <= 0 or alignment & (alignment - 1):
-            raise ValueError(f"alignment must be a power of two, got {alignment}")
+            raise InvalidArgumentError(f"alignment must be a power of two, got {alignment!r}")
         if max_chunk_size is not None and max_chunk_size <= 0:
-            raise ValueError(f"max_chunk_size must be > 0, got {max_chunk_size}")
+            raise InvalidArgumentError(f"max_chunk_size must be > 0, got {max_chunk_size!r}")
         if max_chunks < 1:
-            raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
+            raise InvalidArgumentError(f"max_chunks must be >= 1, got {max_chunks!r}")
         self.alignment = alignment
         self.max_chunk_size = _UNBOUNDED if max_chunk_size is None else min(max_chunk_size,
                                                                             _UNBOUNDED)
@@ -334,7 +337,8 @@ class PlanReport:
         for p in self.tensors:
             if p.name == name:
                 return p
-        raise KeyError(name)
+        raise AllocatorError(f"no tensor named {name!r} in this plan ({len(self.tensors)} "
+                             f"tensors)")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyggml.errors import ContextFullError, ShapeError
+from pyggml.errors import ContextFullError, InvalidArgumentError, ShapeError
 from pyggml.tensor import MAX_DIMS, Tensor, contiguous_strides
 from pyggml.types import GGMLType, as_type, traits
 
@@ -30,9 +30,9 @@ class Context:
 
     def __init__(self, mem_size: int | None = None, no_alloc: bool = True, name: str = "ctx"):
         if mem_size is None and not no_alloc:
-            raise ValueError("Context(no_alloc=False) needs a mem_size for its data arena")
+            raise InvalidArgumentError("Context(no_alloc=False) needs a mem_size for its data arena")
         if mem_size is not None and mem_size < 0:
-            raise ValueError(f"Context mem_size must be >= 0, got {mem_size}")
+            raise InvalidArgumentError(f"Context mem_size must be >= 0, got {mem_size}")
         self.name = name
         self.mem_size = mem_size
         self.no_alloc = no_alloc
@@ -54,7 +54,9 @@ class Context:
         ne = list(ne)
         if not 1 <= len(ne) <= MAX_DIMS:
             raise ShapeError(f"a tensor has 1 to {MAX_DIMS} dimensions, got ne={ne}")
-        if any(int(x) < 0 for x in ne):
+        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in ne):
+            raise ShapeError(f"tensor '{name}': ne must be integers, got ne={ne}")
+        if any(x < 0 for x in ne):
             raise ShapeError(f"negative dimension in ne={ne}")
         ne = [int(x) for x in ne] + [1] * (MAX_DIMS - len(ne))
         blk = traits(t_type).block_size

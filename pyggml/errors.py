@@ -7,7 +7,18 @@ class PyggmlError(Exception):
 
 
 class NativeLibraryError(PyggmlError):
-    """libpyggml is missing, cannot be loaded, or a C entry point reported a failure."""
+    """libpyggml is missing, cannot be loaded, was built from other sources than the Python code
+    (ABI version or struct size differ), or a C entry point reported a failure."""
+
+
+class InvalidArgumentError(PyggmlError, ValueError):
+    """An argument outside its allowed values (a thread count, an op parameter, a size); the
+    message names the argument, the value and what is allowed."""
+
+
+class SettingsError(PyggmlError, ValueError):
+    """A PYGGML_* environment variable has a value pyggml cannot use; the message names the
+    variable, the value and the allowed values (pyggml.settings lists them)."""
 
 
 class UnsupportedTypeError(PyggmlError, ValueError):
@@ -38,6 +49,11 @@ class BackendError(PyggmlError):
     """A backend cannot compute a graph or op it was given."""
 
 
+class ComputeAbortedError(BackendError):
+    """The evaluation callback asked to stop the graph (ggml's GGML_STATUS_ABORTED): the nodes
+    after the one it was called for were not computed."""
+
+
 class UnsupportedOpError(BackendError):
     """No backend (or not the one asked) can compute this op with these types."""
 
@@ -56,6 +72,11 @@ class ConfigError(PyggmlError, ValueError):
 
 class ModelError(PyggmlError, ValueError):
     """A model cannot be built or run with the given input (unknown architecture, bad prompt)."""
+
+
+class UsageError(PyggmlError, ValueError):
+    """A command line that cannot be parsed: an unknown flag, a missing or malformed value
+    (the CLI exits with status 2, as argparse)."""
 
 
 class ArgumentTypeError(ModelError, TypeError):
@@ -82,15 +103,6 @@ class GeneratorInvalidatedError(PyggmlError):
 class InsufficientMemoryError(PyggmlError, MemoryError):
     """Memory the system cannot give: the message says how much is needed, how much is
     available and what would fit."""
-
-
-class PyggmlWarning(UserWarning):
-    """Base class of pyggml's warnings (the CLI prints them as one line each)."""
-
-
-class ContextLengthWarning(PyggmlWarning):
-    """n_ctx is larger than the context the model was trained with: quality usually drops past
-    the trained length."""
 
 
 class ChatTemplateError(PyggmlError, ValueError):

@@ -36,7 +36,7 @@ from gguf.constants import GGUFValueType
 from gguf.gguf_reader import GGUFReader, ReaderField
 
 from pyggml.backend.base import BufferUsage
-from pyggml.errors import GGUFError
+from pyggml.errors import GGUFError, InvalidArgumentError
 from pyggml.types import TYPE_TRAITS, GGMLType
 
 GGUF_MAGIC = b"GGUF"
@@ -672,8 +672,8 @@ class GGUFModel:
         if ctx is None:
             ctx = Context(no_alloc=True, name="weights")
         elif not ctx.no_alloc:
-            raise ValueError("create_tensors needs a Context(no_alloc=True): weight data is the "
-                             "mapped file, not the context's arena")
+            raise InvalidArgumentError("create_tensors needs a Context(no_alloc=True): weight data "
+                                       "is the mapped file, not the context's arena")
         out = {}
         for name in (self.tensors if names is None else names):
             info = self.tensor_info(name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from enum import IntEnum
 
-from pyggml.errors import GraphFullError
+from pyggml.errors import GraphFullError, InvalidArgumentError
 from pyggml.tensor import Tensor, TensorFlag
 from pyggml.types import Op
 
@@ -34,8 +34,8 @@ class Graph:
 
     def __init__(self, size: int = DEFAULT_GRAPH_SIZE,
                  order: EvalOrder = EvalOrder.LEFT_TO_RIGHT):
-        if size <= 0:
-            raise ValueError(f"graph size must be > 0, got {size}")
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise InvalidArgumentError(f"graph size must be an integer > 0, got {size!r}")
         self.size = size
         self.order = EvalOrder(order)
         self.nodes: list[Tensor] = []

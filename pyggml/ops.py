@@ -13,7 +13,7 @@ Conventions (ggml's):
 from __future__ import annotations
 
 from pyggml.context import Context
-from pyggml.errors import ShapeError, UnsupportedTypeError
+from pyggml.errors import InvalidArgumentError, ShapeError, UnsupportedTypeError
 from pyggml.tensor import Tensor, contiguous_strides
 from pyggml.types import (
     ROPE_MODE_NEOX,
@@ -143,7 +143,7 @@ def scale(ctx, a, s: float, bias: float = 0.0, inplace=False, name=""):
 
 def _norm(ctx, op, a, eps, inplace, name):
     if eps < 0:
-        raise ValueError(f"{op.name.lower()}: eps must be >= 0, got {eps}")
+        raise InvalidArgumentError(f"{op.name.lower()}: eps must be >= 0, got {eps}")
     t = _unary(ctx, op, a, inplace, name)
     t.set_op_params_f32(0, eps)
     return t
@@ -187,7 +187,7 @@ def soft_max_ext(ctx, a, mask: Tensor | None = None, scale: float = 1.0, max_bia
             raise _fail("soft_max_ext", "mask cannot be broadcast over a's dims 2 and 3", a, mask)
         srcs.append(mask)
     if max_bias > 0 and mask is None:
-        raise ValueError("soft_max_ext: max_bias > 0 (ALiBi) needs a mask")
+        raise InvalidArgumentError(f"soft_max_ext: max_bias={max_bias} > 0 (ALiBi) needs a mask")
     t = _node(ctx, Op.SOFT_MAX, GGMLType.F32, a.ne, srcs, name)
     t.set_op_params_f32(0, scale)
     t.set_op_params_f32(1, max_bias)
@@ -204,8 +204,8 @@ def rope_ext(ctx, a, pos: Tensor, freq_factors: Tensor | None = None, *, n_dims:
     [4]=n_ctx_orig; f32 [5]=freq_base, [6]=freq_scale, [7]=ext_factor, [8]=attn_factor,
     [9]=beta_fast, [10]=beta_slow. mode: 0 normal (adjacent pairs), 2 NEOX (halves)."""
     if mode not in (ROPE_MODE_NORMAL, ROPE_MODE_NEOX):
-        raise ValueError(f"rope: mode must be {ROPE_MODE_NORMAL} (normal) or {ROPE_MODE_NEOX} "
-                         f"(neox), got {mode}")
+        raise InvalidArgumentError(f"rope: mode must be {ROPE_MODE_NORMAL} (normal) or "
+                                   f"{ROPE_MODE_NEOX} (neox), got {mode}")
     if pos.type != GGMLType.I32 or pos.n_dims != 1:
         raise _fail("rope", "pos must be a 1-D I32 tensor", a, pos)
     if pos.ne[0] != a.ne[2]:
@@ -312,7 +312,7 @@ def cont(ctx, a, ne=None, name=""):
 def concat(ctx, a, b, dim: int, name=""):
     """a and b joined along `dim`; all other dims must agree. op_params: i32 dim."""
     if not 0 <= dim < 4:
-        raise ValueError(f"concat: dim must be 0..3, got {dim}")
+        raise InvalidArgumentError(f"concat: dim must be 0..3, got {dim}")
     if a.type != b.type:
         raise _fail("concat", "types differ", a, b)
     for i in range(4):
@@ -388,7 +388,7 @@ def permute(ctx, a, axis0: int, axis1: int, axis2: int, axis3: int, name=""):
     """Source dim i becomes result dim axis_i (ggml_permute). op_params: the four axes."""
     axes = (axis0, axis1, axis2, axis3)
     if sorted(axes) != [0, 1, 2, 3]:
-        raise ValueError(f"permute: axes must be a permutation of 0..3, got {axes}")
+        raise InvalidArgumentError(f"permute: axes must be a permutation of 0..3, got {axes}")
     ne = [0] * 4
     nb = [0] * 4
     for i, ax in enumerate(axes):

@@ -6,7 +6,7 @@ backend, one `graph_compute` call each), adds a copy for every input a split can
 it lives, plans all memory with one GraphAllocator (one buffer per backend buffer type), and runs
 the splits with ggml's synchronisation rules.
 
-Passes (see ../shared/seed/ggml-graph-and-allocator.zh.txt). Every assignment records a cause:
+Passes (docs/ARCHITECTURE.md, "The scheduler"). Every assignment records a cause:
 
     usr     set_tensor_backend
     1.dst   the tensor (or the memory it views) is already in a buffer: the highest-priority
@@ -70,15 +70,16 @@ they prepared: the CPU its marshalled node array). `alloc_graph` (or a compute o
 splits again and makes new split graphs, with new uids.
 
 PYGGML_SCHED_DEBUG=1 prints the splits and their inputs after each split; =2 also every node
-with its backend and cause (read when the Scheduler is made; `debug=` overrides it).
+with its backend and cause (pyggml.settings, read when the Scheduler is made; `debug=`
+overrides it).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 
+from pyggml import settings
 from pyggml.alloc import GraphAllocator, _compute_owner_of
 from pyggml.backend.base import (
     Backend,
@@ -187,12 +188,7 @@ class Scheduler:
             if not b.supports_buft(bt):
                 raise SchedulerError(f"backend '{b.name}' cannot use buffer type '{bt.name}'")
         if debug is None:
-            raw = os.environ.get("PYGGML_SCHED_DEBUG", "0").strip() or "0"
-            try:
-                debug = int(raw)
-            except ValueError:
-                raise SchedulerError(f"PYGGML_SCHED_DEBUG must be 0, 1 or 2, got {raw!r}") \
-                    from None
+            debug = settings.current().sched_debug
         self.backends: list[Backend] = backends
         self.bufts = bufts
         self.n_backends = len(backends)

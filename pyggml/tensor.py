@@ -4,6 +4,13 @@ A Tensor holds no data of its own. `data` is an address (int) once an allocator 
 has placed it, else None; `buffer` names the memory that holds it. `ne` counts elements per
 dimension with ne[0] innermost (ggml order); `nb` are byte strides. A view shares its source's
 memory: `view_src` is the tensor that owns the bytes and `view_offs` the byte offset into it.
+
+Placement generation: every time a tensor's `data` changes to another address (an allocator
+placing a graph, a buffer or arena placing tensors, or code assigning it), the process-wide
+counter `placement_generation()` goes up. Backends that keep address-dependent work per graph (the
+Vulkan backend's recorded command buffers, the CPU's marshalled node arrays) remember the
+generation they prepared at and look at the addresses again only when it moved: replaying an
+unchanged graph costs no Python work per node.
 """
 
 from __future__ import annotations
@@ -17,6 +24,13 @@ MAX_DIMS = 4
 MAX_SRC = 10
 MAX_OP_PARAMS = 16          # int32 slots (64 bytes); floats are stored bit-cast, as ggml does
 MAX_NAME_BYTES = 47         # what fits the C struct's name field (48 with the terminator)
+
+_placements = [0]           # the placement generation (a list: bumped in place by Tensor.data)
+
+
+def placement_generation() -> int:
+    """Counts changes of any tensor's data address in this process (see the module docstring)."""
+    return _placements[0]
 
 
 class TensorFlag(IntFlag):
@@ -44,7 +58,7 @@ class Tensor:
     """
 
     __slots__ = ("type", "ne", "nb", "op", "op_params", "flags", "src", "view_src", "view_offs",
-                 "buffer", "data", "name", "extra", "__weakref__")
+                 "buffer", "_data", "name", "extra", "__weakref__")
 
     def __init__(self, type_: GGMLType, ne, nb=None, op: Op = Op.NONE, src=(), view_src=None,
                  view_offs: int = 0, name: str = ""):
@@ -58,9 +72,20 @@ class Tensor:
         self.view_src = view_src
         self.view_offs = int(view_offs)
         self.buffer = None
-        self.data = None
+        self._data = None           # a new tensor is in no prepared graph: no generation bump
         self.name = name
         self.extra = None
+
+    @property
+    def data(self) -> int | None:
+        """The address of the first element (int), or None when not placed."""
+        return self._data
+
+    @data.setter
+    def data(self, addr: int | None) -> None:
+        if addr != self._data:
+            self._data = addr
+            _placements[0] += 1
 
     # ---- shape facts -------------------------------------------------------------------------
     @property

@@ -93,6 +93,8 @@ def as_type(t: int | str | GGMLType) -> GGMLType:
                 f"unknown tensor type name {t!r}; known: {', '.join(x.name for x in GGMLType)}"
             ) from None
     try:
+        if isinstance(t, bool) or int(t) != t:      # 1.5 or True is no type id
+            raise TypeError
         return GGMLType(int(t))
     except (ValueError, TypeError):
         raise UnsupportedTypeError(f"unknown tensor type id {t!r}") from None

@@ -250,8 +250,8 @@ def test_unknown_architecture_missing_and_misshapen_tensors(tiny_models, tmp_pat
         LLM(_rewrite(tm.path, tmp_path / "b.gguf", drop=("blk.1.ffn_up.weight",)), n_ctx=16)
     with pytest.raises(ModelError, match="'blk.0.attn_q.weight' has shape .* expected"):
         LLM(_rewrite(tm.path, tmp_path / "c.gguf", reshape="blk.0.attn_q.weight"), n_ctx=16)
-    with pytest.raises(ModelError, match="n_ctx must be >= 0 .*got -1"):
-        LLM(tm.path, n_ctx=-1)              # 0 is the trained context
+    with pytest.raises(ModelError, match="n_ctx must be a positive integer"):
+        LLM(tm.path, n_ctx=-1)
     with pytest.raises(ModelError, match="type_k"):
         LLM(tm.path, n_ctx=16, type_k="q4_k")
 

@@ -19,7 +19,8 @@ def test_tiny_model_offloaded_matches_cpu(tiny_models, ngl):
     tm = tiny_models.get(arch="gemma3", weight_type="f16")
     with LLM(tm.path, n_ctx=64, n_threads=1, type_k="f32", type_v="f32") as cpu:
         ref = [cpu.eval(PROMPT)] + [cpu.eval([t]) for t in (5, 6, 7)]
-    with LLM(tm.path, n_ctx=64, n_threads=1, n_gpu_layers=ngl, type_k="f32", type_v="f32") as g:
+    with LLM(tm.path, n_ctx=64, n_threads=1, n_gpu_layers=ngl, type_k="f32", type_v="f32",
+             device="Vulkan0") as g:
         dev = g.backends[0].device.name
         assert dev.lower().startswith("vulkan")
         on_gpu = [n for n, p in g.offload.weights.items() if p.device == dev]
@@ -48,7 +49,7 @@ def test_gemma_fully_on_vulkan_gives_llamacpp_greedy_tokens():
     # "The capital of France is": llama.cpp's greedy ids; its top-1/top-2 margin first drops
     # under 0.5 at step 4, so the first 4 must agree (tests/test_llm_gemma.py has the details)
     ref = [506, 5279, 529, 506, 2891, 529, 7001, 236761]
-    with LLM(n_ctx=512, n_threads=2, n_gpu_layers=99) as m:
+    with LLM(n_ctx=512, n_threads=2, n_gpu_layers=99, device="Vulkan0") as m:
         assert all(p.device != "CPU" for n, p in m.offload.weights.items()
                    if n.startswith("blk.") or n.startswith("output"))
         logits = m.eval(m.tokenize("The capital of France is"))

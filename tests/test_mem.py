@@ -11,7 +11,10 @@ from pyggml.backend import vulkan
 from pyggml.cli import main
 from pyggml.llm.runtime import LLM
 from pyggml.planning.measure import MiB, estimate, format_report, llamacpp_reference, measure
-from pyggml.planning.memory import CPU, PlanningModel, VirtualDevice, parse_size, plan_memory, uma_reason
+from pyggml.llm.setup import ModelFile
+from pyggml.offload import VirtualSpec
+from pyggml.planning.memory import CPU, plan_memory
+from pyggml.units import parse_size
 
 REPO = Path(__file__).resolve().parent.parent
 NO_VULKAN = vulkan.unavailable_reason()
@@ -53,8 +56,8 @@ def test_plan_equals_what_the_runtime_reserves_on_cpu(tiny_models, arch, logits_
 def test_plan_equals_the_runtime_with_layers_on_vulkan(tiny_models, ngl):
     tm = _model(tiny_models)
     kw = dict(n_ctx=256, n_ubatch=64, n_batch=64)
-    plan = plan_memory(tm.path, n_gpu_layers=ngl, **kw)
-    with LLM(tm.path, n_threads=1, n_gpu_layers=ngl, **kw) as llm:
+    plan = plan_memory(tm.path, n_gpu_layers=ngl, gpu_device="Vulkan0", **kw)
+    with LLM(tm.path, n_threads=1, n_gpu_layers=ngl, device="Vulkan0", **kw) as llm:
         gpu = llm.backends[0].device.name
         assert [d.device for d in plan.devices] == [gpu, CPU]
         for b in llm.backends:
@@ -70,7 +73,7 @@ def test_plan_equals_the_runtime_with_layers_on_vulkan(tiny_models, ngl):
 @needs_vulkan
 def test_lavapipe_is_uma_with_a_reason():
     dev = vulkan.devices()[0]
-    why = uma_reason(dev)
+    why = dev.uma_reason()
     if dev.vk_type == "CPU":
         assert "CPU device" in why
     elif dev.vk_type == "integrated GPU":
@@ -79,10 +82,10 @@ def test_lavapipe_is_uma_with_a_reason():
 
 def test_virtual_device_plans_without_hardware(tiny_models):
     tm = _model(tiny_models)
-    pm = PlanningModel(tm.path)
+    pm = ModelFile(tm.path)
     try:
-        gpu = VirtualDevice("laptop", "1GiB")
-        plan = plan_memory(pm, n_ctx=1024, n_ubatch=128, n_gpu_layers=99, devices=[gpu])
+        gpu = VirtualSpec("laptop", "1GiB")
+        plan = plan_memory(pm, n_ctx=1024, n_ubatch=128, n_gpu_layers=99, virtual=[gpu])
         lap, cpu = plan.device("laptop"), plan.device(CPU)
         assert lap.kind == "virtual GPU" and lap.memory == (1 << 30, 1 << 30) and lap.uma is None
         # every layer and the (tied, duplicated) output on the device; embeddings on the CPU
@@ -98,12 +101,12 @@ def test_virtual_device_plans_without_hardware(tiny_models):
         assert lap.compute > 0 and lap.staging >= 4 * MiB      # not host-mapped: staging
         assert plan.system_ram == cpu.total + lap.staging         # its own memory: not RAM
         # the same as an integrated GPU: its bytes are system RAM
-        apu = VirtualDevice("apu", "1GiB", "igpu")
-        plan2 = plan_memory(pm, n_ctx=1024, n_ubatch=128, n_gpu_layers=99, devices=[apu])
+        apu = VirtualSpec("apu", "1GiB", "igpu")
+        plan2 = plan_memory(pm, n_ctx=1024, n_ubatch=128, n_gpu_layers=99, virtual=[apu])
         d = plan2.device("apu")
         assert "integrated" in d.uma and d.staging == 0
         assert plan2.system_ram == plan2.device(CPU).total + d.total
-        rep = estimate(pm, devices=[apu], n_ctx=1024, n_ubatch=128, n_gpu_layers=99)
+        rep = estimate(pm, virtual=[apu], n_ctx=1024, n_ubatch=128, n_gpu_layers=99)
         assert any("apu shares system RAM" in n and "frees no RAM" in n for n in rep.notes)
         text = format_report(rep)
         assert "apu (UMA)" in text and "planning only" in text
@@ -116,15 +119,16 @@ def test_planning_reads_no_weight_byte_and_allocates_nothing(tiny_models):
     tm = tiny_models.get(arch="gemma3", weight_type="f16", n_layer=4, n_embd=512, n_ff=2048,
                          n_head=8, n_head_kv=4, head_dim=64, n_vocab=8192, n_ctx_train=8192,
                          sliding_window=8192)
-    pm = PlanningModel(tm.path)
+    pm = ModelFile(tm.path)
     try:
         buf = pm.model.parts[0].buffer
         start = buf.base + min(i.offset for i in pm.model.tensors.values()) + (1 << 20)
-        devs = [VirtualDevice("laptop", "1GiB")]
+        devs = [VirtualSpec("laptop", "1GiB")]
         free0 = [d.memory()[0] for d in vulkan.devices()] if NO_VULKAN is None else []
-        plan = plan_memory(pm, n_ctx=4096, n_ubatch=512, n_gpu_layers=3, devices=devs)
+        plan = plan_memory(pm, n_ctx=4096, n_ubatch=512, n_gpu_layers=3, virtual=devs)
         if NO_VULKAN is None:
-            plan_memory(pm, n_ctx=4096, n_ubatch=512, n_gpu_layers=99)   # the real device
+            plan_memory(pm, n_ctx=4096, n_ubatch=512, n_gpu_layers=99,     # the real device
+                        gpu_device="Vulkan0")
             # asking the real backend about ops opens the device: its fixed tables, no buffer
             free1 = [d.memory()[0] for d in vulkan.devices()]
             assert all(0 <= a - b <= 64 << 10 for a, b in zip(free0, free1))
@@ -267,7 +271,7 @@ def test_gemma_against_llamacpp_figures():
     # the default model, planning only (< 1 s): llama.cpp at n_ctx 2048 reserves 514.50 MiB
     # (n_ubatch 512) and 128.63 MiB (128) of compute buffer with logits for every position; its
     # KV cache is 6.00 + 15.00 MiB and its model buffer 235.16 MiB
-    pm = PlanningModel(None)
+    pm = ModelFile(None)
     try:
         for ub, theirs in ((512, 514.50), (128, 128.63)):
             all_rows = plan_memory(pm, n_ctx=2048, n_ubatch=ub, logits_all=True)

@@ -8,7 +8,9 @@ from pyggml.backend import vulkan
 from pyggml.cli import main
 from pyggml.llm.runtime import LLM
 from pyggml.planning.fit import CTX_STEP, fit
-from pyggml.planning.memory import CPU, MiB, VirtualDevice, plan_memory
+from pyggml.offload import VirtualSpec
+from pyggml.planning.memory import CPU, plan_memory
+from pyggml.units import MiB
 
 NO_VULKAN = vulkan.unavailable_reason()
 RUNTIME = 100 * MiB          # system RAM given to the runtime itself in these tests
@@ -60,7 +62,7 @@ def test_cpu_budget_gives_the_largest_context_and_the_yaml_fits(tiny_models, tmp
 def test_vulkan_budget_gives_gpu_layers_and_the_yaml_fits_on_the_device(tiny_models, tmp_path):
     tm = _model(tiny_models)
     gpu = vulkan.devices()[0].name
-    full = plan_memory(tm.path, n_ctx=1024, n_ubatch=128, n_gpu_layers=99)
+    full = plan_memory(tm.path, n_ctx=1024, n_ubatch=128, n_gpu_layers=99, gpu_device=gpu)
     budget = full.device(gpu).total * 6 // 10               # not everything fits on the device
     res = fit(tm.path, {gpu: budget, CPU: "8GiB"}, gpu_device=gpu, min_ctx=1024,
               max_ctx=1024, n_ubatch=128, runtime=RUNTIME)
@@ -86,8 +88,8 @@ def test_uma_device_counts_against_system_ram(tiny_models):
     cpu_only = plan_memory(tm.path, n_ctx=1024, n_ubatch=128)
     ram = RUNTIME + cpu_only.system_ram + 2 * MiB
     kw = dict(min_ctx=1024, n_ubatch=128, runtime=RUNTIME)
-    own = fit(tm.path, {"dgpu": "1GiB", CPU: ram}, devices=[VirtualDevice("dgpu", "1GiB")], **kw)
-    uma = fit(tm.path, {"apu": "1GiB", CPU: ram}, devices=[VirtualDevice("apu", "1GiB", "igpu")],
+    own = fit(tm.path, {"dgpu": "1GiB", CPU: ram}, virtual=[VirtualSpec("dgpu", "1GiB")], **kw)
+    uma = fit(tm.path, {"apu": "1GiB", CPU: ram}, virtual=[VirtualSpec("apu", "1GiB", "igpu")],
               **kw)
     # a discrete GPU takes weights and KV out of RAM: everything offloaded, a long context (the
     # CPU keeps the embeddings, the masks and the staging buffer)
@@ -119,7 +121,7 @@ def test_fit_keeps_the_base_config_and_its_yaml_loads(tiny_models, tmp_path):
     tm = _model(tiny_models)
     base = {"kv": {"device": "cpu"}, "context": {"n_ubatch": 64}}     # --no-kv-offload
     res = fit(tm.path, {"dgpu": "16MiB", CPU: "4GiB"}, config=base, runtime=RUNTIME,
-              devices=[VirtualDevice("dgpu", "16MiB")], min_ctx=512, max_ctx=4096)
+              virtual=[VirtualSpec("dgpu", "16MiB")], min_ctx=512, max_ctx=4096)
     assert res.fits and res.n_gpu_layers == 5 and res.n_ctx == 4096
     cfg = res.to_config()
     assert cfg["kv"] == {"device": "cpu"} and cfg["context"]["n_ubatch"] == 64

@@ -49,7 +49,26 @@ def test_kinds():
                                      "blk.3.ffn_up_exps.weight", "blk.1.post_ffw_norm.weight",
                                      "token_embd.weight", "output.weight", "output_norm.weight",
                                      "rope_freqs.weight", "blk.0.attn_k.bias")] == \
-        ["attn", "norm", "ffn", "norm", "embd", "output", "output", None, "attn"]
+        ["attn", "norm", "experts", "norm", "embd", "output", "output", None, "attn"]
+
+
+def test_expert_rules_and_kind_ffn_include_experts():
+    names = [f"blk.{i}.{t}.weight" for i in range(2) for t in
+             ("attn_q", "ffn_gate_inp", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp")]
+    cfg = parse_text("gpu_layers: all\ndevices: [Vulkan0]\noverrides:\n"
+                     "  - {kind: experts, device: cpu}\n")
+    plan, _ = plan_from_config(cfg, names, 2, False, catalog=catalog("Vulkan0"))
+    on_cpu = {n for n, p in plan.weights.items() if p.device == CPU}
+    assert on_cpu == {n for n in names if "exps" in n or "shexp" in n}
+    flags, _ = llama_flags(cfg, plan, names, 2)
+    i = flags.index("-ot")
+    assert re.search(flags[i + 1].split("=")[0], "blk.0.ffn_up_exps.weight")
+    assert not re.search(flags[i + 1].split("=")[0], "blk.0.ffn_gate_inp.weight")
+    ffn = parse_text("overrides:\n  - {kind: ffn, device: cpu}\ngpu_layers: all\n"
+                     "devices: [Vulkan0]\n")
+    plan, _ = plan_from_config(ffn, names, 2, False, catalog=catalog("Vulkan0"))
+    assert {n for n, p in plan.weights.items() if p.device == CPU} == {
+        n for n in names if ".ffn_" in n}
 
 
 @pytest.mark.parametrize("ngl, gpu_layers, output", [

@@ -98,7 +98,7 @@ def test_wrong_types(tmp_path):
     assert f"{f}:1:1: gpu_layers: expected an integer >= 0 or 'all', got 'many' (a string)" in msg
     assert f"{f}:2:1: n_copies: expected an integer in 1..4, got 9" in msg
     assert f"{f}:3:1: op_offload: expected true or false or a mapping" in msg
-    assert f"{f}:5:3: context.n_ctx: expected an integer >= 1, got -5" in msg
+    assert f"{f}:5:3: context.n_ctx: expected an integer >= 0, got -5" in msg
     assert f"{f}:7:3: kv.type_k: expected 'f16' or 'f32' or 'q8_0', got 'q4_0'" in msg
 
 

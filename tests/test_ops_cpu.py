@@ -15,9 +15,9 @@ import zlib
 import numpy as np
 import pytest
 
-from pyggml import Context, Graph, ops, quants
+from pyggml import Context, Graph, _native, ops, quants
 from pyggml.backend.cpu import CpuBackend, host_array, set_host_data
-from pyggml.errors import BackendError, UnsupportedOpError
+from pyggml.errors import BackendError, ComputeAbortedError, InvalidArgumentError, UnsupportedOpError
 from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType
 
 RNG = np.random.default_rng(1234)
@@ -455,12 +455,77 @@ def test_plan_is_reused_and_eval_callback(cpu2):
         cpu2.set_eval_callback(None)
     assert [n for n, _ in seen] == ["s", "y"]
     assert abs(seen[0][1] - 2 * float(host_array(x).sum())) < 1e-4
-    cpu2.set_eval_callback(lambda t, arr: False)
+
+
+def _two_node_graph():
+    """ctx (keep it: it owns the memory), x, s = 2x, y = silu(s), the graph of y."""
+    ctx = new_ctx()
+    x = tensor(ctx, rand(2, 8), name="x")
+    s = ops.scale(ctx, x, 2.0, name="s")
+    y = ops.silu(ctx, s, name="y")
+    g = Graph()
+    g.build_forward_expand(y)
+    return ctx, x, s, y, g
+
+
+def test_eval_callback_outcomes(cpu2, monkeypatch):
+    """Normal, stopped by the callback (ComputeAbortedError, later nodes not computed), an
+    exception inside the callback (re-raised as itself after the compute), and an internal error
+    of the library (not reported as a stop): four distinct outcomes."""
+    ctx, x, s, y, g = _two_node_graph()
+    host_array(y)[...] = 7.0
+    seen = []
+    cpu2.set_eval_callback(lambda t, arr: seen.append(t.name) or True)
     try:
-        with pytest.raises(BackendError, match="stopped by the evaluation callback"):
+        cpu2.graph_compute(g)                         # normal: every node, no error
+        assert seen == ["s", "y"]
+        assert np.allclose(host_array(s), 2 * host_array(x))
+        host_array(y)[...] = 7.0
+        seen.clear()
+        cpu2.set_eval_callback(lambda t, arr: seen.append(t.name) or False)
+        with pytest.raises(ComputeAbortedError, match="stopped by the evaluation callback"):
             cpu2.graph_compute(g)
+        assert seen == ["s"] and (host_array(y) == 7.0).all()    # y never ran
+
+        class Boom(RuntimeError):
+            pass
+
+        def raising(t, arr):
+            seen.append(t.name)
+            raise Boom(f"bad value in {t.name}")
+        seen.clear()
+        cpu2.set_eval_callback(raising)
+        with pytest.raises(Boom, match="bad value in s") as e:
+            cpu2.graph_compute(g)
+        assert seen == ["s"] and (host_array(y) == 7.0).all()
+        assert any(f.name == "raising" for f in e.traceback)   # the callback's own traceback
     finally:
         cpu2.set_eval_callback(None)
+    # an internal error of the C executor is not a callback stop
+    real = _native.fn("pg_graph_compute")
+    monkeypatch.setitem(_native._bound, "pg_graph_compute",
+                        lambda *a: _native.PG_ERR_INTERNAL)
+    with pytest.raises(BackendError, match="internal error in libpyggml") as e:
+        cpu2.graph_compute(g)
+    assert not isinstance(e.value, ComputeAbortedError)
+    monkeypatch.setitem(_native._bound, "pg_graph_compute", real)
+    cpu2.graph_compute(g)                             # and the real one works again
+
+
+def test_cached_plan_follows_moved_tensors(cpu2):
+    """Same graph, same uid, but its input was placed elsewhere: the cached plan re-reads the
+    addresses (reading the new memory, not the old one) without being rebuilt."""
+    ctx, x, s, y, g = _two_node_graph()
+    cpu2.graph_compute(g)
+    built = cpu2.n_plans_built
+    other = new_ctx()
+    x2 = tensor(other, rand(2, 8), name="x2")
+    x.data = x2.data                                  # x now lives in another arena
+    cpu2.graph_compute(g)
+    assert cpu2.n_plans_built == built
+    assert np.allclose(host_array(s), 2 * host_array(x2))
+    want = 2 * host_array(x2).astype(np.float64)
+    assert np.allclose(host_array(y), want / (1 + np.exp(-want)), rtol=1e-5, atol=1e-6)
 
 
 def test_missing_data_names_the_node(cpu2):
@@ -488,5 +553,5 @@ def test_unsupported_op_names_the_node(cpu2):
 
 
 def test_thread_counts():
-    with pytest.raises(BackendError, match="n_threads .* got 1000"):
+    with pytest.raises(ValueError, match="n_threads"):
         CpuBackend(n_threads=1000)

@@ -13,7 +13,7 @@ import pytest
 from pyggml import Context, Graph, ops
 from pyggml.backend.base import tensor_get, tensor_set
 from pyggml.backend.cpu import CpuBackend, cpu_buffer_type
-from pyggml.errors import SchedulerError, UnsupportedOpError
+from pyggml.errors import SchedulerError, SettingsError, UnsupportedOpError
 from pyggml.sched import MAX_BACKENDS, MAX_COPIES, Scheduler
 from pyggml.types import Op
 from support.devices import HostPeerBackend, TestDevice
@@ -568,7 +568,7 @@ def test_tensor_in_memory_no_backend_can_use(cpu, dev):
 def test_bad_debug_env_and_user_assignment_to_unsupporting_backend(cpu, dev, monkeypatch):
     tb = new_test_backend(dev, unsupported={Op.SILU})
     monkeypatch.setenv("PYGGML_SCHED_DEBUG", "yes")
-    with pytest.raises(SchedulerError, match="PYGGML_SCHED_DEBUG must be 0, 1 or 2, got 'yes'"):
+    with pytest.raises(SettingsError, match="PYGGML_SCHED_DEBUG='yes': expected 0, 1 or 2"):
         Scheduler([tb, cpu])
     monkeypatch.delenv("PYGGML_SCHED_DEBUG")
     ctx = Context(no_alloc=True)

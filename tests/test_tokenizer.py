@@ -1,14 +1,15 @@
-"""Tokenizers: llama.cpp's own test vectors (../shared/data/tokenizer-tests), and behaviour on
+"""Tokenizers: llama.cpp's own test vectors (tests/data/tokenizer-tests), and behaviour on
 tiny vocabularies built in the test (special-token partition, byte fallback, merges, errors)."""
 import time
 
 import pytest
 
-from conftest import SHARED
+from pathlib import Path
+
 from pyggml.errors import TokenizerError
 from pyggml.llm import TokenAttr, Tokenizer
 
-VECTORS = SHARED / "data" / "tokenizer-tests"
+VECTORS = Path(__file__).resolve().parent / "data" / "tokenizer-tests"
 SEP = "\n__ggml_vocab_test__\n"
 
 
@@ -26,9 +27,6 @@ def _load_vectors(name: str):
 
 @pytest.fixture(scope="module", params=["llama-spm", "phi-3", "gpt-2"])
 def vocab_vectors(request):
-    if not VECTORS.is_dir():
-        pytest.skip(f"tokenizer test vectors not found at {VECTORS} (shared/ is not beside the "
-                    "repository)")
     name = request.param
     return name, Tokenizer.from_gguf(VECTORS / f"ggml-vocab-{name}.gguf"), *_load_vectors(name)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED
 from pyggml.errors import PyggmlError
 from pyggml.llm import Tokenizer
 from pyggml.llm.tokenizer import read_gguf_tokenizer_metadata
@@ -19,7 +18,7 @@ from pyggml.llm.tokenizer import read_gguf_tokenizer_metadata
 DATA = Path(__file__).resolve().parent / "data"
 GEMMA_REFS = json.loads((DATA / "gemma3_tokenizer_refs.json").read_text(encoding="utf-8"))
 BPE_REFS = json.loads((DATA / "bpe_pretokenizer_refs.json").read_text(encoding="utf-8"))
-GPT2_VOCAB = SHARED / "data" / "tokenizer-tests" / "ggml-vocab-gpt-2.gguf"
+GPT2_VOCAB = DATA / "tokenizer-tests" / "ggml-vocab-gpt-2.gguf"
 
 
 @pytest.fixture(scope="module")

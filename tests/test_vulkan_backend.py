@@ -22,7 +22,7 @@ from pyggml import Context, Graph, ops, quants
 from pyggml.backend import base, vulkan
 from pyggml.backend.cpu import CpuBackend, cpu_buffer_type
 from pyggml.backend.vulkan.info import DEVICE_TYPES, VulkanMemoryError
-from pyggml.errors import BackendError
+from pyggml.errors import BackendError, SettingsError
 
 RNG = np.random.default_rng(7)
 
@@ -97,6 +97,62 @@ def test_recorded_once_replayed_for_n_computes(vk):
     assert vk.n_recordings - rec0 == 3
     assert nmse(read(out), _net_reference(xv, wv)) < 1e-6
     del buf, buf2
+
+
+def test_replay_is_o1_and_reallocation_rerecords(vk, monkeypatch):
+    """An unchanged graph replays without looking at its nodes (no address signature is taken
+    while no tensor moved); re-allocating it at other addresses records it again, reading the new
+    memory; tensors moving elsewhere cost one address comparison, not a recording."""
+    from pyggml.alloc import GraphAllocator
+    from pyggml.backend.vulkan import record
+
+    ctx = Context(no_alloc=True)
+    x, w, out = _small_net(ctx)
+    x.set_input()
+    out.set_output()
+    g = Graph()
+    g.build_forward_expand(out)
+    buft = vk.get_default_buffer_type()
+    wbuf = base.alloc_tensors(buft, [w])
+    wv = (RNG.standard_normal((32, 64)) * 0.3).astype(np.float16)
+    base.tensor_set(w, wv.tobytes())
+    galloc = GraphAllocator(buft)
+    galloc.reserve(g)
+    galloc.alloc_graph(g)
+    rec0 = vk.n_recordings
+    xv = RNG.standard_normal((3, 64)).astype(np.float32)
+    base.tensor_set(x, xv)
+    vk.graph_compute(g)
+    assert vk.n_recordings - rec0 == 1
+    calls = []
+    real_signature = record.signature
+    monkeypatch.setattr(record, "signature", lambda gr: calls.append(gr) or real_signature(gr))
+    for _ in range(3):                                 # replays: no per-node Python work
+        vk.graph_compute(g)
+    assert vk.n_recordings - rec0 == 1 and calls == []
+    galloc.alloc_graph(g)                              # same plan, same memory: nothing moved
+    vk.graph_compute(g)
+    assert vk.n_recordings - rec0 == 1 and calls == []
+    assert nmse(read(out), _net_reference(xv, wv)) < 1e-6
+    # the same graph (same uid) placed in other memory: recorded again, reads the new buffers
+    old, uid = (x.data, out.data), g.uid
+    other = buft.alloc_buffer(galloc.get_buffer_size(0), base.BufferUsage.COMPUTE)
+    galloc.alloc_graph(g, buffers=[other])
+    assert (x.data, out.data) != old and g.uid == uid
+    xv = RNG.standard_normal((3, 64)).astype(np.float32)
+    base.tensor_set(x, xv)
+    vk.graph_compute(g)
+    assert vk.n_recordings - rec0 == 2
+    assert nmse(read(out), _net_reference(xv, wv)) < 1e-6
+    # a tensor of another graph moves: one address comparison, then replays are O(1) again
+    elsewhere = Context(no_alloc=True).new_tensor("f32", [8], name="elsewhere")
+    ebuf = base.alloc_tensors(buft, [elsewhere])
+    calls.clear()
+    vk.graph_compute(g)
+    vk.graph_compute(g)
+    assert vk.n_recordings - rec0 == 2 and len(calls) == 1
+    vk.synchronize()
+    del wbuf, other, ebuf
 
 
 def test_barriers_only_where_needed(vk):
@@ -403,7 +459,12 @@ def test_devices_and_registry(monkeypatch, vk):
     monkeypatch.setenv("PYGGML_VULKAN_DEVICES", "0")
     assert len(vulkan.backend._discover()[0]) == 1
     monkeypatch.setenv("PYGGML_VULKAN_DEVICES", "99")
-    with pytest.raises(BackendError, match="no device 99"):
+    with pytest.raises(SettingsError, match=r"PYGGML_VULKAN_DEVICES=99: no device 99 \(this "
+                                            r"machine has \d+ Vulkan device"):
+        vulkan.backend._discover()
+    monkeypatch.setenv("PYGGML_VULKAN_DEVICES", "gpu0")
+    with pytest.raises(SettingsError, match="PYGGML_VULKAN_DEVICES='gpu0': expected device "
+                                            "indices like '0' or '1,0', or 'none'"):
         vulkan.backend._discover()
     monkeypatch.delenv("PYGGML_VULKAN_DEVICES")
     monkeypatch.setenv("PYGGML_SHADER_DIR", "/nonexistent")

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-GPT2_VOCAB = REPO.parent / "shared" / "data" / "tokenizer-tests" / "ggml-vocab-gpt-2.gguf"
+GPT2_VOCAB = REPO / "tests" / "data" / "tokenizer-tests" / "ggml-vocab-gpt-2.gguf"
 OUT = REPO / "tests" / "data" / "invalid_utf8_tokenize_refs.json"
 
 # byte strings, as hex so the JSON stays ASCII

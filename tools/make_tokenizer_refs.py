@@ -29,8 +29,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-GPT2_VOCAB = REPO.parent / "shared" / "data" / "tokenizer-tests" / "ggml-vocab-gpt-2.gguf"
-BPE_PRE_TYPES = ("llama-bpe", "qwen2", "smollm", "default", "falcon")   # gpt-2: shared vectors
+GPT2_VOCAB = REPO / "tests" / "data" / "tokenizer-tests" / "ggml-vocab-gpt-2.gguf"
+BPE_PRE_TYPES = ("llama-bpe", "qwen2", "smollm", "default", "falcon")   # gpt-2: llama.cpp vectors
 
 # ---------------------------------------------------------------------------------------------
 # corpus

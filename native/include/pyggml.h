@@ -18,6 +18,10 @@ extern "C" {
 #endif
 
 #define PG_VERSION_STRING "0.1.0"
+/* Binary interface version, checked by pyggml/_native.py when it loads the library (with
+ * sizeof(pg_tensor)). Bump it whenever the Python side could misread the library: a pg_tensor
+ * field, a pg_status value or an entry point's prototype changes. */
+#define PG_ABI_VERSION   1
 #define PG_MAX_DIMS      4
 #define PG_MAX_SRC       10
 #define PG_MAX_OP_PARAMS 16   /* int32 slots (64 bytes), floats stored bit-cast */
@@ -29,8 +33,9 @@ typedef enum pg_status {
     PG_ERR_INVALID_ARG  = 1,   /* NULL pointer, negative size, length not a multiple of block */
     PG_ERR_UNSUPPORTED  = 2,   /* type/op/path not implemented or not available on this CPU   */
     PG_ERR_NOMEM        = 3,
-    PG_ERR_INTERNAL     = 4,
-    PG_ERR_CLOSED       = 5,   /* a thread pool that was freed (or never created) was passed  */
+    PG_ERR_INTERNAL     = 4,   /* a bug in the library, never the input's fault              */
+    PG_ERR_ABORTED      = 5,   /* the eval callback asked to stop (ggml: GGML_STATUS_ABORTED) */
+    PG_ERR_CLOSED       = 6,   /* a thread pool that was freed (or never created) was passed  */
 } pg_status;
 
 /* ---- tensor types (ids as stored in GGUF files) ------------------------------------------ */
@@ -140,6 +145,8 @@ typedef enum pg_path {
 } pg_path;
 
 const char *pg_version(void);
+/* PG_ABI_VERSION of the build. */
+int32_t     pg_abi_version(void);
 /* Bit set of pg_cpu_feature detected at load time on the running CPU. */
 uint32_t    pg_cpu_features(void);
 /* Kernel path in use. Chosen at load time: the best one the CPU has, or the one named by the
@@ -164,8 +171,11 @@ typedef struct pg_tensor {
     char    name[PG_MAX_NAME];
 } pg_tensor;
 
-/* Size of pg_tensor in bytes (the Python side checks its ctypes mirror against it). */
+/* Size of pg_tensor in bytes (the Python side checks its numpy mirror against it at load). */
 size_t pg_tensor_struct_size(void);
+/* Byte offsets of pg_tensor's fields in declaration order (type, op, ne, nb, op_params, src,
+ * flags, pad_, data, name) into offsets[0..n_max); returns the number of fields (10). */
+int32_t pg_tensor_field_offsets(int64_t *offsets, int32_t n_max);
 
 /* ---- quantized formats (src/quants_api.c) -------------------------------------------------
  * Row-level access to the per-type kernels of the current path (pg_cpu_path). `n` counts
@@ -207,7 +217,7 @@ uint64_t pg_bench_read(const void *p, size_t nbytes);
 
 typedef struct pg_threadpool pg_threadpool;
 
-/* Called after each node when set: return non-zero to stop the graph (PG_ERR_INTERNAL). */
+/* Called after each node when set: return non-zero to stop the graph (PG_ERR_ABORTED). */
 typedef int32_t (*pg_eval_cb)(int32_t node_index, const pg_tensor *node, void *user);
 
 /* A pool handle stays safe to pass after pg_threadpool_free: compute refuses it with

@@ -123,6 +123,7 @@ __attribute__((constructor)) static void pg_cpu_init(void) {
 }
 
 const char *pg_version(void) { return PG_VERSION_STRING; }
+int32_t pg_abi_version(void) { return PG_ABI_VERSION; }
 uint32_t pg_cpu_features(void) { return pg_g_cpu_features; }
 int32_t pg_cpu_path(void) { return pg_g_cpu_path; }
 
@@ -134,3 +135,15 @@ int32_t pg_set_cpu_path(int32_t path) {
 }
 
 size_t pg_tensor_struct_size(void) { return sizeof(pg_tensor); }
+
+int32_t pg_tensor_field_offsets(int64_t *offsets, int32_t n_max) {
+    const int64_t all[] = {
+        offsetof(pg_tensor, type), offsetof(pg_tensor, op), offsetof(pg_tensor, ne),
+        offsetof(pg_tensor, nb), offsetof(pg_tensor, op_params), offsetof(pg_tensor, src),
+        offsetof(pg_tensor, flags), offsetof(pg_tensor, pad_), offsetof(pg_tensor, data),
+        offsetof(pg_tensor, name),
+    };
+    const int32_t n = (int32_t)(sizeof(all) / sizeof(all[0]));
+    for (int32_t i = 0; offsets && i < n && i < n_max; i++) offsets[i] = all[i];
+    return n;
+}

@@ -313,7 +313,7 @@ static int32_t run_graph(pg_tensor *t, int32_t n_tensors, const int32_t *order, 
         if (bad_node) *bad_node = err;
         return PG_ERR_INVALID_ARG;
     }
-    if (atomic_load(&job.stop)) return PG_ERR_INTERNAL;
+    if (atomic_load(&job.stop)) return PG_ERR_ABORTED;
     return PG_OK;
 }
 

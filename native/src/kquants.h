@@ -1,5 +1,5 @@
 /* K-quant block layouts (256-element super-blocks) shared by the scalar and per-ISA kernels.
- * Byte-identical with GGUF; see shared/docs/formats-and-models.md §2.3 for the element mapping.
+ * Byte-identical with GGUF; see docs/FORMATS.md §2.3 for the element mapping.
  * Every block struct has a static size assertion: a layout change breaks the build, not files. */
 #ifndef PG_KQUANTS_H
 #define PG_KQUANTS_H

@@ -224,23 +224,5 @@ static void bf16_to_float(const void *restrict vx, float *restrict y, int64_t n)
 }
 
 void pg_fill_legacy_avx2(pg_type_traits *tbl) {
-    tbl[PG_TYPE_F32].vec_dot = vec_dot_f32;
-    tbl[PG_TYPE_F16].vec_dot = vec_dot_f16;
-    tbl[PG_TYPE_F16].to_float = f16_to_float;
-    tbl[PG_TYPE_F16].from_float = f16_from_float;
-    tbl[PG_TYPE_BF16].vec_dot = vec_dot_bf16;
-    tbl[PG_TYPE_BF16].to_float = bf16_to_float;
-    tbl[PG_TYPE_Q4_0].vec_dot = vec_dot_q4_0_q8_0;
-    tbl[PG_TYPE_Q4_0].to_float = q4_0_to_float;
-    tbl[PG_TYPE_Q4_1].vec_dot = vec_dot_q4_1_q8_1;
-    tbl[PG_TYPE_Q4_1].to_float = q4_1_to_float;
-    tbl[PG_TYPE_Q5_0].vec_dot = vec_dot_q5_0_q8_0;
-    tbl[PG_TYPE_Q5_0].to_float = q5_0_to_float;
-    tbl[PG_TYPE_Q5_1].vec_dot = vec_dot_q5_1_q8_1;
-    tbl[PG_TYPE_Q5_1].to_float = q5_1_to_float;
-    tbl[PG_TYPE_Q8_0].vec_dot = vec_dot_q8_0_q8_0;
-    tbl[PG_TYPE_Q8_0].to_float = q8_0_to_float;
-    tbl[PG_TYPE_Q8_0].from_float = q8_0_from_float;
-    tbl[PG_TYPE_Q8_1].to_float = q8_1_to_float;
-    tbl[PG_TYPE_Q8_1].from_float = q8_1_from_float;
+    PG_FILL_LEGACY_KERNELS(tbl);
 }

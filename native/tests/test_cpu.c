@@ -1,3 +1,4 @@
+#include <stddef.h>
 #include <string.h>
 
 #include "pg_test.h"
@@ -26,4 +27,13 @@ PG_TEST(test_cpu_paths) {
 PG_TEST(test_struct_layout) {
     CHECK(sizeof(pg_tensor) == pg_tensor_struct_size(), "struct size");
     CHECK(sizeof(pg_tensor) % 8 == 0, "pg_tensor size %zu not 8-aligned", sizeof(pg_tensor));
+    CHECK(pg_abi_version() == PG_ABI_VERSION, "abi %d", pg_abi_version());
+    int64_t off[12] = {0};
+    CHECK(pg_tensor_field_offsets(NULL, 0) == 10, "field count");
+    CHECK(pg_tensor_field_offsets(off, 12) == 10, "field count");
+    CHECK(off[2] == (int64_t)offsetof(pg_tensor, ne) && off[8] == (int64_t)offsetof(pg_tensor, data)
+          && off[9] == (int64_t)offsetof(pg_tensor, name), "offsets");
+    CHECK(off[10] == 0 && off[11] == 0, "wrote past the fields");
+    int64_t one[1] = {-1};
+    CHECK(pg_tensor_field_offsets(one, 1) == 10 && one[0] == 0, "n_max respected");
 }

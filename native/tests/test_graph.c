@@ -138,6 +138,6 @@ PG_TEST(test_graph_eval_callback_stops) {
     build(t, w, x, b, mm, act, sum, y);
     static uint8_t work[1 << 16];
     CHECK(pg_graph_compute(t, 7, order, 4, NULL, 1, work, sizeof(work), stop_after_two, &calls,
-                           &bad) == PG_ERR_INTERNAL, "callback stop");
+                           &bad) == PG_ERR_ABORTED, "callback stop");
     CHECK(calls == 2, "calls %d", calls);
 }

@@ -22,6 +22,9 @@ What the scheduler (pyggml.sched) relies on, and nothing else:
   The same graph object with the same `graph.uid` is passed again on graph reuse (same tensors,
   same addresses): cache whatever was prepared for it (CPU: the marshalled node array; Vulkan: a
   recorded command buffer) keyed by the graph object and its uid. A new uid means: prepare again.
+  Addresses can still move under the same uid (an allocator placing the graph in other memory,
+  code assigning `data`): compare `pyggml.tensor.placement_generation()` with the one you
+  prepared at (O(1)) and re-read addresses only when it moved.
 - `Backend.synchronize()`: block until all work queued on this backend is done.
 - `Backend.event_new()` → Event or None (no events: the scheduler synchronizes instead);
   `Event.record()`, `Event.synchronize()`, `Backend.event_wait(event)`.
@@ -48,7 +51,7 @@ from enum import Enum
 
 import numpy as np
 
-from pyggml.errors import BackendError
+from pyggml.errors import BackendError, InvalidArgumentError
 
 # ---- kinds -------------------------------------------------------------------------------------
 
@@ -78,8 +81,8 @@ class BufferType:
     def __init__(self, name: str, alignment: int = 64, max_size: int | None = None,
                  is_host: bool = True, device: "Device | None" = None):
         if alignment <= 0 or alignment & (alignment - 1):
-            raise ValueError(f"buffer type '{name}': alignment must be a power of two, "
-                             f"got {alignment}")
+            raise InvalidArgumentError(f"buffer type '{name}': alignment must be a power of "
+                                       f"two, got {alignment}")
         self.name = name
         self.alignment = alignment
         self.max_size = max_size
@@ -208,6 +211,10 @@ class Backend:
     def supports_buft(self, buft: BufferType) -> bool:
         raise NotImplementedError
 
+    #: a matrix product over at least this many rows is worth copying a host weight for
+    #: (offload_op); None: this backend never takes ops from host weights
+    offload_min_batch: int | None = None
+
     def offload_op(self, node) -> bool:
         return False
 
@@ -290,6 +297,25 @@ class Device:
         raise NotImplementedError
 
     def has_events(self) -> bool:
+        return False
+
+    # -- facts the memory planner asks (the backend knows them; the planner never re-derives) --
+    def uma_reason(self) -> str | None:
+        """Why this device's memory is system RAM (UMA), or None when it has its own."""
+        if self.type == DeviceType.CPU:
+            return "the host itself"
+        if self.type == DeviceType.IGPU:
+            return "the driver reports an integrated GPU"
+        return None
+
+    def staging_bytes(self, largest_transfer: int) -> int:
+        """Host memory this device's backend allocates to move up to `largest_transfer` bytes
+        in or out at once (0: the host writes its memory directly)."""
+        return 0
+
+    def is_software(self) -> bool:
+        """A device that computes on the host's CPU cores through a driver (e.g. lavapipe):
+        slower than the CPU backend, so never chosen unless named."""
         return False
 
     def props(self) -> DeviceProps:

@@ -4,7 +4,8 @@ A graph is marshalled once into a numpy array laid out exactly like the C struct
 (leafs, nodes and any outside sources; src[] as indices) plus the order of nodes to run. Each
 compute is then a single ctypes call (`pg_graph_compute`, GIL released) with the C thread pool.
 The marshalled plan is cached per graph and reused while the graph's uid is unchanged (the
-scheduler gives a graph a new uid when it re-splits or re-allocates it).
+scheduler gives a graph a new uid when it re-splits or re-allocates it); when some tensor moved
+since (pyggml.tensor.placement_generation) the plan re-reads its tensors' addresses first.
 
 Registry side (pyggml.backend.base): `backend_reg()` lists one `CpuDevice` (type CPU, host
 memory); its default buffer type is the process-wide `cpu_buffer_type()`. The CPU computes
@@ -31,17 +32,19 @@ from pyggml.backend.base import (
     DeviceType,
     Event,
 )
-from pyggml.errors import BackendError, ClosedError, InsufficientMemoryError, UnsupportedOpError
+from pyggml.errors import (
+    BackendError,
+    ClosedError,
+    ComputeAbortedError,
+    InsufficientMemoryError,
+    InvalidArgumentError,
+    UnsupportedOpError,
+)
 from pyggml.graph import Graph
-from pyggml.tensor import Tensor
+from pyggml.tensor import Tensor, placement_generation
 from pyggml.types import VIEW_OPS, GGMLType, Op, traits
 
-# numpy mirror of `pg_tensor` (offsets as in pyggml.h; a test checks itemsize against C)
-PG_TENSOR_DTYPE = np.dtype([
-    ("type", "<i4"), ("op", "<i4"), ("ne", "<i8", (4,)), ("nb", "<i8", (4,)),
-    ("op_params", "<i4", (16,)), ("src", "<i4", (10,)), ("flags", "<i4"), ("pad_", "<i4"),
-    ("data", "<u8"), ("name", "S48"),
-])
+PG_TENSOR_DTYPE = _native.PG_TENSOR_DTYPE    # the numpy mirror of `pg_tensor`
 
 _P = ctypes.c_void_p
 _native.declare("pg_threadpool_new", _P, [ctypes.c_int32])
@@ -63,7 +66,7 @@ _NUMPY_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.I3
                  GGMLType.I64: np.int64, GGMLType.F64: np.float64}
 
 
-MAX_THREADS = 256                   # PG_MAX_THREADS: the largest C thread pool
+MAX_THREADS = 256       # PG_MAX_THREADS in pyggml.h: the most threads of one pool
 
 
 def default_n_threads() -> int:
@@ -74,6 +77,13 @@ def default_n_threads() -> int:
     except Exception:  # psutil can fail inside odd containers
         n = None
     return max(1, n or os.cpu_count() or 1)
+
+
+def _thread_count(what: str, n, limit: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= limit:
+        why = "the CPU thread pool's limit" if limit == MAX_THREADS else "the pool size"
+        raise InvalidArgumentError(f"{what} must be an integer in 1..{limit} ({why}), got {n!r}")
+    return int(n)
 
 
 # ---- host memory ---------------------------------------------------------------------------------
@@ -225,6 +235,7 @@ class CpuGraphPlan:
         self._validate_and_size()
 
     def refresh_data(self) -> None:
+        self.generation = placement_generation()
         self.arr["data"] = [t.data or 0 for t in self.tensors]
 
     def _check_data(self) -> None:
@@ -355,11 +366,9 @@ class CpuBackend(Backend):
     name = "CPU"
 
     def __init__(self, n_threads: int | None = None, n_threads_batch: int | None = None):
-        self.n_threads = n_threads or default_n_threads()
-        self.n_threads_batch = n_threads_batch or self.n_threads
-        for name, n in (("n_threads", self.n_threads), ("n_threads_batch", self.n_threads_batch)):
-            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
-                raise BackendError(f"{name} must be an integer in 1..{MAX_THREADS}, got {n!r}")
+        self.n_threads = _thread_count("n_threads", n_threads or default_n_threads(), MAX_THREADS)
+        self.n_threads_batch = _thread_count("n_threads_batch", n_threads_batch or self.n_threads,
+                                             MAX_THREADS)
         self.device = cpu_device()
         self.buft = cpu_buffer_type()
         self._tp = _native.fn("pg_threadpool_new")(max(self.n_threads, self.n_threads_batch))
@@ -378,9 +387,8 @@ class CpuBackend(Backend):
         """Threads for the next computes (the model runtime sets n_threads for single tokens and
         n_threads_batch for batches, like ggml_backend_cpu_set_n_threads); None: decide per
         graph."""
-        if n is not None and not 1 <= n <= max(self.n_threads, self.n_threads_batch):
-            raise ValueError(f"n_threads must be in 1..{max(self.n_threads, self.n_threads_batch)}"
-                             f" (the pool size), got {n}")
+        if n is not None:
+            n = _thread_count("n_threads", n, max(self.n_threads, self.n_threads_batch))
         self.n_threads_active = n
 
     def close(self) -> None:
@@ -452,7 +460,11 @@ class CpuBackend(Backend):
         nt = n_threads or self._threads_for(graph)
         cached = self._plans.get(graph)
         if cached is not None and cached[0] == graph.uid and cached[1].n_threads >= nt:
-            return cached[1]
+            p = cached[1]
+            if p.generation != placement_generation():     # some tensor moved: re-read addresses
+                p.refresh_data()
+                p._check_data()
+            return p
         p = CpuGraphPlan(graph.nodes, graph.leafs, nt)
         self._plans[graph] = (graph.uid, p)
         self.n_plans_built += 1
@@ -476,6 +488,7 @@ class CpuBackend(Backend):
         nt = min(n_threads or plan.n_threads, plan.n_threads)
         bad = ctypes.c_int32(-1)
         cb = EVAL_CB()
+        raised: list[BaseException] = []
         if self._eval_cb is not None:
             user_cb, tensors = self._eval_cb, plan.tensors
 
@@ -483,7 +496,8 @@ class CpuBackend(Backend):
                 t = tensors[i]
                 try:
                     return 0 if user_cb(t, host_array(t)) is not False else 1
-                except Exception:   # an exception cannot cross C frames: stop the graph
+                except BaseException as e:  # cannot cross C frames: stop, re-raise after
+                    raised.append(e)
                     return 1
             cb = EVAL_CB(_trampoline)
         st = _native.fn("pg_graph_compute")(
@@ -491,9 +505,14 @@ class CpuBackend(Backend):
             self._tp, nt, plan.work.ctypes.data if plan.work.size else None, plan.work.size,
             cb, None, ctypes.byref(bad))
         self.n_computes += 1
+        if raised:
+            raise raised[0]
         if st != _native.PG_OK:
+            if st == _native.PG_ERR_ABORTED:
+                raise ComputeAbortedError("graph stopped by the evaluation callback")
             if st == _native.PG_ERR_INTERNAL:
-                raise BackendError("graph stopped by the evaluation callback")
+                raise BackendError("pg_graph_compute: internal error in libpyggml (a bug: please "
+                                   "report it with the graph)")
             if st == _native.PG_ERR_CLOSED:
                 raise ClosedError("the CPU backend's thread pool was freed (closed) before this "
                                   "compute started")

@@ -101,7 +101,7 @@ def cmd_chat(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def add_commands(sub) -> None:
     c = sub.add_parser("chat", help="interactive conversation with an instruct model")
     add_model_arguments(c, 4096)
     c.add_argument("-sys", "--system-prompt", default=None)

@@ -53,7 +53,7 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def add_commands(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
     add_model_arguments(s, 4096)
     s.add_argument("--host", default="127.0.0.1")

@@ -40,11 +40,16 @@ def _tokens(n: int, n_vocab: int, seed: int) -> list[int]:
 
 
 def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=512,
-                 flash_attn=True, n_gpu_layers=0, config=None) -> list[BenchRow]:
+                 flash_attn=True, n_gpu_layers=0, config=None,
+                 progress: bool = False) -> list[BenchRow]:
     """config: an offload Config (pyggml.offload.config); each row's threads and the bench's
-    context size replace its own."""
+    context size replace its own. progress: a bar on stderr (one step per run)."""
+    from tqdm import tqdm
+
     from pyggml.llm.runtime import LLM
     rows = []
+    bar = tqdm(total=len(threads) * (len(prompts) + len(gens)) * reps, unit="run",
+               desc="bench", disable=not progress, leave=False)
     need_ctx = n_ctx or max([*prompts, *gens, 1]) + 8
     for t in threads:
         cfg = None if config is None else config.with_values(
@@ -62,6 +67,7 @@ def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=
                     t0 = time.perf_counter()
                     llm.eval(toks)
                     tps.append(n / (time.perf_counter() - t0))
+                    bar.update()
                 rows.append(BenchRow(f"pp{n}", t, tps))
             for n in gens:
                 tps = []
@@ -72,7 +78,9 @@ def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=
                     for _ in range(n):
                         tok = int(np.argmax(llm.eval([tok])))
                     tps.append(n / (time.perf_counter() - t0))
+                    bar.update()
                 rows.append(BenchRow(f"tg{n}", t, tps))
+    bar.close()
     return rows
 
 

@@ -57,6 +57,9 @@ def read_hparams(model, tensor_names) -> HParams:
         raise ModelError(f"{k('attention.head_count')} must be > 0")
     hd_k = model.get_u32(k("attention.key_length"), E // n_head[0])
     hd_v = model.get_u32(k("attention.value_length"), hd_k)
+    if hd_k <= 0 or hd_v <= 0:
+        raise ModelError(f"{k('attention.key_length')}={hd_k} and {k('attention.value_length')}"
+                         f"={hd_v}: head sizes must be > 0")
     n_rot = model.get_u32(k("rope.dimension_count"), hd_k)
     tokens = model.get_arr("tokenizer.ggml.tokens", None)
     n_vocab = model.get_u32(k("vocab_size"), len(tokens) if tokens is not None else 0)

@@ -117,8 +117,15 @@ class KVCache:
             per_layer[what] = ts
         self.types_k, self.types_v = per_layer["type_k"], per_layer["type_v"]
         self.type_k, self.type_v = self.types_k[0], self.types_v[0]
-        if not 1 <= n_seq_max <= 64:
-            raise ModelError(f"n_seq_max must be in 1..64, got {n_seq_max}")
+        for what, v, lo, hi in (("n_seq_max", n_seq_max, 1, 64), ("n_ctx", n_ctx, 1, None),
+                                ("n_ubatch", n_ubatch, 1, None)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or \
+                    (hi is not None and v > hi):
+                raise ModelError(f"KV cache {what} must be an integer in {lo}.."
+                                 f"{hi if hi is not None else ''}, got {v!r}")
+        if buffer_types is not None and len(buffer_types) != hp.n_layer:
+            raise ModelError(f"KV cache: {len(buffer_types)} buffer types for {hp.n_layer} "
+                             f"layers")
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
         self.window = hp.sliding_window
@@ -228,19 +235,31 @@ class KVCache:
             sp.pos[:] = -1
             sp.seqs[:] = 0
 
+    def _check_seq(self, what: str, seq_id, allow_all: bool = False) -> None:
+        lo = -1 if allow_all else 0
+        if isinstance(seq_id, bool) or not isinstance(seq_id, (int, np.integer)) or \
+                not lo <= seq_id < self.n_seq_max:
+            raise ModelError(f"{what} must be a sequence id in {lo}..{self.n_seq_max - 1} "
+                             f"(n_seq_max={self.n_seq_max}{'; -1: all' if allow_all else ''}), "
+                             f"got {seq_id!r}")
+
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> None:
         """Forget sequence seq_id's tokens with positions in [p0, p1) (p1 None: to the end);
         seq_id -1: all sequences."""
+        self._check_seq("seq_rm: seq_id", seq_id, allow_all=True)
         for sp in self.spaces.values():
             sp.seq_rm(seq_id, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
         """Make dst share src's cells with positions in [p0, p1) (no data is copied)."""
+        self._check_seq("seq_cp: src", src)
+        self._check_seq("seq_cp: dst", dst)
         for sp in self.spaces.values():
             sp.seq_cp(src, dst, p0, p1)
 
     def seq_pos_max(self, seq_id: int) -> int:
         """Largest position of seq_id in the cache, -1 if it has none."""
+        self._check_seq("seq_pos_max: seq_id", seq_id)
         sp = self.spaces[FULL]
         sel = (sp.seqs & np.uint64(1 << seq_id)) != 0
         return int(sp.pos[sel].max()) if sel.any() else -1

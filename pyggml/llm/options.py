@@ -11,13 +11,8 @@ from __future__ import annotations
 
 import numbers
 import os
-import warnings
 
-from pyggml.errors import ArgumentTypeError, ContextLengthWarning, ModelError
-
-MAX_THREADS = 256       # the C thread pool's limit (PG_MAX_THREADS)
-MAX_SEQ = 64            # sequences: one bit each in the KV cache's cell sets
-
+from pyggml.errors import ArgumentTypeError, ModelError
 
 def _show(v) -> str:
     r = repr(v)
@@ -63,8 +58,10 @@ def _check_kv_type(name: str, v) -> None:
 
 def validate_options(model_path, config, *, n_ctx, n_batch, n_ubatch, n_threads,
                      n_threads_batch, n_seq_max, type_k, type_v, logits_all, flash_attn,
-                     n_gpu_layers, offload, progress, swa_full, verbose) -> None:
-    """LLM.__init__'s arguments: types and ranges that do not depend on the model."""
+                     n_gpu_layers, offload, progress, swa_full, device=None,
+                     verbose=False) -> None:
+    """LLM.__init__'s arguments: types and ranges that do not depend on the model (n_ctx 0, the
+    trained context, is resolved by pyggml.llm.setup)."""
     if model_path is not None and not isinstance(model_path, (str, os.PathLike)):
         raise ArgumentTypeError(f"model_path must be a path (str or os.PathLike) or None, got "
                                 f"{type(model_path).__name__} {_show(model_path)}")
@@ -74,12 +71,11 @@ def validate_options(model_path, config, *, n_ctx, n_batch, n_ubatch, n_threads,
             raise ArgumentTypeError(f"config must be a YAML path, a dict or a "
                                     f"pyggml.offload.config.Config, got {type(config).__name__} "
                                     f"{_show(config)}")
-    check_int("n_ctx", n_ctx, 0, hint=" (0: the model's trained context)")
-    check_int("n_batch", n_batch, 1)
-    check_int("n_ubatch", n_ubatch, 1)
-    check_int("n_threads", n_threads, 1, MAX_THREADS, none_ok=True)
-    check_int("n_threads_batch", n_threads_batch, 1, MAX_THREADS, none_ok=True)
-    check_int("n_seq_max", n_seq_max, 1, MAX_SEQ)
+    # types only: the ranges are RunOptions.resolved's (sizes), the CPU backend's (threads) and
+    # the KV cache's (n_seq_max), with the messages the CLI shows too
+    for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
+                    ("n_seq_max", n_seq_max)):
+        check_int(name, v)
     check_int("n_gpu_layers", n_gpu_layers)     # its range: the offload rules (ConfigError)
     _check_kv_type("type_k", type_k)
     _check_kv_type("type_v", type_v)
@@ -87,28 +83,14 @@ def validate_options(model_path, config, *, n_ctx, n_batch, n_ubatch, n_threads,
                     ("swa_full", swa_full), ("verbose", verbose)):
         check_flag(name, v)
     check_flag("progress", progress, none_ok=True)
+    if device is not None and not isinstance(device, str):
+        raise ArgumentTypeError(f"device must be a device name such as 'Vulkan0' or None, got "
+                                f"{type(device).__name__} {_show(device)}")
     if offload is not None:
         from pyggml.offload import OffloadPlan
         if not isinstance(offload, OffloadPlan):
             raise ArgumentTypeError(f"offload must be a pyggml.offload.OffloadPlan or None, got "
                                     f"{type(offload).__name__} {_show(offload)}")
-
-
-def resolve_n_ctx(n_ctx: int, n_ctx_train: int, path: str = "") -> int:
-    """llama.cpp's rule: n_ctx 0 is the trained context. Past the trained context a
-    ContextLengthWarning says so (the model was not trained on such distances)."""
-    n_ctx = int(n_ctx)
-    if n_ctx == 0:
-        if not n_ctx_train:
-            raise ModelError(f"n_ctx=0 means the model's trained context, but "
-                             f"{path or 'the model'} does not give one (context_length): pass "
-                             f"n_ctx")
-        return int(n_ctx_train)
-    if n_ctx_train and n_ctx > n_ctx_train:
-        warnings.warn(f"n_ctx={n_ctx} exceeds the context the model was trained with "
-                      f"({n_ctx_train}): output quality usually drops past it",
-                      ContextLengthWarning, stacklevel=3)
-    return n_ctx
 
 
 def token_list(tokens, what: str = "tokens") -> list[int]:

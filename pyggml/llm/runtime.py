@@ -17,23 +17,17 @@ from typing import Iterator
 
 import numpy as np
 
-from pyggml.backend.base import (BufferUsage, DeviceType, alloc_tensors, default_registry,
-                                 is_host_tensor, tensor_get)
-from pyggml.backend.cpu import CpuBackend, host_array
-from pyggml.context import Context
+from pyggml.backend.base import is_host_tensor, tensor_get
+from pyggml.backend.cpu import host_array
 from pyggml.errors import (ArgumentTypeError, ClosedError, ContextOverflowError,
                            GeneratorInvalidatedError, ModelError, PyggmlError)
-from pyggml.gguf import GGUFModel
-from pyggml.llm.hparams import read_hparams
-from pyggml.llm.kv_cache import KVCache
-from pyggml.llm.models import GraphParams, build_graph, check_weights, graph_size
-from pyggml.llm.options import (check_flag, check_int, is_int, resolve_n_ctx, token_list,
-                                validate_options)
+from pyggml.llm.models import GraphParams
+from pyggml.llm.options import check_flag, check_int, is_int, token_list, validate_options
 from pyggml.llm.sampler import DEFAULT_SEED, Sampler, SamplingParams
+from pyggml.llm.setup import DEFAULTS, ModelFile, RunOptions, build_run, resolve_offload
 from pyggml.llm.textstream import TextStream
 from pyggml.llm.tokenizer import Tokenizer
-from pyggml.offload import (CPU, OffloadPlan, pin_phase_ops, plan_from_args,
-                            plan_from_config)
+from pyggml.offload import OffloadPlan, pin_phase_ops
 from pyggml.sched import Scheduler
 
 
@@ -103,21 +97,22 @@ class LLM:
     """A GGUF language model ready to run.
 
     model_path: a GGUF file (None: the embedded default model, Gemma 3 270M Q4_K_M).
-    n_ctx: KV cells (shared by all sequences); n_batch: tokens per eval call chunk;
-    n_ubatch: tokens per graph; n_threads / n_threads_batch: decode / prompt threads;
-    n_seq_max: sequences decoded together; type_k/type_v: KV cache types (f16, f32, q8_0);
-    logits_all: keep logits for every position (else the last of each eval only);
+    n_ctx: KV cells (shared by all sequences; 0: the model's trained context); n_batch: tokens
+    per eval call chunk; n_ubatch: tokens per graph; n_threads / n_threads_batch: decode /
+    prompt threads; n_seq_max: sequences decoded together; type_k/type_v: KV cache types (f16,
+    f32, q8_0); logits_all: keep logits for every position (else the last of each eval only);
     flash_attn: fused attention (llama.cpp's default on CPU) or mul_mat + softmax;
     n_gpu_layers: as llama.cpp's -ngl, the last N of the n_layer + 1 layer slots (the output
-    is the last) on the first GPU device; offload: an OffloadPlan (overrides n_gpu_layers);
+    is the last) on `device` (llama.cpp's -dev; default: the first GPU that is not a software
+    device such as lavapipe, which is used only when named); offload: an OffloadPlan (overrides n_gpu_layers);
     config: an offload config (a YAML path, a pyggml.offload.config.Config or a dict; see
     configs/README.md): its plan replaces n_gpu_layers / offload, and the sizes, threads and
     KV types it sets replace the keyword arguments;
     progress: a progress bar while weights are copied to devices (None: on a terminal);
     swa_full: sliding-window layers keep all n_ctx cells (else a window-sized cache, as llama.cpp).
-    n_ctx=0 is the model's trained context (llama.cpp); a larger n_ctx than the trained one
-    gives a ContextLengthWarning. A KV cache larger than the available memory is refused before
-    anything is allocated (InsufficientMemoryError, with the n_ctx that would fit).
+    Defaults: pyggml.llm.setup.RunOptions (the one table of them, shared with the CLI).
+    A KV cache larger than the available memory is refused before anything is allocated
+    (InsufficientMemoryError, with the n_ctx that would fit).
 
     Threads: one LLM may be shared. Evaluation is serialized by `lock` (a re-entrant lock):
     eval, decode_batch, reset, generate and each step of a generation hold it, so calls from
@@ -133,12 +128,14 @@ class LLM:
     """
 
     def __init__(self, model_path: str | os.PathLike | None = None, config=None, *,
-                 n_ctx: int = 2048, n_batch: int = 2048, n_ubatch: int = 512,
-                 n_threads: int | None = None, n_threads_batch: int | None = None,
-                 n_seq_max: int = 1, type_k: str = "f16", type_v: str = "f16",
-                 logits_all: bool = False, flash_attn: bool = True, n_gpu_layers: int = 0,
-                 offload: OffloadPlan | None = None, progress: bool | None = None,
-                 swa_full: bool = False, verbose: bool = False):
+                 n_ctx: int = DEFAULTS.n_ctx, n_batch: int = DEFAULTS.n_batch,
+                 n_ubatch: int = DEFAULTS.n_ubatch, n_threads: int | None = None,
+                 n_threads_batch: int | None = None, n_seq_max: int = DEFAULTS.n_seq_max,
+                 type_k: str = DEFAULTS.type_k, type_v: str = DEFAULTS.type_v,
+                 logits_all: bool = DEFAULTS.logits_all, flash_attn: bool = DEFAULTS.flash_attn,
+                 n_gpu_layers: int = DEFAULTS.n_gpu_layers, offload: OffloadPlan | None = None,
+                 progress: bool | None = None, swa_full: bool = DEFAULTS.swa_full,
+                 device: str | None = None, verbose: bool = False):
         t0 = time.perf_counter()
         self._closed = False
         self.lock = threading.RLock()
@@ -146,68 +143,45 @@ class LLM:
                          n_threads=n_threads, n_threads_batch=n_threads_batch, n_seq_max=n_seq_max,
                          type_k=type_k, type_v=type_v, logits_all=logits_all,
                          flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, offload=offload,
-                         progress=progress, swa_full=swa_full, verbose=verbose)
-        if model_path is None:
-            from pyggml.models_default import ensure_default_model
-            model_path = ensure_default_model()
-        self.path = os.fspath(model_path)
-        self.model = GGUFModel.open(self.path)
-        self.weights = self.model.create_tensors()
-        self.hparams = read_hparams(self.model, self.model.tensors)
-        check_weights(self.hparams, self.weights, self.path)
-        self.settings = None
-        if config is not None:
-            offload, s = plan_from_config(config, self.model.tensors, self.hparams.n_layer,
-                                          self.hparams.tied_output)
-            self.settings = s
-            n_ctx, n_batch = s.n_ctx or n_ctx, s.n_batch or n_batch
-            n_ubatch, n_seq_max = s.n_ubatch or n_ubatch, s.n_seq_max or n_seq_max
-            n_threads = s.n_threads or n_threads
-            n_threads_batch = s.n_threads_batch or n_threads_batch
-            type_k, type_v = s.type_k or type_k, s.type_v or type_v
-        n_ctx = resolve_n_ctx(n_ctx, self.hparams.n_ctx_train, self.path)
-        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
-            if not is_int(v) or v < 1:
-                raise ModelError(f"{name} must be a positive integer, got {v!r}")
-        self.tokenizer = Tokenizer.from_gguf(self.path)
-        self.n_ctx, self.n_ubatch = n_ctx, min(n_ubatch, n_batch)
-        self.n_batch = n_batch
-        self.n_seq_max = n_seq_max
-        self.logits_all = logits_all
-        self.flash_attn = flash_attn
+                         progress=progress, swa_full=swa_full, device=device, verbose=verbose)
+        opts = RunOptions(n_ctx, n_batch, n_ubatch, n_threads, n_threads_batch, n_seq_max,
+                          type_k, type_v, logits_all, flash_attn, swa_full, n_gpu_layers)
+        self.file = ModelFile(model_path)
+        try:
+            self.offload, opts = resolve_offload(self.file, opts, config=config, offload=offload,
+                                                 gpu_device=device)
+            self.tokenizer = Tokenizer.from_gguf(self.path)
+            self.run = build_run(self.file, self.offload, opts, progress=progress)
+        except BaseException:
+            self.file.close()
+            raise
+        self.settings = self.offload.settings
         self.verbose = verbose
-        self.offload = offload or self._plan_from_ngl(n_gpu_layers)
-        if "output.weight" in self.offload.weights and "output.weight" not in self.weights:
-            self.weights["output.weight"] = self.weights["token_embd.weight"]   # tied, CPU copy
-        self._init_backends(n_threads, n_threads_batch)
-        self._place_weights(progress)
-        kv_bufts = [self._device_backend(p.device).get_default_buffer_type()
-                    for p in self.offload.kv]
-        self.kv = KVCache(self.hparams, n_ctx, type_k, type_v, n_seq_max, kv_bufts,
-                          n_ubatch=self.n_ubatch, swa_full=swa_full)
-        if not flash_attn and any(t.name.startswith("Q") for t in self.kv.types_v):
-            self.close()
-            raise ModelError("a quantized V cache needs flash attention (flash_attn=True / -fa "
-                             "on): without it V is read transposed, which quantized rows cannot be")
-        # one scheduler per phase when the phases differ in op offload (prefill may move big
-        # matmuls to a GPU while decode stays next to host weights)
-        oo = self.offload.op_offload
-        gs = graph_size(self.hparams.n_layer) * 2
-        self.sched = {"prefill": Scheduler(self.backends, n_copies=self.offload.n_copies,
-                                           op_offload=oo["prefill"], graph_size=gs)}
-        same = oo["decode"] == oo["prefill"] and not self.offload.phase_ops
-        self.sched["decode"] = (self.sched["prefill"] if same else
-                                Scheduler(self.backends, n_copies=self.offload.n_copies,
-                                          op_offload=oo["decode"], graph_size=gs))
-        self.stats = RunStats()
+        self.stats = RunStats(allocator_plans=sum(1 for _ in self.run.scheds()))
         self._graph: _BuiltGraph | None = None
-        self._seq_pos = [0] * n_seq_max
-        self._seq_epoch = [0] * n_seq_max     # bumped by every change of a sequence from outside
+        self._seq_pos = [0] * self.n_seq_max
+        self._seq_epoch = [0] * self.n_seq_max    # bumped by every change of a sequence from outside
         self.last_finish_reason: str | None = None    # of the last generation that ended
-        self._seq_tokens: list[list[int]] = [[] for _ in range(n_seq_max)]   # what each holds
+        self._seq_tokens: list[list[int]] = [[] for _ in range(self.n_seq_max)]   # what each holds
         self._chat_templates: dict = {}
-        self._reserve()
         self.stats.t_load_s = time.perf_counter() - t0
+
+    # the run's parts (pyggml.llm.setup.Run) under the names users know
+    path = property(lambda self: self.file.path)
+    model = property(lambda self: self.file.model)
+    hparams = property(lambda self: self.file.hparams)
+    weights = property(lambda self: self.run.weights)
+    weight_buffers = property(lambda self: self.run.weight_buffers)
+    kv = property(lambda self: self.run.kv)
+    sched = property(lambda self: self.run.sched)
+    backends = property(lambda self: self.run.backends)
+    backend = property(lambda self: self.run.cpu)
+    n_ctx = property(lambda self: self.run.opts.n_ctx)
+    n_batch = property(lambda self: self.run.opts.n_batch)
+    n_ubatch = property(lambda self: self.run.opts.n_ubatch)
+    n_seq_max = property(lambda self: self.run.opts.n_seq_max)
+    logits_all = property(lambda self: self.run.opts.logits_all)
+    flash_attn = property(lambda self: self.run.opts.flash_attn)
 
     # ---- text ------------------------------------------------------------------------------
     def tokenize(self, text: str | bytes, add_special: bool = True,
@@ -230,102 +204,12 @@ class LLM:
             raise ClosedError(f"this LLM ({os.path.basename(self.path)}) was closed: create a "
                               f"new one")
 
-    # ---- devices and weights ---------------------------------------------------------------
-    def _plan_from_ngl(self, n_gpu_layers: int) -> OffloadPlan:
-        gpu = None
-        if n_gpu_layers > 0:
-            devs = [d for d in default_registry().devices() if d.type != DeviceType.CPU]
-            if not devs:
-                reasons = "; ".join(f"{m}: {e}" for m, e in default_registry().load_errors.items())
-                raise ModelError(f"n_gpu_layers={n_gpu_layers} but no GPU device was found "
-                                 f"({reasons or 'no backend module reported one'})")
-            gpu = devs[0].name
-        return plan_from_args(self.model.tensors, self.hparams.n_layer, self.hparams.tied_output,
-                              n_gpu_layers, gpu)
-
-    def _init_backends(self, n_threads, n_threads_batch) -> None:
-        """One backend per device the plan uses, in its priority order, the CPU last."""
-        self.backend = CpuBackend(n_threads, n_threads_batch)
-        self.backends = []
-        for name in self.offload.devices_used():
-            if name == CPU:
-                continue
-            # only here: listing devices loads every backend module (Vulkan: its driver)
-            dev = default_registry().device(name)
-            self.backends.append(dev.init_backend())
-        self.backends.append(self.backend)
-        self._by_device = {b.device.name: b for b in self.backends}
-        self._by_device[CPU] = self.backend
-
-    def _device_backend(self, name: str):
-        b = self._by_device.get(name)
-        if b is None:
-            raise ModelError(f"the offload plan names device '{name}', which has no backend here")
-        return b
-
-    def _place_weights(self, progress) -> None:
-        """Weights planned on a device other than the CPU get a WEIGHTS buffer there and their
-        bytes copied from the mapped file; the others stay mapped (zero copy)."""
-        by_dev: dict[str, list[str]] = {}
-        for name, p in self.offload.weights.items():
-            if p.device != CPU:
-                by_dev.setdefault(p.device, []).append(name)
-        self.weight_buffers = {}
-        if not by_dev:
-            return
-        ctx = Context(no_alloc=True, name="device-weights")
-        for dev, names in by_dev.items():
-            # a tied output matrix placed on a device is a copy of token_embd there
-            src_of = {n: ("token_embd.weight" if n == "output.weight" and n not in
-                          self.model.tensors else n) for n in names}
-            placed = {}
-            for n in names:
-                info = self.model.tensor_info(src_of[n])
-                placed[n] = ctx.new_tensor(info.type, info.ne[: max(info.n_dims, 1)], name=n)
-            bt = self._device_backend(dev).get_default_buffer_type()
-            buf = alloc_tensors(bt, placed.values(), BufferUsage.WEIGHTS)
-            by_src: dict[str, list] = {}
-            for n, t in placed.items():
-                by_src.setdefault(src_of[n], []).append(t)
-            self.model.copy_tensors_to(lambda info, data: [buf.set_tensor(t, data)
-                                                           for t in by_src[info.name]],
-                                       names=list(by_src), progress=progress,
-                                       desc=f"weights to {dev}")
-            self.weights.update(placed)
-            self.weight_buffers[dev] = buf
-
     # ---- memory ----------------------------------------------------------------------------
-    def _worst_case_params(self) -> GraphParams:
-        n_out = self.n_ubatch if self.logits_all else min(self.n_seq_max, self.n_ubatch)
-        return GraphParams(self.n_ubatch, n_out, self.n_ctx,
-                           self.kv.spaces["swa"].n_cells if "swa" in self.kv.spaces else 0)
-
-    def _reserve(self) -> None:
-        """Plan the compute buffer once for the largest ubatch graph (ggml's reserve)."""
-        for phase, sched in self._scheds():
-            g, _, _ = build_graph(self.hparams, self.weights, self.kv, self._worst_case_params(),
-                                  self.flash_attn, not self.logits_all)
-            pin_phase_ops(sched, g, self.offload, phase, self.weights)
-            sched.reserve(g)
-            self.stats.allocator_plans += 1
-
-    def _scheds(self):
-        seen = []
-        for phase, s in self.sched.items():
-            if all(s is not o for o in seen):
-                seen.append(s)
-                yield phase, s
-
     def compute_buffer_size(self, device: str | None = None) -> int:
         """Bytes of the planned compute buffers (intermediate tensors of the worst-case graph),
         of one device or all together."""
         self._check_open()
-        total = 0
-        for _, s in self._scheds():
-            for b in self.backends:
-                if device is None or b.device.name == device:
-                    total += s.get_buffer_size(b)
-        return total
+        return self.run.compute_buffer_size(device)
 
     def memory_report(self) -> dict:
         self._check_open()
@@ -459,8 +343,7 @@ class LLM:
             self.stats.graphs_reused += 1
         else:
             self._graph = None
-            g, inp, logits = build_graph(self.hparams, self.weights, self.kv, gp, self.flash_attn,
-                                         not self.logits_all)
+            g, inp, logits = self.run.build_graph(gp)
             before = sched.n_reserves
             pin_phase_ops(sched, g, self.offload, "decode" if T == 1 else "prefill", self.weights)
             sched.alloc_graph(g)
@@ -708,11 +591,8 @@ class LLM:
             if self._closed:
                 return
             self._closed = True
-            for b in getattr(self, "backends", ()):
-                b.close()
-            model = getattr(self, "model", None)
-            if model is not None:
-                model.close()
+            self.run.close()
+            self.file.close()
 
     def __enter__(self):
         return self

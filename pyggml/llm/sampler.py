@@ -37,8 +37,8 @@ class SamplingParams:
             kind = numbers.Integral if f.name in _INT_FIELDS else numbers.Real
             if isinstance(v, bool) or not isinstance(v, kind):
                 what = "an integer" if kind is numbers.Integral else "a number"
-                raise ArgumentTypeError(f"sampling parameter {f.name} must be {what}, got "
-                                        f"{type(v).__name__} {v!r}")
+                raise ArgumentTypeError(f"invalid sampling parameters: {f.name} must be {what}, "
+                                        f"got {v!r}")
         problems = []
         if not np.isfinite(self.temperature):
             problems.append(f"temperature must be finite, got {self.temperature}")
@@ -84,6 +84,9 @@ class Sampler:
         """Pick the next token id from logits (float32 [n_vocab])."""
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
+        if logits.ndim != 1 or logits.size == 0:
+            raise ModelError(f"sample: logits must be one non-empty row [n_vocab], got shape "
+                             f"{logits.shape}")
         if p.repeat_penalty != 1.0 and self.recent:
             logits = logits.copy()
             ids = np.fromiter(set(self.recent), dtype=np.int64)

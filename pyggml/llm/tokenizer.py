@@ -10,7 +10,7 @@ Two vocabulary models, chosen by `tokenizer.ggml.model`:
 Before either runs, special tokens are cut out of the raw text (llama.cpp's
 `tokenizer_st_partition`): CONTROL and UNKNOWN tokens only when `parse_special` is true,
 USER_DEFINED tokens always. The reference is llama.cpp's `src/llama-vocab.cpp` and
-`src/unicode.cpp`; shared/docs/formats-and-models.md §5 describes the algorithms.
+`src/unicode.cpp`; docs/FORMATS.md §5 describes the algorithms.
 
 Text is handled as Python `str`; a token text that is not valid UTF-8 is kept with
 `surrogateescape`, so raw bytes round-trip.

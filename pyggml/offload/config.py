@@ -23,8 +23,9 @@ from pathlib import Path
 import yaml
 
 from pyggml.errors import ConfigError
+from pyggml.units import size_or_none
 
-KINDS = ("attn", "ffn", "norm", "embd", "output")
+KINDS = ("attn", "ffn", "experts", "norm", "embd", "output")
 PHASES = ("prefill", "decode")
 KV_TYPE_NAMES = ("f16", "f32", "q8_0")
 MAX_EXTENDS_DEPTH = 8
@@ -114,7 +115,9 @@ SCHEMA = {
                     "layers": dict(_LAYERS, doc="only tensors of these layers (blk.N.*)"),
                     "kind": {"type": ["string", "array"], "format": "kinds",
                              "doc": "only tensors of these kinds: attn (attention matrices and "
-                                    "biases), ffn (feed-forward matrices, experts), norm "
+                                    "biases), ffn (feed-forward matrices, experts too), "
+                                    "experts (a mixture-of-experts model's ffn_*_exps and "
+                                    "ffn_*_shexp: -ot exps=CPU), norm "
                                     "(normalisation weights in layers), embd (token "
                                     "embeddings), output (output matrix and output norm); one "
                                     "or a list"},
@@ -196,7 +199,8 @@ SCHEMA = {
             "type": "object",
             "doc": "sizes",
             "properties": {
-                "n_ctx": dict(_POS_INT, doc="KV cells (-c)"),
+                "n_ctx": {"type": "integer", "minimum": 0,
+                          "doc": "KV cells (-c; 0: the model's trained context)"},
                 "n_batch": dict(_POS_INT, doc="tokens per eval chunk (-b)"),
                 "n_ubatch": dict(_POS_INT, doc="tokens per graph (-ub)"),
                 "n_seq_max": {"type": "integer", "minimum": 1, "maximum": 64,
@@ -687,7 +691,7 @@ def _check_format(fmt: str, v):
         if isinstance(v, str) and not v.strip():
             return "an empty device name"
     elif fmt == "size":
-        if size_bytes(v) is None:
+        if size_or_none(v) is None:
             return f"expected a memory size (bytes, or like 8GiB, 512MiB), got {_got(v)}"
     elif fmt == "kinds":
         items = v if isinstance(v, list) else [v]
@@ -698,19 +702,6 @@ def _check_format(fmt: str, v):
                 hint = _did_you_mean(str(it), KINDS)
                 return f"unknown kind {_got(it)}; kinds: {', '.join(KINDS)}{hint}"
     return None
-
-
-def size_bytes(v) -> int | None:
-    """A memory size: bytes (int), or '8GiB', '512 MiB', '2G' (K/M/G/T: powers of 1024); None
-    when it is not one."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v if v >= 0 else None
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?b)?\s*", str(v), re.IGNORECASE)
-    if not m:
-        return None
-    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2).lower() or " "))
 
 
 def _did_you_mean(word: str, choices) -> str:

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from pyggml.errors import ConfigError
+from pyggml.units import size_or_none
 from pyggml.offload.config import (
     CLI,
     KINDS,
@@ -101,6 +102,7 @@ class OffloadPlan:
     rules: list[RuleReport] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     layer_devices: list[str] = field(default_factory=list)    # n_layer + 1 slots (gpu_layers)
+    settings: RunSettings | None = None       # the sizes the config set (plan_from_config)
 
     def weight_device(self, name: str) -> str:
         p = self.weights.get(name)
@@ -122,8 +124,19 @@ def layer_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+_EXPERTS = re.compile(r"^ffn_\w+_(exps|shexp)\b")
+
+
+def is_expert(name: str) -> bool:
+    """A mixture-of-experts weight: blk.N.ffn_{gate,up,down,gate_up}_exps (the stacked routed
+    experts, [ne0, ne1, n_expert]) or ffn_*_shexp (the shared expert), as llama.cpp names them."""
+    il = layer_of(name)
+    return il is not None and bool(_EXPERTS.match(name.split(".", 2)[2]))
+
+
 def tensor_kind(name: str) -> str | None:
-    """attn, ffn, norm (in layers), embd, output, or None (e.g. rope_freqs)."""
+    """attn, ffn, experts (MoE expert FFN weights: also of kind ffn), norm (in layers), embd,
+    output, or None (e.g. rope_freqs)."""
     il = layer_of(name)
     if il is not None:
         short = name.split(".", 2)[2]
@@ -131,6 +144,8 @@ def tensor_kind(name: str) -> str | None:
             return "norm"
         if short.startswith("attn_"):
             return "attn"
+        if _EXPERTS.match(short):
+            return "experts"
         if short.startswith("ffn_"):
             return "ffn"
         return None
@@ -141,13 +156,48 @@ def tensor_kind(name: str) -> str | None:
     return None
 
 
-# ---- devices -----------------------------------------------------------------------------------
+# ---- devices ----
+
+@dataclass(frozen=True)
+class VirtualSpec:
+    """A device declared for planning: `--virtual-device NAME=SIZE[:igpu]` or a config's
+    `virtual_devices` entry. memory: bytes; kind: gpu (own memory) or igpu (system RAM)."""
+    name: str
+    memory: int
+    kind: str = "gpu"
+
+    def __post_init__(self):
+        from pyggml.units import parse_size
+        object.__setattr__(self, "memory", parse_size(self.memory, f"device {self.name}"))
+        object.__setattr__(self, "kind", str(self.kind).lower())
+        if self.kind not in ("gpu", "igpu"):
+            raise ConfigError(f"virtual device '{self.name}': kind must be 'gpu' or 'igpu', got "
+                              f"{self.kind!r}")
+
+    @classmethod
+    def parse(cls, text: str, flag: str = "--virtual-device") -> "VirtualSpec":
+        """NAME=SIZE[:igpu] (e.g. laptop=8GiB, apu=16GiB:igpu); a size left out: 8 GiB."""
+        from pyggml.units import parse_size
+        name, _, rest = str(text).partition("=")
+        size, _, kind = rest.partition(":")
+        if not name.strip():
+            raise ConfigError(f"{flag} {text!r}: expected NAME=SIZE[:igpu], e.g. laptop=8GiB")
+        if name.strip().upper() == CPU:
+            raise ConfigError(f"{flag} {text!r}: the CPU always exists; its free memory is "
+                              f"read from the system")
+        return cls(name.strip(), parse_size(size, f"{flag} {name.strip()}") if size.strip()
+                   else 8 << 30, (kind or "gpu").strip().lower())
+
+    def device(self):
+        from pyggml.backend.planning import PlanningDevice
+        return PlanningDevice.virtual_gpu(self.name, self.memory, self.kind)
+
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """A device a plan may name. free/total: bytes (None: unknown); planning: declared for
-    planning only (`pyggml plan --assume-device`), no hardware; assumed_memory: free/total
-    were declared (`--assume-device` of a device that exists)."""
+    """A device a plan may name. free/total: bytes (None: unknown); planning: a virtual device
+    (planning only, no hardware); assumed_memory: free/total were declared, not read."""
     name: str
     is_cpu: bool = False
     free: int | None = None
@@ -156,54 +206,94 @@ class DeviceInfo:
     description: str = ""
     planning: bool = False
     assumed_memory: bool = False
+    software: bool = False      # slower than the CPU (lavapipe): used only where named
+
+
+def _info_of(d, assumed: int | None = None) -> DeviceInfo:
+    from pyggml.backend.base import DeviceType
+    free, total = (assumed, assumed) if assumed is not None else d.memory()
+    bts = tuple(b.name for b in d.buffer_types())
+    host = d.host_buffer_type()
+    if host is not None and host.name not in bts:
+        bts += (host.name,)
+    virtual = getattr(d, "virtual", False)
+    return DeviceInfo(d.name, d.type == DeviceType.CPU, free, total, bts, d.description,
+                      planning=virtual, assumed_memory=virtual or assumed is not None,
+                      software=d.is_software() and assumed is None)
 
 
 class DeviceCatalog:
-    """The devices of this machine (registry order: GPUs, then the CPU), plus planning-only ones.
+    """The devices a plan may name: this machine's (registry order: GPUs, then the CPU) and
+    virtual ones (planning-only devices a config or a flag declares). The one device catalog of
+    the runtime, the dry run and the memory plan. devices: name -> Device (absent in catalogs
+    made from bare DeviceInfos); assumed: name -> bytes of memory declared for a real device;
     permissive: accept any device name as present (plan_from_args, which has no registry)."""
 
-    def __init__(self, infos, permissive: bool = False):
+    def __init__(self, infos, permissive: bool = False, devices=None, assumed=None):
         infos = list(infos)
         if not any(d.is_cpu for d in infos):
             infos.append(DeviceInfo(CPU, is_cpu=True, buffer_types=(CPU,)))
         self.infos = [d for d in infos if not d.is_cpu] + [d for d in infos if d.is_cpu]
         self.permissive = permissive
+        self.devices = dict(devices or {})
+        self.assumed = dict(assumed or {})
 
     @classmethod
-    def from_registry(cls, registry=None, assumed: dict | None = None) -> "DeviceCatalog":
-        """The registry's devices; `assumed`: {name: bytes} planning-only devices (a name that
-        exists gets that much free memory instead of its own)."""
-        from pyggml.backend.base import DeviceType, default_registry
+    def from_registry(cls, registry=None, virtual=()) -> "DeviceCatalog":
+        """The registry's devices plus `virtual`: VirtualSpecs (or PlanningDevices). A spec
+        with a real device's name declares that device's memory instead ("would it fit on a
+        4 GiB card?")."""
+        from pyggml.backend.base import default_registry
         reg = registry or default_registry()
-        infos = []
-        for d in reg.devices():
-            free, total = d.memory()
-            bts = tuple(b.name for b in d.buffer_types())
-            host = d.host_buffer_type()
-            if host is not None and host.name not in bts:
-                bts += (host.name,)
-            infos.append(DeviceInfo(d.name, d.type == DeviceType.CPU, free, total, bts,
-                                    d.description))
-        for name, n in (assumed or {}).items():
-            i = next((k for k, x in enumerate(infos) if x.name.lower() == name.lower()), None)
-            if i is not None:
-                x = infos[i]
-                infos[i] = DeviceInfo(x.name, x.is_cpu, n, n, x.buffer_types, x.description,
-                                      assumed_memory=True)
-            else:
-                infos.append(DeviceInfo(name, False, n, n, (name,), "planning-only device",
-                                        planning=True, assumed_memory=True))
-        return cls(infos)
+        return cls([], devices={d.name: d for d in reg.devices()}).with_devices(virtual)
+
+    def with_devices(self, virtual) -> "DeviceCatalog":
+        """This catalog plus virtual devices (VirtualSpec or PlanningDevice); a spec declared
+        again with the same size and kind is kept once, another one of the same name is an
+        error."""
+        from pyggml.backend.planning import PlanningDevice
+        devices, assumed = dict(self.devices), dict(self.assumed)
+        for v in virtual:
+            if isinstance(v, VirtualSpec):
+                real = next((n for n, d in devices.items() if n.lower() == v.name.lower()
+                             and not getattr(d, "virtual", False)), None)
+                if real is not None:
+                    assumed[real] = v.memory
+                    continue
+                v = v.device()
+            old = next((d for n, d in devices.items() if n.lower() == v.name.lower()), None)
+            if old is not None:
+                if isinstance(old, PlanningDevice) and old.virtual and \
+                        (old.memory(), old.kind) == (v.memory(), v.kind):
+                    continue
+                raise ConfigError(f"virtual device '{v.name}' has the name of another device "
+                                  f"({', '.join(devices)})")
+            devices[v.name] = v
+        infos = [_info_of(d, assumed.get(n)) for n, d in devices.items()]
+        return DeviceCatalog(infos, self.permissive, devices, assumed)
 
     def with_virtual(self, cfg) -> "DeviceCatalog":
-        """This catalog plus the config's `virtual_devices` (planning-only, declared memory; a
-        name already listed keeps its entry)."""
-        from pyggml.offload.config import size_bytes
-        extra = [DeviceInfo(v["name"], False, size_bytes(v["memory"]), size_bytes(v["memory"]),
-                            (v["name"],), f"virtual {v.get('kind', 'gpu')} (planning only)",
-                            planning=True, assumed_memory=True)
+        """This catalog plus the config's `virtual_devices` (a name already listed keeps its
+        entry)."""
+        specs = [VirtualSpec(v["name"], size_or_none(v["memory"]), v.get("kind", "gpu"))
                  for v in cfg.get(("virtual_devices",)) or [] if self.info(v["name"]) is None]
-        return DeviceCatalog(self.infos + extra, self.permissive) if extra else self
+        return self.with_devices(specs) if specs else self
+
+    def memory_of(self, name: str) -> tuple[int, int]:
+        """(free, total) bytes of a device: the declared size where one was assumed."""
+        d = self.device(name)
+        n = self.assumed.get(d.name)
+        return (n, n) if n is not None else d.memory()
+
+    def device(self, name: str):
+        """The Device of a name (case-insensitive); ConfigError naming the known ones."""
+        for n, d in self.devices.items():
+            if n.lower() == name.lower():
+                return d
+        if name.upper() == CPU:
+            from pyggml.backend.cpu import cpu_device
+            return cpu_device()
+        raise ConfigError(f"no device named '{name}' (known: {', '.join(self.names())})")
 
     def names(self) -> list[str]:
         return [d.name for d in self.infos]
@@ -260,7 +350,8 @@ class _Rule:
                 return False
             if self.ranges is not None and not any(a <= il <= b for a, b in self.ranges):
                 return False
-        if self.kinds is not None and kind not in self.kinds:
+        if self.kinds is not None and kind not in self.kinds and not (
+                kind == "experts" and "ffn" in self.kinds):     # experts are ffn weights too
             return False
         return True
 
@@ -340,7 +431,7 @@ class _Resolver:
         if listed is None:        # every GPU, when gpu_layers gives them something to hold
             ngl = cfg.get(("gpu_layers",), 0)
             if ngl == "all" or ngl > 0:
-                gpus = [d.name for d in self.catalog.infos if not d.is_cpu]
+                gpus = [d.name for d in self.catalog.infos if not d.is_cpu and not d.software]
             gpu_targets = list(gpus)
         else:
             for i, ref in enumerate(listed):
@@ -393,6 +484,11 @@ class _Resolver:
         n = L + 1 if ngl == "all" else min(int(ngl), L + 1)
         if n > 0 and not gpus:
             here = ", ".join(self.catalog.names())
+            soft = [d.name for d in self.catalog.infos if d.software]
+            if soft and not cfg.has(("devices",)):
+                here += (f"; {', '.join(soft)} computes on the CPU through its driver (a "
+                         f"software device, slower than the CPU backend): name it in 'devices' "
+                         f"(-dev {soft[0]}) to use it anyway")
             if cfg.has(("devices",)):
                 self.err(("gpu_layers",), f"{ngl} layer(s) for the GPUs, but 'devices' names no "
                                           f"GPU (devices here: {here})")
@@ -655,7 +751,9 @@ def plan_from_config(config, tensor_names, n_layer: int, tied_output: bool, *,
     if catalog is None:
         catalog = DeviceCatalog.from_registry()
     catalog = catalog.with_virtual(cfg)
-    return _Resolver(cfg, tensor_names, n_layer, tied_output, catalog).resolve()
+    plan, settings = _Resolver(cfg, tensor_names, n_layer, tied_output, catalog).resolve()
+    plan.settings = settings
+    return plan, settings
 
 
 # ---- llama.cpp's flags -------------------------------------------------------------------------
@@ -784,6 +882,8 @@ def llama_flags(cfg: Config, plan: OffloadPlan, tensor_names, n_layer: int,
             continue
         if set(r) - {"name"} <= {"match", "device", "buffer_type"}:
             pat = r["match"]
+        elif set(r) - {"name"} <= {"kind", "device"} and r["kind"] in ("experts", ["experts"]):
+            pat = r"ffn_\w+_(exps|shexp)\b"          # llama.cpp users write -ot exps=CPU
         else:
             pat = _names_regex(matched, n_layer)
         flags += ["-ot", f"{pat}={rep.device}"]
@@ -847,6 +947,6 @@ def pin_phase_ops(sched, graph, plan: OffloadPlan, phase: str, weights: dict) ->
     return n
 
 
-__all__ = ["CPU", "KINDS", "DeviceCatalog", "DeviceInfo", "OffloadPlan", "Placement",
+__all__ = ["CPU", "KINDS", "DeviceCatalog", "DeviceInfo", "VirtualSpec", "OffloadPlan", "Placement",
            "RuleReport", "RunSettings", "config_from_flags", "layer_of", "llama_flags",
-           "pin_phase_ops", "plan_from_args", "plan_from_config", "shell_join", "tensor_kind"]
+           "pin_phase_ops", "plan_from_args", "plan_from_config", "shell_join", "tensor_kind", "is_expert"]

@@ -2,13 +2,13 @@
 
     rep = measure("model.gguf", n_ctx=2048, n_ubatch=512)     # load, warm up, measure RSS
     rep = estimate("model.gguf", n_ctx=8192, n_gpu_layers=99,
-                   devices=[VirtualDevice("laptop", "8GiB")])  # planning only, no hardware
+                   virtual=[VirtualSpec("laptop", "8GiB")])    # planning only, no hardware
     print(format_report(rep))
 
 Per device: weights by type, KV cache (global / sliding-window layers), compute buffer as planned
 by the allocator (peak) next to the naive sum of every intermediate and the peak without in-place
 reuse (the allocator's saving), host staging. System RAM: the CPU's buffers, host staging, and
-every UMA device's buffers (pyggml.planning.memory.uma_reason says why a device counts).
+every UMA device's buffers (Device.uma_reason says why a device counts).
 
 Predicted RSS (`measure`) = RSS after loading (measured before any compute: interpreter,
 libraries, GGUF metadata, tokenizer; weights copied to devices at load are already in it) + the
@@ -35,16 +35,10 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from pyggml.errors import PyggmlError
-from pyggml.planning.memory import (
-    CPU,
-    MiB,
-    Devices,
-    MemoryPlan,
-    PlanningModel,
-    VirtualDevice,
-    human,
-    plan_memory,
-)
+from pyggml.llm.setup import DEFAULTS
+from pyggml.planning.memory import CPU, Planner, RunPlan, plan_memory
+from pyggml.units import MiB
+from pyggml.units import fmt_bytes
 
 WARMUPS = ("fill", "ubatch", "token", "none")
 PROMPT = "The capital of France is"
@@ -131,7 +125,7 @@ LLAMACPP_GEMMA3_270M = {
 }
 
 
-def llamacpp_reference(plan: MemoryPlan) -> dict | None:
+def llamacpp_reference(plan: RunPlan) -> dict | None:
     """llama.cpp's figures for this model and settings, where known (None otherwise)."""
     f = plan.facts
     if (f.get("arch"), f.get("n_layer"), f.get("n_embd"), f.get("weight_bytes")) != \
@@ -172,7 +166,7 @@ class Measurement:
 
 @dataclass
 class MemReport:
-    plan: MemoryPlan
+    plan: RunPlan
     runtime: int                    # RSS of the runtime before buffers (measured or estimated)
     runtime_measured: bool
     logits_host: int                # logits handed to Python per eval (and their finite check)
@@ -189,28 +183,22 @@ class MemReport:
                 "reference": self.reference, "notes": self.notes}
 
 
-def _logits_host(plan: MemoryPlan, rows: int) -> int:
+def _logits_host(plan: RunPlan, rows: int) -> int:
     """Logits handed to Python per eval call: LLM.decode_batch copies the wanted rows out of the
     compute buffer (float32), then selects each sequence's rows into a second array (boolean
     indexing copies): two float32 copies alive at once."""
     return rows * int(plan.facts.get("n_vocab", 0)) * 4 * 2
 
 
-def _uma_devices_part(plan: MemoryPlan, with_weights: bool) -> int:
+def _uma_devices_part(plan: RunPlan, with_weights: bool) -> int:
     return sum((d.weights if with_weights else 0) + d.kv + d.compute
                for d in plan.devices if d.uma and d.device != CPU)
 
 
-def estimate(model=None, *, devices=(), **settings) -> MemReport:
-    """Planning-only report (no weight byte read, nothing allocated): plan_memory's figures
-    and an estimated RSS. settings: plan_memory's keyword arguments."""
-    pm = model if isinstance(model, PlanningModel) else PlanningModel(model)
-    try:
-        plan = plan_memory(pm, devices=devices if isinstance(devices, Devices) else
-                           list(devices), **settings)
-    finally:
-        if pm is not model:
-            pm.close()
+def estimate(model=None, *, virtual=(), **settings) -> MemReport:
+    """Planning-only report (no weight byte read, nothing allocated): a RunPlan and an
+    estimated RSS. settings: Planner.plan's keyword arguments."""
+    plan = plan_memory(model, virtual=virtual, **settings)
     runtime = runtime_overhead_estimate(plan.facts)
     logits = _logits_host(plan, plan.n_ubatch if plan.logits_all else 1)
     rep = MemReport(plan, runtime, False, logits, runtime + plan.system_ram + logits,
@@ -219,11 +207,12 @@ def estimate(model=None, *, devices=(), **settings) -> MemReport:
     return rep
 
 
-def measure(model=None, *, config=None, n_ctx: int = 2048, n_ubatch: int = 512,
-            n_batch: int = 2048, n_threads: int | None = None, type_k="f16", type_v="f16",
+def measure(model=None, *, config=None, n_ctx: int = DEFAULTS.n_ctx,
+            n_ubatch: int = DEFAULTS.n_ubatch, n_batch: int = DEFAULTS.n_batch,
+            n_threads: int | None = None, type_k="f16", type_v="f16",
             logits_all: bool = False, flash_attn: bool = True, n_gpu_layers: int = 0,
             offload=None, warmup: str = "fill", gen: int = 0, prompt: str = PROMPT,
-            swa_full: bool = False) -> MemReport:
+            swa_full: bool = False, progress: bool = False) -> MemReport:
     """Load the model with the runtime (config: an offload config, as LLM takes it), plan the
     same configuration, warm up (see the module docstring), optionally generate `gen` tokens
     greedily, and measure."""
@@ -241,10 +230,7 @@ def measure(model=None, *, config=None, n_ctx: int = 2048, n_ubatch: int = 512,
               offload=offload, progress=False, swa_full=swa_full)
     try:
         n_ubatch = llm.n_ubatch
-        plan = plan_memory(llm.path, n_ctx=llm.n_ctx, n_ubatch=llm.n_ubatch,
-                           n_batch=llm.n_batch, n_seq_max=llm.n_seq_max, type_k=llm.kv.types_k,
-                           type_v=llm.kv.types_v, logits_all=logits_all, flash_attn=flash_attn,
-                           offload=llm.offload, swa_full=swa_full)
+        plan = plan_memory(llm.run.model, opts=llm.run.opts, offload=llm.offload)
         rss_load = current_rss()
         at_load = _resident_parts(llm)
         allocated = {
@@ -253,7 +239,7 @@ def measure(model=None, *, config=None, n_ctx: int = 2048, n_ubatch: int = 512,
             "kv": dict(llm.kv.bytes_by_buffer_type),
             "weight_buffers": {d: b.n_bytes for d, b in llm.weight_buffers.items()},
         }
-        n_eval = _warm_up(llm, warmup)
+        n_eval = _warm_up(llm, warmup, progress)
         n_gen = 0
         if gen > 0:
             for _ in llm.generate(prompt, gen, temperature=0.0, stop_at_eog=False):
@@ -309,8 +295,9 @@ def _resident_parts(llm) -> dict:
             "kv": resident_bytes(kv), "compute": resident_bytes(compute)}
 
 
-def _warm_up(llm, warmup: str) -> int:
-    """Run the warm-up; returns the tokens evaluated. The cache is emptied afterwards."""
+def _warm_up(llm, warmup: str, progress: bool = False) -> int:
+    """Run the warm-up (a progress bar on stderr with `progress`); returns the tokens
+    evaluated. The cache is emptied afterwards."""
     if warmup == "none":
         return 0
     V = llm.hparams.n_vocab
@@ -323,9 +310,12 @@ def _warm_up(llm, warmup: str) -> int:
     else:
         n = llm.n_ctx
     ids = [(i * 7919 + 13) % V for i in range(n)]
-    step = llm.n_ubatch if llm.logits_all else len(ids)     # logits_all: one ubatch per eval
-    for i in range(0, n, step):
-        llm.eval(ids[i:i + step])
+    step = llm.n_ubatch                     # one ubatch per eval: the progress bar moves
+    from tqdm import tqdm
+    with tqdm(total=n, unit="tok", desc="warm-up", disable=not progress, leave=False) as bar:
+        for i in range(0, n, step):
+            llm.eval(ids[i:i + step])
+            bar.update(len(ids[i:i + step]))
     llm.reset()
     return n
 
@@ -334,7 +324,7 @@ def _add_notes(rep: MemReport) -> None:
     plan = rep.plan
     for d in plan.devices:
         if d.uma and d.device != CPU:
-            rep.notes.append(f"{d.device} shares system RAM ({d.uma}): its {human(d.total)} "
+            rep.notes.append(f"{d.device} shares system RAM ({d.uma}): its {fmt_bytes(d.total)} "
                              f"count against system RAM too; offloading to it frees no RAM.")
     ng, bg, ns, bs = plan.kv_split()
     cells = {x.cells for x in plan.kv_layers if x.sliding}
@@ -342,9 +332,9 @@ def _add_notes(rep: MemReport) -> None:
         if cells == {plan.n_ctx}:
             rep.notes.append(
                 f"swa_full: the KV cache keeps all {plan.n_ctx} cells for the {ns} sliding-window "
-                f"layers too ({human(bs)}); the window-sized cache ({plan.n_swa_cells} cells = "
+                f"layers too ({fmt_bytes(bs)}); the window-sized cache ({plan.n_swa_cells} cells = "
                 f"window {plan.facts.get('sliding_window')} + n_ubatch, as llama.cpp) would hold "
-                f"{human(plan.kv_swa_window_bytes() - bg)}.")
+                f"{fmt_bytes(plan.kv_swa_window_bytes() - bg)}.")
         else:
             rep.notes.append(
                 f"the {ns} sliding-window layers keep {'/'.join(map(str, sorted(cells)))} KV "
@@ -373,80 +363,86 @@ def format_report(rep: MemReport) -> str:
            f"{'for every position' if plan.logits_all else 'of the last token'}"]
     devs = plan.devices
     names = [d.device + ("" if d.device == CPU or not d.uma else " (UMA)") for d in devs]
-    r = (lambda key: None if ref is None else human(ref[key]) if ref.get(key) else "-")
+    r = (lambda key: None if ref is None else fmt_bytes(ref[key]) if ref.get(key) else "-")
     out.append(_row("", names, ref and "llama.cpp"))
-    out.append(_row("weights", [human(d.weights) for d in devs], r("weights")))
+    out.append(_row("weights", [fmt_bytes(d.weights) for d in devs], r("weights")))
     types = sorted({t for d in devs for t in d.weights_by_type},
                    key=lambda t: -sum(d.weights_by_type.get(t, 0) for d in devs))
     for t in types:
-        out.append(_row(f"  {t}", [human(d.weights_by_type.get(t)) if t in d.weights_by_type
+        out.append(_row(f"  {t}", [fmt_bytes(d.weights_by_type.get(t)) if t in d.weights_by_type
                                    else "" for d in devs]))
-    out.append(_row("KV cache", [human(d.kv) for d in devs], r("kv")))
+    if plan.expert_bytes:
+        out.append(_row("  of which experts (MoE)", [fmt_bytes(d.experts) for d in devs]))
+    out.append(_row("KV cache", [fmt_bytes(d.kv) for d in devs], r("kv")))
     ng, bg, ns, bs = plan.kv_split()
     if ns:
         by = {d.device: [0, 0] for d in devs}
         for x in plan.kv_layers:
             by[x.device][1 if x.sliding else 0] += x.bytes
-        ref_g = human(bg) if ref else None
-        ref_s = human(plan.kv_swa_window_bytes() - bg) if ref and plan.n_swa_cells else None
-        out.append(_row(f"  {ng} global layers", [human(by[d.device][0]) for d in devs], ref_g))
-        out.append(_row(f"  {ns} sliding-window layers", [human(by[d.device][1]) for d in devs],
+        ref_g = fmt_bytes(bg) if ref else None
+        ref_s = fmt_bytes(plan.kv_swa_window_bytes() - bg) if ref and plan.n_swa_cells else None
+        out.append(_row(f"  {ng} global layers", [fmt_bytes(by[d.device][0]) for d in devs], ref_g))
+        out.append(_row(f"  {ns} sliding-window layers", [fmt_bytes(by[d.device][1]) for d in devs],
                         ref_s))
-    out.append(_row("compute buffer (planned peak)", [human(d.compute) for d in devs],
+    out.append(_row("compute buffer (planned peak)", [fmt_bytes(d.compute) for d in devs],
                     r("compute")))
-    out.append(_row("  naive sum of intermediates", [human(d.compute_naive) for d in devs]))
-    out.append(_row("  peak without in-place reuse", [human(d.compute_no_inplace)
+    out.append(_row("  naive sum of intermediates", [fmt_bytes(d.compute_naive) for d in devs]))
+    out.append(_row("  peak without in-place reuse", [fmt_bytes(d.compute_no_inplace)
                                                       for d in devs]))
-    out.append(_row("  lower bound (lifetimes)", [human(d.compute_lower_bound) for d in devs]))
-    out.append(_row("host staging (system RAM)", [human(d.staging) for d in devs]))
-    out.append(_row("total on the device", [human(d.total) for d in devs]))
-    mem = [human(d.memory[1]) if d.memory else "?" for d in devs]
+    out.append(_row("  lower bound (lifetimes)", [fmt_bytes(d.compute_lower_bound) for d in devs]))
+    out.append(_row("host staging (system RAM)", [fmt_bytes(d.staging) for d in devs]))
+    out.append(_row("total on the device", [fmt_bytes(d.total) for d in devs]))
+    mem = [fmt_bytes(d.memory[1]) if d.memory else "?" for d in devs]
     out.append(_row("device memory (total)", mem))
     out.append("")
-    sys_parts = [f"{d.device} {human(d.total)}" + ("" if d.device == CPU else " (UMA)")
+    sys_parts = [f"{d.device} {fmt_bytes(d.total)}" + ("" if d.device == CPU else " (UMA)")
                  for d in devs if d.uma]
-    out.append(f"system RAM buffers: {human(plan.system_ram)} ("
-               + ", ".join(sys_parts + [f"host staging {human(plan.staging)}"]) + ")")
+    out.append(f"system RAM buffers: {fmt_bytes(plan.system_ram)} ("
+               + ", ".join(sys_parts + [f"host staging {fmt_bytes(plan.staging)}"]) + ")")
+    if plan.expert_bytes:
+        out.append(f"weights read per decoded token: {fmt_bytes(plan.weight_bytes_per_token)} "
+                   f"({plan.facts.get('n_expert_used')} of {plan.facts.get('n_expert')} routed "
+                   f"experts per layer)")
     m = rep.measured
     if m is None:
-        out.append(f"predicted RSS {human(rep.predicted_rss)} = runtime {human(rep.runtime)} "
+        out.append(f"predicted RSS {fmt_bytes(rep.predicted_rss)} = runtime {fmt_bytes(rep.runtime)} "
                    f"(estimated) + system RAM buffers + logits handed to Python "
-                   f"{human(rep.logits_host)} (planning only: nothing loaded)")
+                   f"{fmt_bytes(rep.logits_host)} (planning only: nothing loaded)")
     else:
         diff = m.peak_rss - rep.predicted_rss
         rest = rep.predicted_rss - m.rss_at_load - rep.logits_host
-        out.append(f"predicted RSS {human(rep.predicted_rss)} = RSS after loading "
-                   f"{human(m.rss_at_load)} + buffers a compute touches that loading did not "
-                   f"{human(rest)} + logits handed to Python {human(rep.logits_host)}")
+        out.append(f"predicted RSS {fmt_bytes(rep.predicted_rss)} = RSS after loading "
+                   f"{fmt_bytes(m.rss_at_load)} + buffers a compute touches that loading did not "
+                   f"{fmt_bytes(rest)} + logits handed to Python {fmt_bytes(rep.logits_host)}")
         what = {"fill": f"{m.tokens_evaluated} tokens (full context)",
                 "ubatch": f"one ubatch of {m.tokens_evaluated} tokens, KV written whole",
                 "token": "one token", "none": "no warm-up"}[m.warmup]
         gen = f", then {m.tokens_generated} generated tokens" if m.tokens_generated else ""
-        out.append(f"measured after warm-up ({what}{gen}): peak RSS {human(m.peak_rss)} "
-                   f"({m.peak_rss / 1e6:.0f} MB), RSS now {human(m.rss_after)}; "
+        out.append(f"measured after warm-up ({what}{gen}): peak RSS {fmt_bytes(m.peak_rss)} "
+                   f"({m.peak_rss / 1e6:.0f} MB), RSS now {fmt_bytes(m.rss_after)}; "
                    f"peak - predicted = {diff / MiB:+.1f} MiB "
                    f"({100.0 * diff / max(rep.predicted_rss, 1):+.1f}%)")
         cpu = plan.device(CPU)
         res = m.resident
         if res.get("weights") is not None:
-            parts = [f"{what} {human(res[key])} of {human(planned)}" for what, key, planned in
+            parts = [f"{what} {fmt_bytes(res[key])} of {fmt_bytes(planned)}" for what, key, planned in
                      (("CPU weights", "weights", cpu.weights), ("KV cache", "kv", cpu.kv),
                       ("compute", "compute", cpu.compute)) if planned]
-            parts.append(f"the whole mapped GGUF {human(res['mapped_all'])} of "
-                         f"{human(res['mapped'])}")
+            parts.append(f"the whole mapped GGUF {fmt_bytes(res['mapped_all'])} of "
+                         f"{fmt_bytes(res['mapped'])}")
             out.append("resident at the end (pagemap): " + ", ".join(parts))
             if res.get("copied"):
                 out.append(f"file pages of weights copied to devices, still mapped (the kernel "
-                           f"may reclaim them): {human(res['copied'])}")
+                           f"may reclaim them): {fmt_bytes(res['copied'])}")
         if not m.peak_reset:
             out.append("(the peak could not be reset: it covers the whole process)")
-        out.append(f"RSS before loading {human(m.rss_before_load)} (interpreter, libraries, "
-                   f"backend modules); loading added {human(m.rss_at_load - m.rss_before_load)}"
+        out.append(f"RSS before loading {fmt_bytes(m.rss_before_load)} (interpreter, libraries, "
+                   f"backend modules); loading added {fmt_bytes(m.rss_at_load - m.rss_before_load)}"
                    f" (GGUF metadata, tokenizer, runtime objects, weights copied to devices)")
         for dev, n in m.device_used.items():
-            out.append(f"{dev}: pyggml holds {human(n)} of device memory (planned "
-                       f"{human(plan.device(dev).total)})")
-        mism = [f"{dev} allocated {human(n)}, planned {human(plan.device(dev).compute)}"
+            out.append(f"{dev}: pyggml holds {fmt_bytes(n)} of device memory (planned "
+                       f"{fmt_bytes(plan.device(dev).total)})")
+        mism = [f"{dev} allocated {fmt_bytes(n)}, planned {fmt_bytes(plan.device(dev).compute)}"
                 for dev, n in m.allocated["compute"].items()
                 if dev in [d.device for d in devs] and n != plan.device(dev).compute]
         out.append("runtime's compute buffers: " + ("; ".join(mism) if mism else
@@ -454,7 +450,7 @@ def format_report(rep: MemReport) -> str:
     if ref is not None:
         lo, hi = ref["peak_rss_gen128"]
         out.append(f"{ref['name']}: compute buffer "
-                   f"{human(ref['compute']) if ref['compute'] else '(not known at this n_ubatch)'}"
+                   f"{fmt_bytes(ref['compute']) if ref['compute'] else '(not known at this n_ubatch)'}"
                    f" (logits for all {plan.n_ubatch} positions), peak RSS generating 128 tokens "
                    f"{lo / 1e6:.0f}-{hi / 1e6:.0f} MB")
     for note in rep.notes:
@@ -464,23 +460,18 @@ def format_report(rep: MemReport) -> str:
 
 # ---- sweeps ------------------------------------------------------------------------------------
 
-def sweep(model, n_ctxs, n_ubatches, *, devices=(), config=None, **settings) -> list[dict]:
+def sweep(model, n_ctxs, n_ubatches, *, virtual=(), config=None, **settings) -> list[dict]:
     """Plan every (n_ctx, n_ubatch): rows of n_ctx, n_ubatch, and per device compute / kv /
     weights / total, plus system_ram. Planning only. config: an offload config whose sizes the
     sweep replaces."""
-    if config is not None:
-        from pyggml.planning.memory import load_run_config
-        config = load_run_config(config)
-    pm = model if isinstance(model, PlanningModel) else PlanningModel(model)
-    devs = devices if isinstance(devices, Devices) else Devices(list(devices))
+    from pyggml.offload.config import load_config
+    base = load_config(config if config is not None else {})
     rows = []
-    try:
+    with Planner(model, virtual=virtual) as planner:
         for ub in n_ubatches:
             for n_ctx in n_ctxs:
-                cfg = None if config is None else config.with_values(
-                    {"context": {"n_ctx": n_ctx, "n_ubatch": ub}}, "sweep")
-                plan = plan_memory(pm, config=cfg, n_ctx=n_ctx, n_ubatch=ub, devices=devs,
-                                   with_no_inplace=False, **settings)
+                cfg = base.with_values({"context": {"n_ctx": n_ctx, "n_ubatch": ub}}, "sweep")
+                plan = planner.plan(cfg, with_no_inplace=False, **settings)
                 row = {"n_ctx": n_ctx, "n_ubatch": plan.n_ubatch,
                        "compute": plan.compute_bytes, "kv": plan.kv_bytes,
                        "system_ram": plan.system_ram}
@@ -488,11 +479,6 @@ def sweep(model, n_ctxs, n_ubatches, *, devices=(), config=None, **settings) -> 
                     for k in ("weights", "kv", "compute", "total"):
                         row[f"{d.device}.{k}"] = getattr(d, k)
                 rows.append(row)
-    finally:
-        if not isinstance(devices, Devices):
-            devs.close()
-        if pm is not model:
-            pm.close()
     return rows
 
 
@@ -500,8 +486,8 @@ def format_sweep(rows: list[dict]) -> str:
     head = f"{'n_ubatch':>8} {'n_ctx':>7} {'compute':>12} {'KV cache':>12} {'system RAM':>12}"
     lines = [head]
     for r in rows:
-        lines.append(f"{r['n_ubatch']:>8} {r['n_ctx']:>7} {human(r['compute']):>12} "
-                     f"{human(r['kv']):>12} {human(r['system_ram']):>12}")
+        lines.append(f"{r['n_ubatch']:>8} {r['n_ctx']:>7} {fmt_bytes(r['compute']):>12} "
+                     f"{fmt_bytes(r['kv']):>12} {fmt_bytes(r['system_ram']):>12}")
     return "\n".join(lines)
 
 
@@ -512,135 +498,3 @@ def write_sweep_csv(rows: list[dict], path) -> None:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-
-
-# ---- the command -------------------------------------------------------------------------------
-
-def _int_list(s: str) -> list[int]:
-    return [int(x) for x in str(s).split(",") if x.strip()]
-
-
-def virtual_device_arg(text: str) -> VirtualDevice:
-    """NAME=SIZE[:igpu] (e.g. laptop=8GiB, apu=16GiB:igpu) -> a VirtualDevice."""
-    name, _, rest = text.partition("=")
-    size, _, kind = rest.partition(":")
-    if not name or not size:
-        raise PyggmlError(f"--virtual-device {text!r}: expected NAME=SIZE[:igpu], e.g. "
-                          f"laptop=8GiB")
-    return VirtualDevice(name, size, kind or "gpu")
-
-
-def add_arguments(p) -> None:
-    from pyggml.planning.dryrun import add_offload_arguments
-    p.add_argument("-m", "--model", default=None, help="GGUF file (default: Gemma 3 270M)")
-    p.add_argument("-c", "--ctx-size", dest="ctx", action="append",
-                   help="context size (integer; default 4096) or an offload config file")
-    p.add_argument("-b", "--batch-size", type=int, default=None, help="default 2048")
-    p.add_argument("-ub", "--ubatch-size", type=int, default=None, help="default 512")
-    p.add_argument("-t", "--threads", type=int, default=None)
-    p.add_argument("-ctk", "--cache-type-k", default=None, help="f16 (default), f32, q8_0")
-    p.add_argument("-ctv", "--cache-type-v", default=None)
-    p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
-    add_offload_arguments(p)
-    p.add_argument("--swa-full", action="store_true",
-                   help="sliding-window layers keep all n_ctx cells (llama.cpp's --swa-full)")
-    p.add_argument("--logits-all", action="store_true",
-                   help="logits for every position (llama.cpp's compute-buffer worst case)")
-    p.add_argument("--virtual-device", action="append", default=[], metavar="NAME=SIZE[:igpu]",
-                   help="a planning-only device (implies --plan-only); -ngl goes to it")
-    p.add_argument("--plan-only", action="store_true", help="no loading, no compute")
-    p.add_argument("--warmup", choices=WARMUPS, default="fill")
-    p.add_argument("--gen", type=int, default=0, help="generate N tokens after the warm-up")
-    p.add_argument("--json", default=None, help="also write the report as JSON")
-    p.add_argument("--sweep-ctx", type=_int_list, default=None, metavar="N,N,...")
-    p.add_argument("--sweep-ub", type=_int_list, default=None, metavar="N,N,...")
-    p.add_argument("--sweep-plot", default=None, help="PNG/SVG of the sweep")
-    p.add_argument("--sweep-csv", default=None)
-    p.add_argument("--timeline", default=None, help="PNG/SVG: live bytes per buffer per node")
-    p.add_argument("--timeline-csv", default=None, help="CSV: tensor, buffer, offset, size, "
-                                                        "first, last")
-    p.add_argument("--address-map", default=None, help="PNG/SVG: offset vs node index")
-    p.add_argument("--fit", action="store_true",
-                   help="the largest n_ctx and gpu_layers within the budgets (planning only)")
-    p.add_argument("--budget", action="append", default=[], metavar="DEVICE=SIZE",
-                   help="memory budget of a device (CPU: system RAM); default: free memory")
-    p.add_argument("--min-ctx", type=int, default=None)
-    p.add_argument("--max-ctx", type=int, default=None)
-    p.add_argument("--prefer", choices=("gpu_layers", "ctx"), default="gpu_layers")
-    p.add_argument("--emit-yaml", default=None, help="write the fit as a config file")
-
-
-DEFAULTS = {"n_ctx": 4096, "n_batch": 2048, "n_ubatch": 512}       # pyggml run's
-
-
-def _run_config(args, virtual):
-    """The command line as an offload Config (file, llama.cpp flags, --set), with -ngl going
-    to the first virtual device when some are declared and no file names devices."""
-    from pyggml.planning.dryrun import config_from_cli, split_ctx
-    _, path = split_ctx(args.ctx)
-    cfg = config_from_cli(args, always=True)
-    if virtual and path is None and (args.n_gpu_layers or 0) > 0:
-        cfg = cfg.with_values({"devices": [virtual[0].name]}, "--virtual-device")
-    kv = {k: v for k, v in (("type_k", args.cache_type_k), ("type_v", args.cache_type_v)) if v}
-    if kv:
-        cfg = cfg.with_values({"kv": kv}, "-ctk/-ctv")
-    return cfg
-
-
-def cmd_mem(args) -> int:
-    from pyggml.planning.memory import virtual_devices_of
-    virtual = [virtual_device_arg(v) for v in args.virtual_device]
-    cfg = _run_config(args, virtual)
-    planning_only = args.plan_only or bool(virtual) or bool(virtual_devices_of(cfg))
-    common = {"logits_all": args.logits_all, "flash_attn": args.flash_attn != "off",
-              "swa_full": args.swa_full}
-    if args.fit:
-        from pyggml.planning.fit import budgets_arg, fit
-        res = fit(args.model, budgets_arg(args.budget), config=cfg, devices=virtual,
-                  min_ctx=args.min_ctx, max_ctx=args.max_ctx, prefer=args.prefer, **common)
-        print(res.summary())
-        if args.emit_yaml:
-            with open(args.emit_yaml, "w") as f:
-                f.write(res.to_yaml())
-            print(f"wrote {args.emit_yaml}")
-        return 0 if res.fits else 1
-    if args.sweep_ctx or args.sweep_ub:
-        ctx = cfg.get(("context", "n_ctx")) or DEFAULTS["n_ctx"]
-        ub = cfg.get(("context", "n_ubatch")) or DEFAULTS["n_ubatch"]
-        rows = sweep(args.model, args.sweep_ctx or [ctx], args.sweep_ub or [ub], devices=virtual,
-                     config=cfg, **common)
-        print(format_sweep(rows))
-        if args.sweep_csv:
-            write_sweep_csv(rows, args.sweep_csv)
-            print(f"wrote {args.sweep_csv}")
-        if args.sweep_plot:
-            from pyggml.planning.plots import plot_sweep
-            plot_sweep(rows, args.sweep_plot)
-            print(f"wrote {args.sweep_plot}")
-        return 0
-    if planning_only:
-        rep = estimate(args.model, devices=virtual, config=cfg, **DEFAULTS, **common)
-    else:
-        rep = measure(args.model, config=cfg, n_threads=args.threads, warmup=args.warmup,
-                      gen=args.gen, **DEFAULTS, **common)
-    for w in rep.plan.offload.warnings:
-        print(f"pyggml: warning: {w}", file=sys.stderr)
-    print(format_report(rep))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rep.to_dict(), f, indent=1)
-        print(f"wrote {args.json}")
-    report = rep.plan.reports.get("prefill")
-    if report is not None and (args.timeline or args.timeline_csv or args.address_map):
-        from pyggml.planning import plots as memplot
-        if args.timeline_csv:
-            memplot.write_timeline_csv(report, args.timeline_csv)
-            print(f"wrote {args.timeline_csv}")
-        if args.timeline:
-            memplot.plot_timeline(report, args.timeline)
-            print(f"wrote {args.timeline}")
-        if args.address_map:
-            memplot.plot_address_map(report, args.address_map)
-            print(f"wrote {args.address_map}")
-    return 0

@@ -28,13 +28,15 @@ allocator keeps compute buffers in one window. A weight larger than one binding 
 
 Modules of this package: info (loader, device facts, KernelConfig: kernel shapes chosen from
 the limits), device (logical device, memory windows, pipelines, submissions, transfers), ops
-(support rules and dispatches per op), record (command-buffer recording and replay), bench
-(benchmarks); shaders/*.comp with their variants in shaders/variants.mk.
+(support rules and dispatches per op), record (command-buffer recording and replay);
+shaders/*.comp with their variants in shaders/variants.mk; benchmarks in tools/bench_vulkan.py.
 
 Execution: a graph is recorded once into one command buffer (pipelines, descriptor sets, push
 constants, a barrier only where a dispatch touches memory an earlier one since the last barrier
 wrote, or writes memory one read); computing the same graph object again with the same uid and
-the same addresses resubmits it (`n_recordings` counts recordings). graph_compute returns once
+the same addresses resubmits it (`n_recordings` counts recordings). Whether the addresses are the
+same is known in O(1) while no tensor has moved since the recording
+(pyggml.tensor.placement_generation): a replay does no Python work per node. graph_compute returns once
 the work is queued; synchronize() (or reading a tensor) waits. Errors found by shaders (a row
 index outside its source) are raised by synchronize(), naming the node.
 """
@@ -43,11 +45,11 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import weakref
 
 import numpy as np
 
+from pyggml import settings
 from pyggml.backend.base import (
     Backend,
     BackendReg,
@@ -58,7 +60,7 @@ from pyggml.backend.base import (
     DeviceType,
     Event,
 )
-from pyggml.backend.vulkan.device import BUFFER_PAD, DeviceMemory, VkContext
+from pyggml.backend.vulkan.device import BUFFER_PAD, DeviceMemory, VkContext, staging_size
 from pyggml.backend.vulkan.info import (
     Instance,
     binding_limit,
@@ -70,12 +72,12 @@ from pyggml.backend.vulkan.info import (
     vk_module,
 )
 from pyggml.backend.vulkan.ops import why_unsupported
-from pyggml.backend.vulkan.record import Recorder, signature
-from pyggml.errors import BackendError
+from pyggml.backend.vulkan.record import Recorder
+from pyggml.errors import BackendError, SettingsError
 from pyggml.tensor import Tensor
 from pyggml.types import Op
 
-__all__ = ["VulkanBackend", "VulkanDevice", "VulkanBuffer", "VulkanBufferType",
+__all__ = ["OFFLOAD_MIN_BATCH", "VulkanRules", "VulkanBackend", "VulkanDevice", "VulkanBuffer", "VulkanBufferType",
            "VulkanMemoryError", "backend_reg", "devices", "unavailable_reason"]
 
 log = logging.getLogger("pyggml.vulkan")
@@ -87,6 +89,31 @@ REQUIRED_SHADERS = (["binary", "unary", "rope", "norm", "norm_sg", "soft_max", "
                      "concat", "concat_s16"]
                     + [f"{k}_{t}" for k in ("get_rows", "mul_mat", "mul_mat_vec") for t in _TYPES]
                     + [f"mul_mat_vec_{t}_sg" for t in _TYPES])
+
+
+OFFLOAD_MIN_BATCH = 32    # a MUL_MAT over this many rows is worth copying its host weight here
+
+
+class VulkanRules:
+    """What a Vulkan device with these limits computes (`why_unsupported`, the exact support
+    rule of ops.py) and takes from host weights (`offload_op`). The backend answers with it, and
+    so does a planning-only device standing for a GPU this machine lacks (max_bind: the largest
+    range one storage binding covers; cfg: the KernelConfig, None for planning)."""
+
+    offload_min_batch = OFFLOAD_MIN_BATCH
+
+    def __init__(self, max_bind: int, max_wg_count=(65535, 65535, 65535), cfg=None):
+        self.max_bind, self.max_wg_count, self.cfg = max_bind, tuple(max_wg_count), cfg
+
+    def why_unsupported(self, node: Tensor) -> str | None:
+        return why_unsupported(node, self)
+
+    def supports_op(self, node: Tensor) -> bool:
+        return why_unsupported(node, self) is None
+
+    def offload_op(self, node: Tensor) -> bool:
+        return (node.op == Op.MUL_MAT and node.ne[1] >= self.offload_min_batch
+                and self.supports_op(node))
 
 
 # ---- discovery -----------------------------------------------------------------------------------
@@ -115,21 +142,17 @@ def _check_shaders() -> str | None:
 
 
 def _selection(n: int) -> list[int] | None:
-    raw = os.environ.get("PYGGML_VULKAN_DEVICES")
-    if raw is None or not raw.strip():
+    """Device indices to open (PYGGML_VULKAN_DEVICES via pyggml.settings); None: Vulkan off."""
+    sel = settings.current().vulkan_devices
+    if sel is None:
         return list(range(n))
-    if raw.strip().lower() in ("none", "off", "-1"):
+    if not sel:
         return None
-    try:
-        idx = [int(x) for x in raw.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise BackendError(f"PYGGML_VULKAN_DEVICES must be device indices like '0' or '1,0', "
-                           f"got {raw!r}") from None
-    bad = [i for i in idx if not 0 <= i < n]
+    bad = [i for i in sel if i >= n]
     if bad:
-        raise BackendError(f"PYGGML_VULKAN_DEVICES={raw!r}: no device {bad[0]} "
-                           f"({n} Vulkan device(s))")
-    return idx
+        raise SettingsError(f"PYGGML_VULKAN_DEVICES={','.join(map(str, sel))}: no device "
+                            f"{bad[0]} (this machine has {n} Vulkan device(s): indices 0..{n - 1})")
+    return list(sel)
 
 
 def _discover() -> tuple[list["VulkanDevice"], str | None]:
@@ -232,6 +255,28 @@ class VulkanDevice(Device):
 
     def has_events(self) -> bool:
         return True
+
+    def uma_reason(self) -> str | None:
+        if self.vk_type == "CPU":
+            return ("the Vulkan driver reports a CPU device (software rendering: device memory "
+                    "is host memory)")
+        why = super().uma_reason()
+        if why is None and all(local for _, local in self.info.heaps) and self.host_maps_memory():
+            why = "its only memory heap is device-local and host-visible"
+        return why
+
+    def host_maps_memory(self) -> bool:
+        """The host reads and writes this device's buffers directly (no staging): the memory
+        type the backend allocates in is host-visible and host_mapped is on."""
+        return self.ctx.dev_mappable
+
+    def staging_bytes(self, largest_transfer: int) -> int:
+        if largest_transfer <= 0 or self.host_maps_memory():
+            return 0
+        return staging_size(largest_transfer)
+
+    def is_software(self) -> bool:
+        return self.vk_type == "CPU"
 
     def init_backend(self, **params) -> "VulkanBackend":
         return VulkanBackend(device=self)
@@ -385,8 +430,8 @@ class VulkanBackend(Backend):
         self.name = device.name
         self.ctx = device.ctx
         self.cfg = device.cfg
-        self.max_bind = self.ctx.max_bind              # limits why_unsupported reads
-        self.max_wg_count = device.info.max_wg_count
+        self.rules = VulkanRules(self.ctx.max_bind, device.info.max_wg_count, self.cfg)
+        self.max_bind = self.rules.max_bind           # limits the Builder reads
         self.recorder = Recorder(device, self)
         self._records: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.n_computes = 0
@@ -409,20 +454,21 @@ class VulkanBackend(Backend):
     def supports_buft(self, buft: BufferType) -> bool:
         return isinstance(buft, VulkanBufferType) and buft.device is self.device
 
+    offload_min_batch = OFFLOAD_MIN_BATCH
+
     def why_unsupported(self, node: Tensor) -> str | None:
-        return why_unsupported(node, self)
+        return self.rules.why_unsupported(node)
 
     def supports_op(self, node: Tensor) -> bool:
-        return why_unsupported(node, self) is None
+        return self.rules.supports_op(node)
 
     def offload_op(self, node: Tensor) -> bool:
-        """Worth copying a host weight here: matrix products over a batch of 32+ rows."""
-        return node.op == Op.MUL_MAT and node.ne[1] >= 32 and self.supports_op(node)
+        return self.rules.offload_op(node)
 
     # -- compute --
     def graph_compute(self, graph) -> None:
         rec = self._records.get(graph)
-        if rec is None or rec.uid != graph.uid or rec.sig != signature(graph):
+        if rec is None or not rec.still_valid(graph):     # O(1) while no tensor moved
             if rec is not None:
                 rec.release()
             rec = self.recorder.record(graph, self.name)

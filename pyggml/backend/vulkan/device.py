@@ -39,6 +39,8 @@ from pyggml.errors import BackendError
 
 # ---- memory --------------------------------------------------------------------------------------
 
+STAGING_MIN = 4 << 20  # the host-visible staging buffer of unmapped memory: at least 4 MiB,
+STAGING_MAX = 64 << 20  # at most 64 MiB (larger transfers go through it in pieces)
 BUFFER_PAD = 64       # extra bytes after every allocation: word reads of the last bytes stay inside
 
 
@@ -104,6 +106,11 @@ class DeviceMemory:
 
 # ---- the logical device --------------------------------------------------------------------------
 
+def staging_size(largest_transfer: int) -> int:
+    """Bytes of the staging buffer that transfers of up to `largest_transfer` bytes use."""
+    return max(STAGING_MIN, min(STAGING_MAX, largest_transfer))
+
+
 N_BINDINGS = 5
 PUSH_BYTES = 128
 
@@ -114,6 +121,7 @@ class VkContext:
     def __init__(self, info: DeviceInfo, pd, cfg: KernelConfig):
         vk = self.vk = vk_module()
         self.info, self.pd, self.cfg = info, pd, cfg
+        self.shader_dir = shader_dir()       # read once, when the device is opened
         self.ffi = vk.ffi
         qf = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
         fam = [i for i, q in enumerate(qf) if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT]
@@ -244,7 +252,7 @@ class VkContext:
         vk, ffi = self.vk, self.ffi
         mod = self.modules.get(name)
         if mod is None:
-            path = shader_dir() / f"{name}.spv"
+            path = self.shader_dir / f"{name}.spv"
             try:
                 code = path.read_bytes()
             except OSError as e:
@@ -367,10 +375,11 @@ class VkContext:
 
     # -- transfers (staging unless the memory is mapped) --
     def _staging(self, n: int) -> DeviceMemory:
-        if self.staging is None or self.staging.n_bytes < n:
+        need = staging_size(n)
+        if self.staging is None or self.staging.n_bytes < need:
             if self.staging is not None:
                 self.staging.release()
-            self.staging = DeviceMemory(self, max(n, 4 << 20), host_visible_only=True)
+            self.staging = DeviceMemory(self, need, host_visible_only=True)
         return self.staging
 
     def _transfer(self, record) -> None:
@@ -400,7 +409,7 @@ class VkContext:
         if dm.mapped is not None:
             ctypes.memmove(dm.mapped + offset, src.ctypes.data, n)
             return
-        st = self._staging(min(n, 64 << 20))
+        st = self._staging(n)
         done = 0
         while done < n:
             ln = min(n - done, st.n_bytes)
@@ -422,7 +431,7 @@ class VkContext:
             return b""
         if dm.mapped is not None:
             return ctypes.string_at(dm.mapped + offset, n)
-        st = self._staging(min(n, 64 << 20))
+        st = self._staging(n)
         out = bytearray()
         done = 0
         while done < n:

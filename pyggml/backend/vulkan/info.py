@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
-import os
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyggml.errors import BackendError
+from pyggml import settings
+from pyggml.errors import BackendError, InvalidArgumentError
 
 _VK = None
 _VK_ERROR: str | None = None
@@ -46,9 +47,10 @@ def _human(n: int) -> str:
 
 
 def shader_dir() -> Path:
-    """Where the compiled SPIR-V lives: $PYGGML_SHADER_DIR, else <repo>/build/shaders."""
-    env = os.environ.get("PYGGML_SHADER_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "build" / "shaders"
+    """Where the compiled SPIR-V lives: $PYGGML_SHADER_DIR (pyggml.settings), else
+    <repo>/build/shaders."""
+    env = settings.current().shader_dir
+    return env if env else Path(__file__).resolve().parents[3] / "build" / "shaders"
 
 
 # ---- physical devices ----------------------------------------------------------------------------
@@ -195,21 +197,27 @@ class KernelConfig:
                   mm_tile=64 if big_tile else 32, mmv_rows=2 if info.is_gpu else 8)
         for k, val in overrides.items():
             if not hasattr(cfg, k):
-                raise ValueError(f"unknown Vulkan kernel setting {k!r}")
+                known = ", ".join(f.name for f in dataclasses.fields(cls))
+                raise InvalidArgumentError(f"unknown Vulkan kernel setting {k!r}; known: {known}")
             setattr(cfg, k, val)
         if cfg.store16 and not info.storage16:
-            raise ValueError(f"{info.name} has no storageBuffer16BitAccess")
+            raise InvalidArgumentError(f"store16=True: {info.name} has no "
+                                       f"storageBuffer16BitAccess")
         if cfg.subgroup and not info.subgroup_arithmetic:
-            raise ValueError(f"{info.name} has no subgroup arithmetic in compute shaders")
+            raise InvalidArgumentError(f"subgroup=True: {info.name} has no subgroup arithmetic in "
+                                       f"compute shaders")
         for k in ("wg_elem", "wg_reduce"):
             v = getattr(cfg, k)
             if v < 1 or v & (v - 1) or v > cap:
-                raise ValueError(f"{k}={v}: must be a power of two <= {cap} on {info.name}")
+                raise InvalidArgumentError(f"{k}={v}: must be a power of two <= {cap} on "
+                                           f"{info.name}")
         if cfg.mm_tile not in (32, 64) or (cfg.mm_tile // 4) ** 2 > cap or \
                 2 * cfg.mm_tile * 33 * 4 > info.max_shared_memory:
-            raise ValueError(f"mm_tile={cfg.mm_tile}: 32 or 64 within the device's limits")
+            raise InvalidArgumentError(f"mm_tile={cfg.mm_tile}: 32 or 64 within the device's "
+                                       f"limits")
         if not 1 <= cfg.ept <= 64:
-            raise ValueError(f"ept={cfg.ept}: must be in 1..64")
+            raise InvalidArgumentError(f"ept={cfg.ept}: must be in 1..64")
         if not 1 <= cfg.mmv_max_cols <= 64 or cfg.mmv_rows < 1:
-            raise ValueError("mmv_max_cols must be in 1..64 and mmv_rows >= 1")
+            raise InvalidArgumentError(f"mmv_max_cols={cfg.mmv_max_cols} must be in 1..64 and "
+                                       f"mmv_rows={cfg.mmv_rows} >= 1")
         return cfg

@@ -10,7 +10,11 @@ barrier orders it after earlier submissions (transfers, other graphs); a trailin
 writes visible to transfers and the host.
 
 A `Record` keeps what its commands use alive (the buffers) and frees its Vulkan objects when it
-is dropped, after its last submission finished.
+is dropped, after its last submission finished. `Record.still_valid(graph)` says whether it can be
+replayed for `graph`: same uid and node count, and the addresses it was recorded with. Checking
+those costs O(1) while no tensor anywhere has moved (pyggml.tensor.placement_generation); after
+some tensor moved, the graph's addresses are compared once (`signature`) and, if they are the
+same, the record is valid again at the new generation.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import weakref
 from pyggml.backend.vulkan.device import VkContext
 from pyggml.backend.vulkan.ops import Builder, why_unsupported
 from pyggml.errors import BackendError
-from pyggml.tensor import Tensor
+from pyggml.tensor import Tensor, placement_generation
 from pyggml.types import VIEW_OPS, Op
 
 log = logging.getLogger("pyggml.vulkan")
@@ -33,9 +37,12 @@ class Record:
     """One graph recorded into one command buffer. Its Vulkan objects are freed with it (after
     its last submission finished), or by release()."""
 
-    def __init__(self, ctx: VkContext, uid: int, sig: list, cmd, keep: list, n_dispatches: int,
-                 n_barriers: int, labels: list, qpool, tags: list, tag_names: dict):
-        self.uid, self.sig, self.cmd = uid, sig, cmd
+    def __init__(self, ctx: VkContext, graph, generation: int, cmd, keep: list,
+                 n_dispatches: int, n_barriers: int, labels: list, qpool, tags: list,
+                 tag_names: dict):
+        self.uid, self.n_nodes, self.cmd = graph.uid, len(graph.nodes), cmd
+        self.generation = generation      # placement generation the addresses were read at
+        self.sig = signature(graph)       # those addresses (compared only after a move)
         self.submit = ctx.submit_info(cmd)           # built once: a replay only submits it
         self.keep = keep                  # buffers the commands read and write: kept alive
         self.n_dispatches, self.n_barriers = n_dispatches, n_barriers
@@ -47,6 +54,18 @@ class Record:
     @property
     def serial(self) -> int:
         return self.state[0]
+
+    def still_valid(self, graph) -> bool:
+        """Whether these commands compute `graph` as it is now (see the module docstring)."""
+        if self.uid != graph.uid or self.n_nodes != len(graph.nodes):
+            return False
+        gen = placement_generation()
+        if gen == self.generation:
+            return True
+        if signature(graph) != self.sig:
+            return False
+        self.generation = gen             # tensors moved elsewhere; this graph's did not
+        return True
 
 
 def _free_record(ctx: VkContext, cmd, qpool, state, tags, tag_names) -> None:
@@ -124,6 +143,7 @@ class Recorder:
     # -- recording --
     def record(self, graph, name: str) -> Record:
         vk, ctx = self.ctx.vk, self.ctx
+        generation = placement_generation()           # before any address is read
         self._keep, self._new_tags = [], []
         dispatches, labels = [], []
         for node in graph.nodes:
@@ -150,8 +170,8 @@ class Recorder:
         self.n_recordings += 1
         keep, self._keep = self._keep, []
         tags, self._new_tags = self._new_tags, []
-        return Record(ctx, graph.uid, signature(graph), cmd, keep, len(dispatches), n_barriers,
-                      labels, qpool_box[0], tags, self.tags)
+        return Record(ctx, graph, generation, cmd, keep, len(dispatches), n_barriers, labels,
+                      qpool_box[0], tags, self.tags)
 
     def _record_commands(self, cmd, dispatches, qpool_box) -> int:
         """Record `dispatches` with barriers where needed; returns the number of barriers."""

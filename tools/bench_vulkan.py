@@ -1,8 +1,8 @@
 """Benchmarks of the Vulkan backend (BENCHMARKS.md, section "Vulkan backend (lavapipe)").
 
-    .venv/bin/python -m pyggml.backend.vulkan.bench ops        # per-op time, Vulkan vs CPU
-    .venv/bin/python -m pyggml.backend.vulkan.bench overhead   # Python cost: record vs replay
-    .venv/bin/python -m pyggml.backend.vulkan.bench model      # Gemma 3 270M graphs, whole
+    .venv/bin/python tools/bench_vulkan.py ops        # per-op time, Vulkan vs CPU
+    .venv/bin/python tools/bench_vulkan.py overhead   # Python cost: record vs replay
+    .venv/bin/python tools/bench_vulkan.py model      # Gemma 3 270M graphs, whole
 
 ops: each op at Gemma 3 270M shapes, R independent copies in one graph (one submission), so
 the time per op is the device's time without the per-submission cost; the CPU backend computes

@@ -1,0 +1,115 @@
+"""`pyggml run`: generate text with a GGUF model, llama-cli style."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from pyggml.cli.args import add_model_args, add_offload_args, config_from_cli, run_options
+from pyggml.errors import PyggmlError, UsageError
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "0": "\0"}
+
+
+def process_escapes(text: str) -> str:
+    """llama.cpp's prompt escapes (on by default, -e): \\n \\t \\r \\\\ \\' \\" \\0; any other
+    backslash stays as typed."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text) and text[i + 1] in _ESCAPES:
+            out.append(_ESCAPES[text[i + 1]])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _prompt(args) -> str:
+    if args.file is not None:
+        try:
+            with open(args.file, "rb") as f:
+                raw = f.read()
+        except OSError as e:
+            raise PyggmlError(f"cannot read the prompt file {args.file}: "
+                              f"{e.strerror or e}") from None
+        return raw.decode("utf-8", errors="replace")
+    text = args.prompt
+    return process_escapes(text) if args.escape else text
+
+
+def cmd_run(args) -> int:
+    from pyggml import _native
+    from pyggml.llm.runtime import LLM
+    prompt = _prompt(args)
+    if args.n_predict < -1:
+        raise UsageError(f"-n {args.n_predict}: expected a number of tokens >= 0, or -1 "
+                         f"(until the end of generation)")
+    t0 = time.perf_counter()
+    llm = LLM(args.model, config=config_from_cli(args), n_gpu_layers=args.n_gpu_layers or 0,
+              verbose=args.verbose, **run_options(args))
+    with llm:
+        for w in llm.offload.warnings:
+            print(f"pyggml: warning: {w}", file=sys.stderr)
+        t_load = time.perf_counter() - t0
+        if args.verbose:
+            hp = llm.hparams
+            print(f"model: {llm.path} ({hp.arch}, {hp.n_layer} layers, E={hp.n_embd}, "
+                  f"V={hp.n_vocab}); threads {llm.backend.n_threads}/"
+                  f"{llm.backend.n_threads_batch}; kernel path {_native.cpu_path()}",
+                  file=sys.stderr)
+        if not args.no_warmup:
+            llm.eval([llm.tokenizer.bos_id if llm.tokenizer.bos_id is not None else 0])
+            llm.reset()
+        llm.stats.t_prompt_s = 0.0
+        llm.stats.n_prompt_tokens = 0
+        out = sys.stdout
+        out.write(prompt)
+        out.flush()
+        n_max = llm.n_ctx if args.n_predict == -1 else args.n_predict
+        gen = llm.generate(prompt, n_max, temperature=args.temp, top_k=args.top_k,
+                           top_p=args.top_p, min_p=args.min_p,
+                           repeat_penalty=args.repeat_penalty, seed=args.seed,
+                           stop_at_eog=not args.ignore_eos)
+        text = ""
+        for tok in gen:
+            out.write(tok.text)
+            out.flush()
+            text += tok.text
+            if any(r and r in text for r in args.reverse_prompt):
+                break
+        out.write("\n")
+        s = llm.stats
+        pp = s.n_prompt_tokens / s.t_prompt_s if s.t_prompt_s else 0.0
+        tg = s.n_gen_tokens / s.t_gen_s if s.t_gen_s else 0.0
+        print(f"\nload time {t_load * 1000:.0f} ms | prompt {s.n_prompt_tokens} tokens, "
+              f"{pp:.1f} t/s | generation {s.n_gen_tokens} tokens, {tg:.1f} t/s | graphs "
+              f"built {s.graphs_built}, reused {s.graphs_reused}", file=sys.stderr)
+    return 0
+
+
+def add_commands(sub) -> None:
+    r = sub.add_parser("run", help="generate text with a GGUF model")
+    add_model_args(r)
+    add_offload_args(r)
+    r.add_argument("-p", "--prompt", default="The capital of France is")
+    r.add_argument("-f", "--file", default=None, help="read the prompt from this file")
+    r.add_argument("-e", "--escape", action="store_true", default=True,
+                   help="process \\n, \\t, ... in the prompt (the default, as llama.cpp)")
+    r.add_argument("--no-escape", dest="escape", action="store_false")
+    r.add_argument("-n", "--n-predict", type=int, default=128,
+                   help="tokens to generate (-1: until end of generation or a full context)")
+    r.add_argument("-r", "--reverse-prompt", "--stop", action="append", default=[],
+                   metavar="TEXT", help="stop when the generated text contains TEXT")
+    r.add_argument("-np", "--parallel", type=int, default=None, help="sequences (n_seq_max)")
+    r.add_argument("--temp", type=float, default=0.8)
+    r.add_argument("--top-k", type=int, default=40)
+    r.add_argument("--top-p", type=float, default=0.95)
+    r.add_argument("--min-p", type=float, default=0.05)
+    r.add_argument("--repeat-penalty", type=float, default=1.0)
+    r.add_argument("-s", "--seed", type=int, default=0xFFFFFFFF)
+    r.add_argument("--ignore-eos", action="store_true")
+    r.add_argument("--no-warmup", action="store_true")
+    r.add_argument("-v", "--verbose", action="store_true")
+    r.set_defaults(func=cmd_run)
