@@ -197,10 +197,11 @@ def test_gemma_chats_with_a_builtin_template():
         ids = chat_prompt_ids(m, m.get_chat_template("gemma"), [{"role": "user", "content": "Hi"}])
         assert ids[0] == m.tokenizer.bos_id and ids[1] != m.tokenizer.bos_id
         assert m.detokenize(ids, special=True).startswith("<bos><start_of_turn>user\nHi")
-        r = m.create_chat_completion([{"role": "user", "content": "What is the capital of "
-                                       "France? Answer with one word."}], chat_template="gemma",
+        # the 270M model is a base model (no instruction tuning): only the mechanics are checked
+        r = m.create_chat_completion([{"role": "user", "content": "Hi"}], chat_template="gemma",
                                      max_tokens=8, temperature=0)
-        assert "Paris" in r["choices"][0]["message"]["content"]
+        assert r["usage"]["prompt_tokens"] == len(ids)
+        assert r["usage"]["completion_tokens"] == 8 or r["choices"][0]["finish_reason"] == "stop"
 
 
 def test_qwen_coder_answers_when_fetched():
