@@ -23,6 +23,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyggml import settings
 from pyggml.errors import PyggmlError
 
 
@@ -46,8 +47,8 @@ QWEN_CODER_1_5B = PypiModel(
 
 
 def model_dir() -> Path:
-    base = os.environ.get("PYGGML_MODEL_DIR")
-    return Path(base) if base else Path.home() / ".cache" / "pyggml" / "models"
+    base = settings.current().model_dir
+    return base if base else Path.home() / ".cache" / "pyggml" / "models"
 
 
 def cached_path(model: PypiModel) -> Path | None:
