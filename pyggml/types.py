@@ -166,6 +166,11 @@ class Op(IntEnum):
     SILU = 25
     FLASH_ATTN_EXT = 26
     TANH = 27
+    MUL_MAT_ID = 28
+    ARGSORT = 29
+    SUM_ROWS = 30
+    CLAMP = 31
+    SIGMOID = 32
 
 
 # Ops that only reinterpret their source's memory (no kernel runs for them).
@@ -173,3 +178,7 @@ VIEW_OPS = frozenset({Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE})
 
 ROPE_MODE_NORMAL = 0
 ROPE_MODE_NEOX = 2
+
+# argsort order (op_params[0]), as ggml_sort_order
+SORT_ORDER_ASC = 0
+SORT_ORDER_DESC = 1

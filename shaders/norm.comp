@@ -1,6 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // RMS_NORM (op 0) and NORM (op 1) over ne0, one workgroup per row; F32, any strides.
+// SUM_ROWS (op 2): d[0, i1, i2, i3] = the row's sum (fp32 partial sums, then the workgroup
+// reduction; the CPU sums in double).
 #define NEED_REDUCE
 #include "common.glsl"
 
@@ -22,6 +24,13 @@ void main() {
     const uint ab = p.a_off + i1 * p.a_s1 + i2 * p.a_s2 + i3 * p.a_s3;
     const uint db = p.d_off + i1 * p.d_s1 + i2 * p.d_s2 + i3 * p.d_s3;
     const uint t = gl_LocalInvocationID.x;
+    if (p.op == 2u) {
+        float s = 0.0;
+        for (uint i = t; i < p.ne0; i += WG_SIZE) s += uintBitsToFloat(data_a[ab + i * p.a_s0]);
+        s = wg_sum(s);
+        if (t == 0u) data_d[db] = floatBitsToUint(s);
+        return;
+    }
     float mean = 0.0;
     if (p.op == 1u) {
         float s = 0.0;

@@ -14,8 +14,12 @@ VK_VARIANTS := probe_fp16:probe_fp16.comp: \
     flash_attn:flash_attn.comp: flash_attn_sg:flash_attn.comp:-DUSE_SUBGROUP \
     cpy:cpy.comp: cpy_s16:cpy.comp:-DSTORE16 \
     set_rows:set_rows.comp: set_rows_s16:set_rows.comp:-DSTORE16 \
-    concat:concat.comp: concat_s16:concat.comp:-DSTORE16
+    concat:concat.comp: concat_s16:concat.comp:-DSTORE16 \
+    argsort:argsort.comp:
 VK_VARIANTS += $(foreach t,$(VK_TYPES),get_rows_$(t):get_rows.comp:-DTYPE_$(call vk_uc,$(t)))
 VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_$(t):mul_mat.comp:-DTYPE_$(call vk_uc,$(t)))
 VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_vec_$(t):mul_mat_vec.comp:-DTYPE_$(call vk_uc,$(t)))
 VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_vec_$(t)_sg:mul_mat_vec.comp:-DTYPE_$(call vk_uc,$(t))+-DUSE_SUBGROUP)
+VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_id_$(t):mul_mat.comp:-DTYPE_$(call vk_uc,$(t))+-DMUL_MAT_ID)
+VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_vec_id_$(t):mul_mat_vec.comp:-DTYPE_$(call vk_uc,$(t))+-DMUL_MAT_ID)
+VK_VARIANTS += $(foreach t,$(VK_TYPES),mul_mat_vec_id_$(t)_sg:mul_mat_vec.comp:-DTYPE_$(call vk_uc,$(t))+-DMUL_MAT_ID+-DUSE_SUBGROUP)

@@ -255,6 +255,8 @@ _UNARY = {
     "sqr": (lambda ctx, a: ops.sqr(ctx, a), 1e-12),
     "tanh": (lambda ctx, a: ops.tanh(ctx, a), 1e-10),
     "diag_mask_inf": (lambda ctx, a: ops.diag_mask_inf(ctx, a, 3), 0.0),
+    "sigmoid": (lambda ctx, a: ops.sigmoid(ctx, a), 1e-10),
+    "clamp": (lambda ctx, a: ops.clamp(ctx, a, -1.5, 2.25), 0.0),
 }
 for _name, (_fn, _tol) in _UNARY.items():
     for _sh, _shape in SHAPES.items():
@@ -277,6 +279,45 @@ for _name, _fn in (("rms_norm", ops.rms_norm), ("norm", ops.norm)):
                                                     1e-5)))
     case(f"{_name}-permuted", 1e-10)(_single(
         lambda ctx, I, fn=_fn: fn(ctx, ops.permute(ctx, I.f32(3, 5, 40), 0, 2, 1, 3), 1e-6)))
+
+
+case("clamp-nan-inf", 0.0)(_single(lambda ctx, I: ops.clamp(
+    ctx, I.f32(values=[[np.nan, np.inf, -np.inf, 0.0, 3.0, -7.0]]), 6.103515625e-5, np.inf)))
+
+for _sh, _shape in SHAPES.items():
+    case(f"sum_rows-{_sh}", 1e-12)(_single(
+        lambda ctx, I, shape=_shape: ops.sum_rows(ctx, I.f32(*shape, scale=3.0))))
+case("sum_rows-permuted", 1e-12)(_single(
+    lambda ctx, I: ops.sum_rows(ctx, ops.permute(ctx, I.f32(3, 4, 2, 17), 0, 2, 1, 3))))
+
+
+def _argsort_input(I, rows, n):
+    """Values with many ties, NaNs and infinities (the order is total: ties by index)."""
+    v = np.round(I.rng.standard_normal((rows, n)) * 2).astype(np.float32) / 2
+    if n > 4:
+        v[0, 1] = v[0, 3] = np.nan
+        v[1 % rows, 0] = np.inf
+        v[-1, n - 1] = -np.inf
+    return I.f32(values=v)
+
+
+for _n in (1, 2, 7, 64, 300, 1024):
+    for _order in (0, 1):
+        case(f"argsort-n{_n}-{'desc' if _order else 'asc'}", 0.0)(_single(
+            lambda ctx, I, n=_n, order=_order: ops.argsort(ctx, _argsort_input(I, 5, n), order)))
+case("argsort-permuted", 0.0)(_single(
+    lambda ctx, I: ops.argsort(ctx, ops.permute(ctx, I.f32(3, 4, 37), 0, 2, 1, 3), 1)))
+
+
+
+def _router_weights(ctx, I, n_tok=9, n_expert=60, k=8):
+    """The MoE router's gather: probs [1, n_expert, n_tok] at the strided top-k ids."""
+    probs = I.f32(n_tok, n_expert)
+    top = ops.argsort_top_k(ctx, probs, k)
+    return ops.get_rows(ctx, ops.reshape_3d(ctx, probs, 1, n_expert, n_tok), top)
+
+
+case("argsort_top_k-get_rows", 0.0)(_single(_router_weights))
 
 
 def _mask(nq_rows, nkv, I, kind, fully_masked_row=None):
@@ -410,6 +451,49 @@ case("mul_mat-f16-permuted-activations", 5e-4)(_single(
                                ops.permute(ctx, I.f32(3, 4, 32), 0, 2, 1, 3))))
 case("mul_mat-f32-big-M", 1e-9)(_single(
     lambda ctx, I: ops.mul_mat(ctx, I.f32(70, 40), I.f32(2, 130, 40))))
+
+
+def _mul_mat_id(ctx, I, wt, n_tok, n_b, n_expert=6, n_used=3, N=13, top_k=False):
+    """Experts [K, N, n_expert]; ids random (repeats allowed, expert 5 never chosen) or the
+    strided view argsort_top_k makes."""
+    K = _K(wt, small=96) if wt != "f32" else 33
+    w = I.weights(wt, n_expert, N, K)
+    x = I.f32(n_tok, n_b, K)
+    if top_k:
+        ids = ops.argsort_top_k(ctx, I.f32(n_tok, n_expert), n_used)
+    else:
+        ids = I.i32(I.rng.integers(0, n_expert - 1, (n_tok, n_used)))
+    return ops.mul_mat_id(ctx, w, x, ids)
+
+
+for _wt in WTYPES:
+    _tol = 1e-9 if _wt == "f32" else 5e-4
+    for _nt in (1, 9):
+        for _nb in (1, 3):
+            case(f"mul_mat_id-{_wt}-T{_nt}-b{_nb}", _tol)(_single(
+                lambda ctx, I, wt=_wt, nt=_nt, nb=_nb: _mul_mat_id(ctx, I, wt, nt, nb)))
+for _wt in ("f32", "f16", "q4_0", "q4_k", "q6_k"):
+    # the tiled kernel with more entries per expert than one tile (96 tokens x 2 of 4 experts)
+    case(f"mul_mat_id-{_wt}-T96-tiles", 1e-9 if _wt == "f32" else 5e-4)(_single(
+        lambda ctx, I, wt=_wt: _mul_mat_id(ctx, I, wt, 96, 1, n_expert=5, n_used=2, N=70)))
+case("mul_mat_id-q4_0-top_k-ids", 5e-4)(_single(
+    lambda ctx, I: _mul_mat_id(ctx, I, "q4_0", 7, 1, n_expert=8, n_used=2, top_k=True)))
+
+
+def _moe_block(ctx, I, wt, T, k=2, gating="softmax", norm_w=True, E=256, F=256, n_expert=8):
+    """The whole MoE FFN (llm/moe.py) on one backend: router, top-k, weights, experts, sum."""
+    from pyggml.llm.moe import moe_ffn
+    x = I.f32(T, E)
+    router = I.f32(n_expert, E, scale=0.1)
+    up, gate = I.weights(wt, n_expert, F, E, scale=0.2), I.weights(wt, n_expert, F, E, scale=0.2)
+    down = I.weights(wt, n_expert, E, F, scale=0.2)
+    return moe_ffn(ctx, x, router, up, gate, down, k, gating=gating, norm_w=norm_w)
+
+
+for _wt, _T, _k, _gating in (("q4_0", 1, 2, "softmax"), ("q4_k", 5, 4, "sigmoid"),
+                             ("q4_k", 40, 2, "softmax"), ("f16", 3, 1, "softmax_weight")):
+    case(f"moe_ffn-{_wt}-T{_T}-k{_k}-{_gating}", 5e-4)(_single(
+        lambda ctx, I, wt=_wt, T=_T, k=_k, g=_gating: _moe_block(ctx, I, wt, T, k, g)))
 
 
 def _fa(ctx, I, kv, softcap=0.0, mask="f16", bias=0.0, nq=5, nkv=41, D=40, H=4, Hkv=2):

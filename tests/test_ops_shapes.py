@@ -3,7 +3,7 @@ import pytest
 
 from pyggml import Context, ops
 from pyggml.errors import ShapeError, UnsupportedTypeError
-from pyggml.types import ROPE_MODE_NEOX, GGMLType, Op
+from pyggml.types import ROPE_MODE_NEOX, SORT_ORDER_DESC, GGMLType, Op
 
 
 @pytest.fixture
@@ -169,3 +169,49 @@ def test_flash_attn_ext_shape(ctx):
     with pytest.raises(ShapeError) as e:
         ops.flash_attn_ext(ctx, q, k_bad, v)
     _both_named(e, q, k_bad)
+
+
+def test_mul_mat_id_shapes_and_errors(ctx):
+    w = ctx.new_tensor_3d("q4_0", 64, 16, 4, name="exps")
+    b = ctx.new_tensor_3d("f32", 64, 1, 5, name="x")
+    ids = t2(ctx, "i32", 2, 5, "ids")
+    y = ops.mul_mat_id(ctx, w, b, ids)
+    assert y.ne == (16, 2, 5, 1) and y.type == GGMLType.F32 and y.op == Op.MUL_MAT_ID
+    assert y.src == [w, b, ids]
+    b2 = ctx.new_tensor_3d("f32", 64, 2, 5, name="x2")          # one row per slot
+    assert ops.mul_mat_id(ctx, w, b2, ids).ne == (16, 2, 5, 1)
+    bad = [
+        (w, b, t2(ctx, "f32", 2, 5, "fids"), "ids must be I32"),
+        (w, b, t2(ctx, "i32", 2, 4, "ids4"), r"ids.ne\[1\]=4 \(tokens\) must equal b.ne\[2\]=5"),
+        (w, ctx.new_tensor_3d("f32", 32, 1, 5, name="x32"), ids, "inner dimensions differ"),
+        (w, ctx.new_tensor_3d("f32", 64, 3, 5, name="x3"), ids,
+         r"must be a multiple of b.ne\[1\]=3"),
+        (ctx.new_tensor_4d("q4_0", 64, 16, 2, 2, name="w4"), b, ids, "as must be 3-D"),
+        (w, b, ctx.new_tensor_3d("i32", 2, 5, 2, name="ids3"), "ids must be 2-D"),
+        (w, ctx.new_tensor_4d("f32", 64, 1, 5, 2, name="x4"), ids, "b must be 3-D"),
+    ]
+    for ww, bb, ii, msg in bad:
+        with pytest.raises(ShapeError, match=msg) as e:
+            ops.mul_mat_id(ctx, ww, bb, ii)
+        _both_named(e, ww, ii)
+        _both_named(e, bb, ii)
+
+
+def test_router_ops_shapes(ctx):
+    logits = t2(ctx, "f32", 60, 7, "logits")
+    s = ops.argsort(ctx, logits, SORT_ORDER_DESC)
+    assert s.ne == logits.ne and s.type == GGMLType.I32 and s.op_param_i32(0) == SORT_ORDER_DESC
+    top = ops.argsort_top_k(ctx, logits, 8)
+    assert top.ne == (8, 7, 1, 1) and top.op == Op.VIEW and top.nb[1] == 60 * 4
+    assert top.view_src.op == Op.ARGSORT
+    r = ops.sum_rows(ctx, ctx.new_tensor_3d("f32", 8, 7, 3, name="w"))
+    assert r.ne == (1, 7, 3, 1) and r.op == Op.SUM_ROWS
+    c = ops.clamp(ctx, logits, -1.0, float("inf"))
+    assert c.op == Op.CLAMP and c.op_param_f32(0) == -1.0 and c.op_param_f32(1) == float("inf")
+    assert ops.sigmoid(ctx, logits).op == Op.SIGMOID
+    with pytest.raises(UnsupportedTypeError, match="argsort: a must be F32"):
+        ops.argsort(ctx, t2(ctx, "f16", 4, 4, "h"))
+    with pytest.raises(UnsupportedTypeError, match="sum_rows"):
+        ops.sum_rows(ctx, t2(ctx, "i32", 4, 4, "i"))
+    with pytest.raises(ShapeError, match="k=0"):
+        ops.argsort_top_k(ctx, logits, 0)

@@ -314,6 +314,31 @@ def test_weights_split_across_windows(wtype, cpu):
         check_case(f"windows-{wtype}-{M}", build(M), 1e-9 if wtype == "f32" else 5e-4, small, cpu)
 
 
+@pytest.mark.parametrize("wtype", ["f32", "q4_k"])
+def test_expert_weights_split_across_windows(wtype, cpu):
+    """MUL_MAT_ID on stacked experts larger than one binding: one dispatch per window of
+    experts, each computing the entries routed to its experts (bad ids none here)."""
+    small = vulkan.open_device(0, storage_range=64 << 10).init_backend()
+    K, N, n_expert = (256, 20, 12) if wtype == "f32" else (256, 40, 24)
+
+    def build(n_tok):
+        def b(ctx, I):
+            w = I.weights(wtype, n_expert, N, K)
+            assert w.nbytes() > 64 << 10 and w.nb[2] < 32 << 10    # several expert windows
+            ids = I.i32(I.rng.integers(0, n_expert, (n_tok, 4)))
+            out = ops.mul_mat_id(ctx, w, I.f32(n_tok, 1, K), ids)
+            return out, out
+        return b
+    for n_tok in (1, 6):
+        check_case(f"expert-windows-{wtype}-{n_tok}", build(n_tok),
+                   1e-9 if wtype == "f32" else 5e-4, small, cpu)
+    ctx = Context(no_alloc=True)
+    huge = ctx.new_tensor("f32", [64, 1000, 2], name="huge")        # one expert > a binding
+    mm = ops.mul_mat_id(ctx, huge, ctx.new_tensor("f32", [64, 1, 3]),
+                        ctx.new_tensor("i32", [1, 3]))
+    assert "binding" in small.why_unsupported(mm)
+
+
 def test_tensor_larger_than_a_binding_is_refused():
     small = vulkan.open_device(0, storage_range=64 << 10).init_backend()
     ctx = Context(no_alloc=True)
@@ -409,6 +434,38 @@ def test_bad_row_index_is_reported_after_the_graph(vk):
     vk.graph_compute(g)
     vk.synchronize()
     assert read(out).tolist() == [list(range(8, 16)), list(range(24, 32))]
+    del buf
+
+
+@pytest.mark.parametrize("n_tok", [2, 8])          # 4 entries: matrix-vector; 16: tiled
+def test_bad_expert_index_is_reported_after_the_graph(vk, n_tok):
+    ctx = Context(no_alloc=True)
+    w = ctx.new_tensor("f32", [32, 3, 2], name="exps")
+    x = ctx.new_tensor("f32", [32, 1, n_tok], name="x")
+    ids = ctx.new_tensor("i32", [2, n_tok], name="ids")
+    out = ops.mul_mat_id(ctx, w, x, ids, name="moe")
+    g = Graph()
+    g.build_forward_expand(out)
+    buf = on_vk(vk, ctx)
+    wv = RNG.standard_normal((2, 3, 32)).astype(np.float32)
+    xv = RNG.standard_normal((n_tok, 1, 32)).astype(np.float32)
+    base.tensor_set(w, wv)
+    base.tensor_set(x, xv)
+    iv = np.tile(np.array([[1, 0]], np.int32), (n_tok, 1))
+    iv[0, 1], iv[1, 1] = 2, -1
+    base.tensor_set(ids, iv)
+    vk.graph_compute(g)
+    with pytest.raises(BackendError, match="'moe'.*expert id"):
+        vk.synchronize()
+    got = read(out)
+    assert np.all(got[0, 1] == 0) and np.all(got[1, 1] == 0)      # bad entries: zero rows
+    np.testing.assert_allclose(got[0, 0], wv[1] @ xv[0, 0], rtol=1e-5)
+    for tok in range(2, n_tok):
+        np.testing.assert_allclose(got[tok], wv[[1, 0]] @ xv[tok, 0], rtol=1e-5)
+    base.tensor_set(ids, np.tile(np.array([[1, 0]], np.int32), (n_tok, 1)))   # flag reset
+    vk.graph_compute(g)
+    vk.synchronize()
+    np.testing.assert_allclose(read(out)[1, 1], wv[0] @ xv[1, 0], rtol=1e-5)
     del buf
 
 

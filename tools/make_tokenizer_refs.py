@@ -30,7 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 GPT2_VOCAB = REPO / "tests" / "data" / "tokenizer-tests" / "ggml-vocab-gpt-2.gguf"
-BPE_PRE_TYPES = ("llama-bpe", "qwen2", "smollm", "default", "falcon")   # gpt-2: llama.cpp vectors
+BPE_PRE_TYPES = ("llama-bpe", "qwen2", "smollm", "default", "falcon", "deepseek-coder",
+                 "deepseek-llm", "qwen35")   # gpt-2: llama.cpp vectors
 
 # ---------------------------------------------------------------------------------------------
 # corpus

@@ -3,7 +3,7 @@
 # present are not reinstalled. Without root or apt it prints what to install and exits 0, so
 # `make setup` continues with what it can (the C library needs only a C compiler).
 set -u
-PKGS_ALWAYS="gcc make libvulkan1 mesa-vulkan-drivers glslang-tools"
+PKGS_ALWAYS="gcc g++ make cmake libvulkan1 mesa-vulkan-drivers glslang-tools"   # g++/cmake: rpc-server
 PKGS_X86_NEON="gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 
 pkgs="$PKGS_ALWAYS"

@@ -107,12 +107,21 @@ typedef enum pg_op {
     PG_OP_SILU          = 25,
     PG_OP_FLASH_ATTN_EXT = 26,
     PG_OP_TANH          = 27,
-    PG_OP_COUNT         = 28,
+    PG_OP_MUL_MAT_ID    = 28,
+    PG_OP_ARGSORT       = 29,
+    PG_OP_SUM_ROWS      = 30,
+    PG_OP_CLAMP         = 31,
+    PG_OP_SIGMOID       = 32,
+    PG_OP_COUNT         = 33,
 } pg_op;
 
 /* rope modes (op_params[2]), as ggml */
 #define PG_ROPE_MODE_NORMAL 0
 #define PG_ROPE_MODE_NEOX   2
+
+/* argsort orders (op_params[0]), as ggml_sort_order */
+#define PG_SORT_ORDER_ASC  0
+#define PG_SORT_ORDER_DESC 1
 
 /* tensor flags, as ggml */
 #define PG_TENSOR_FLAG_INPUT   1
@@ -246,6 +255,11 @@ int32_t pg_graph_work_size(const pg_tensor *t, int32_t n_tensors, const int32_t 
 int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes,
                          pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
                          pg_eval_cb cb, void *cb_user, int32_t *bad_node);
+
+/* ---- hashing ------------------------------------------------------------------------------ */
+/* FNV-1a 64 of n bytes (offset basis 0xcbf29ce484222325, prime 0x100000001b3): the content hash
+ * of ggml's RPC tensor cache. */
+uint64_t pg_fnv1a64(const void *data, size_t n);
 
 #ifdef __cplusplus
 }

@@ -96,6 +96,7 @@ int32_t pg_node_supported(const pg_tensor *all, int32_t n, int32_t i, char *reas
         return PG_OK;
     case PG_OP_SQR: case PG_OP_SQRT: case PG_OP_SCALE: case PG_OP_GELU: case PG_OP_SILU:
     case PG_OP_TANH: case PG_OP_NORM: case PG_OP_RMS_NORM: case PG_OP_DIAG_MASK_INF:
+    case PG_OP_SIGMOID: case PG_OP_CLAMP:
         if (!a) BAD("needs a source");
         if (t->type != F32 || a->type != F32) FAIL("only F32");
         if (!same_ne(a, t)) BAD("output shape differs from input");
@@ -175,6 +176,38 @@ int32_t pg_node_supported(const pg_tensor *all, int32_t n, int32_t i, char *reas
         if (!dense_rows(a) || !dense_rows(b) || !dense_rows(t)) FAIL("rows must be dense");
         return PG_OK;
     }
+    case PG_OP_MUL_MAT_ID: {
+        const pg_tensor *ids = s[2];
+        if (!a || !b || !ids) BAD("needs as, b and ids");
+        const pg_type_traits *tr = pg_get_type_traits(a->type);
+        if (!tr->vec_dot) FAIL("no dot kernel for weight type %d", a->type);
+        if (b->type != F32 || t->type != F32) FAIL("activations and output must be F32");
+        if (tr->vec_dot_type != F32 && !pg_get_type_traits(tr->vec_dot_type)->from_float)
+            FAIL("no activation quantizer for type %d", tr->vec_dot_type);
+        if (ids->type != PG_TYPE_I32) BAD("ids must be I32");
+        if (a->ne[3] != 1 || b->ne[3] != 1 || ids->ne[2] != 1 || ids->ne[3] != 1)
+            BAD("as, b must be 3-D and ids 2-D");
+        if (a->ne[0] != b->ne[0] || ids->ne[1] != b->ne[2] || b->ne[1] <= 0 || ids->ne[0] % b->ne[1])
+            BAD("shapes do not fit mul_mat_id");
+        if (ids->ne[0] * ids->ne[1] > INT32_MAX) BAD("too many (slot, token) entries");
+        if (t->ne[0] != a->ne[1] || t->ne[1] != ids->ne[0] || t->ne[2] != b->ne[2] || t->ne[3] != 1)
+            BAD("output shape is not [as.ne1, ids.ne0, b.ne2]");
+        if (!dense_rows(a) || !dense_rows(b) || !dense_rows(t)) FAIL("rows must be dense");
+        return PG_OK;
+    }
+    case PG_OP_SUM_ROWS:
+        if (!a || a->type != F32 || t->type != F32) FAIL("only F32");
+        if (t->ne[0] != 1 || t->ne[1] != a->ne[1] || t->ne[2] != a->ne[2] || t->ne[3] != a->ne[3])
+            BAD("output shape is not [1, ne1, ne2, ne3]");
+        if (!dense_rows(a)) FAIL("rows must be dense");
+        return PG_OK;
+    case PG_OP_ARGSORT:
+        if (!a || a->type != F32 || t->type != PG_TYPE_I32) FAIL("F32 input, I32 output only");
+        if (!same_ne(a, t) || !dense_rows(a) || !dense_rows(t)) BAD("same shape, dense rows");
+        if (a->ne[0] > INT32_MAX) BAD("rows longer than 2^31 - 1");
+        if (t->op_params[0] != PG_SORT_ORDER_ASC && t->op_params[0] != PG_SORT_ORDER_DESC)
+            BAD("sort order %d", t->op_params[0]);
+        return PG_OK;
     case PG_OP_FLASH_ATTN_EXT: {
         const pg_tensor *v = s[2], *m = s[3];
         if (!a || !b || !v) BAD("needs q, k, v");
@@ -219,6 +252,7 @@ static size_t node_work_size(const pg_tensor *all, const pg_tensor *t, int nth) 
     switch (t->op) {
     case PG_OP_MUL_MAT:        return pg_mul_mat_work_size(all, t, nth);
     case PG_OP_FLASH_ATTN_EXT: return pg_flash_attn_work_size(all, t, nth);
+    case PG_OP_MUL_MAT_ID:     return pg_mul_mat_id_work_size(all, t, nth);
     case PG_OP_ROPE:           return (size_t)(t->ne[0] + 16) * sizeof(float) * (size_t)nth;
     default:                   return 0;
     }
@@ -263,7 +297,7 @@ static void forward(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     switch (t->op) {
     case PG_OP_ADD: case PG_OP_SUB: case PG_OP_MUL: case PG_OP_DIV: pg_fwd_binary(p, all, t); break;
     case PG_OP_SQR: case PG_OP_SQRT: case PG_OP_SCALE: case PG_OP_GELU: case PG_OP_SILU:
-    case PG_OP_TANH: pg_fwd_unary(p, all, t); break;
+    case PG_OP_TANH: case PG_OP_SIGMOID: case PG_OP_CLAMP: pg_fwd_unary(p, all, t); break;
     case PG_OP_NORM: case PG_OP_RMS_NORM: pg_fwd_norm(p, all, t); break;
     case PG_OP_SOFT_MAX: pg_fwd_soft_max(p, all, t); break;
     case PG_OP_ROPE: pg_fwd_rope(p, all, t); break;
@@ -274,6 +308,9 @@ static void forward(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     case PG_OP_CONCAT: pg_fwd_concat(p, all, t); break;
     case PG_OP_MUL_MAT: pg_fwd_mul_mat(p, all, t); break;
     case PG_OP_FLASH_ATTN_EXT: pg_fwd_flash_attn(p, all, t); break;
+    case PG_OP_MUL_MAT_ID: pg_fwd_mul_mat_id(p, all, t); break;
+    case PG_OP_SUM_ROWS: pg_fwd_sum_rows(p, all, t); break;
+    case PG_OP_ARGSORT: pg_fwd_argsort(p, all, t); break;
     default: break;
     }
 }

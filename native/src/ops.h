@@ -69,8 +69,12 @@ void pg_fwd_cpy(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
 void pg_fwd_concat(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
 void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
 void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_mul_mat_id(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_sum_rows(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
+void pg_fwd_argsort(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
 
 size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth);
 size_t pg_flash_attn_work_size(const pg_tensor *all, const pg_tensor *t, int nth);
+size_t pg_mul_mat_id_work_size(const pg_tensor *all, const pg_tensor *t, int nth);
 
 #endif

@@ -81,6 +81,13 @@ void pg_fwd_unary(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
         case PG_OP_SCALE: for (int64_t i = 0; i < ne0; i++) y[i] = x[i] * s + bias; break;
         case PG_OP_SILU:  for (int64_t i = 0; i < ne0; i++) y[i] = x[i] / (1.0f + expf(-x[i])); break;
         case PG_OP_TANH:  for (int64_t i = 0; i < ne0; i++) y[i] = tanhf(x[i]); break;
+        case PG_OP_SIGMOID: for (int64_t i = 0; i < ne0; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); break;
+        case PG_OP_CLAMP:   /* s = min, bias = max; ggml's MAX(MIN(x, max), min): NaN -> max */
+            for (int64_t i = 0; i < ne0; i++) {
+                const float v = x[i] < bias ? x[i] : bias;
+                y[i] = v > s ? v : s;
+            }
+            break;
         case PG_OP_GELU:
             for (int64_t i = 0; i < ne0; i++) {
                 const float v = x[i];

@@ -353,7 +353,7 @@ class Registry:
     is kept in `load_errors` (module -> text). `register(reg)` adds a BackendReg by hand (tests
     use it for their test devices)."""
 
-    DEFAULT_MODULES = ("pyggml.backend.vulkan", "pyggml.backend.cpu")
+    DEFAULT_MODULES = ("pyggml.backend.vulkan", "pyggml.backend.rpc", "pyggml.backend.cpu")
 
     def __init__(self, modules=DEFAULT_MODULES):
         self._regs: list[BackendReg] = []

@@ -474,7 +474,8 @@ class CpuBackend(Backend):
         if self.n_threads_active:
             return self.n_threads_active
         # single-token work (every node has at most one row per sequence) uses n_threads
-        big = any(t.op == Op.MUL_MAT and t.ne[1] > 1 for t in graph.nodes[-8:])
+        big = any((t.op == Op.MUL_MAT and t.ne[1] > 1) or (t.op == Op.MUL_MAT_ID and t.ne[2] > 1)
+                  for t in graph.nodes[-8:])
         return self.n_threads_batch if big else self.n_threads
 
     def graph_compute(self, graph: Graph, n_threads: int | None = None) -> None:
@@ -519,5 +520,5 @@ class CpuBackend(Backend):
             if bad.value >= 0:
                 t = plan.tensors[bad.value]
                 raise BackendError(f"node '{t.name}' ({t.op.name}) met bad data while computing "
-                                   f"(e.g. a row index outside its source)")
+                                   f"(e.g. a row index or expert id outside its source)")
             raise _node_error(plan.arr, plan.tensors, bad.value, st)

@@ -99,6 +99,9 @@ def add_offload_args(p) -> None:
                    help="never move an op to a GPU when its weight is in host memory")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (e.g. gpu_layers=8, context.n_ctx=8192)")
+    p.add_argument("--rpc", default=None, metavar="HOST:PORT[,HOST:PORT]",
+                   help="llama.cpp rpc-servers whose devices this run may use (as llama.cpp; "
+                        "unauthenticated: loopback or a trusted network only)")
     p.add_argument("--virtual-device", "--assume-device", dest="virtual_device",
                    action="append", default=[], metavar="NAME=SIZE[:igpu]",
                    help="plan for a device this machine lacks (or a real one with another "
@@ -149,11 +152,14 @@ def config_from_cli(args, always: bool = False, first_gpu=None) -> Config | None
     ngl = getattr(args, "n_gpu_layers", None)
     dev = getattr(args, "device", None)
     split = _split(getattr(args, "tensor_split", None), "-ts")
-    if not (always or path or ot or sets or nkvo or noop or dev or split):
+    rpc = [e.strip() for e in (getattr(args, "rpc", None) or "").split(",") if e.strip()]
+    if not (always or path or ot or sets or nkvo or noop or dev or split or rpc):
         return None
     devices = None
     if dev is not None:
         devices = [] if dev.strip().lower() == "none" else [d.strip() for d in dev.split(",")]
+    elif rpc:
+        devices = None                    # llama.cpp: -ngl spreads over every device, remote too
     elif path is None and (ngl or 0) > 0:
         gpu = first_gpu() if first_gpu else _first_registry_gpu()
         devices = [gpu] if gpu else None         # None: the resolver says why there is none
@@ -166,6 +172,8 @@ def config_from_cli(args, always: bool = False, first_gpu=None) -> Config | None
         threads=one("threads"), threads_batch=one("threads_batch"))   # bench: -t is a list
     if split is not None:
         cfg = cfg.with_values({"tensor_split": split}, f"-ts {args.tensor_split}")
+    if rpc:
+        cfg = cfg.with_values({"rpc": list(cfg.get(("rpc",)) or []) + rpc}, f"--rpc {args.rpc}")
     return cfg.with_sets(sets) if sets else cfg
 
 

@@ -121,6 +121,28 @@ _R_LLAMA3 = _ws(r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r
 _R_QWEN2 = _ws(r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?"
                r"\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+_R_QWEN35 = _ws(r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?"
+                r"[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# DeepSeek's CJK / Hangul run (the same code point ranges as llama.cpp)
+_R_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+# deepseek-llm's letter class: the explicit ranges of llama.cpp's table (Latin, Greek, Cyrillic,
+# Armenian, Georgian, Cherokee, ... full-width and a few astral blocks), not \p{L}
+_DEEPSEEK_LETTERS = (
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293"
+    "\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a"
+    "\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556"
+    "\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b"
+    "\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d"
+    "\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+    "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4"
+    "\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128"
+    "\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184"
+    "\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b"
+    "\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17"
+    "\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
+    "\U0001e900-\U0001e943")
+
 _PRE_REGEXES = {   # family -> regexes applied in sequence, each re-splitting every chunk
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _R_GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
     "gpt2": (_R_GPT2,),
@@ -128,6 +150,12 @@ _PRE_REGEXES = {   # family -> regexes applied in sequence, each re-splitting ev
     "qwen2": (_R_QWEN2,),
     "smollm": (r"\p{N}", _R_GPT2),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _R_GPT2, r"[0-9][0-9][0-9]"),
+    "qwen35": (_R_QWEN35,),
+    # std::regex's `$` (no multiline) is Python's \Z
+    "deepseek-llm": ("[\r\n]", _ws(f"\\s?[{_DEEPSEEK_LETTERS}]+"),
+                     _ws("\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"),
+                     _ws("\\s+\\Z"), _R_CJK, r"\p{N}+"),
+    "deepseek-coder": ("[\r\n]", _ws(r"\s?\p{L}+"), _ws(r"\s?\p{P}+"), _R_CJK, r"\p{N}"),
 }
 
 
@@ -157,6 +185,9 @@ _PRE_TYPES = {
     "smollm": _pre("smollm", clean_spaces=False),
     "command-r": _pre("smollm", clean_spaces=False),
     "falcon": _pre("falcon"),
+    "qwen35": _pre("qwen35", clean_spaces=False),
+    "deepseek-llm": _pre("deepseek-llm", clean_spaces=False),
+    "deepseek-coder": _pre("deepseek-coder", clean_spaces=False),
 }
 
 

@@ -177,6 +177,12 @@ SCHEMA = {
                           "batch": dict(_POS_INT, doc="CPU threads for batches (-tb)")}}],
             "expand": ("decode", "batch"),
             "doc": "CPU threads: one number, or per kind of work"},
+        "rpc": {
+            "type": "array", "items": {"type": "string", "format": "endpoint"},
+            "doc": "llama.cpp rpc-servers to use, as HOST:PORT (as --rpc): their devices, "
+                   "RPC[HOST:PORT], join `devices` and may be named in rules; connected when "
+                   "the config is used. The server is unauthenticated: loopback or a trusted "
+                   "network only (docs/rpc.md)"},
         "virtual_devices": {
             "type": "array",
             "doc": "planning-only devices (no hardware) with a declared memory: `pyggml plan`, "
@@ -693,6 +699,10 @@ def _check_format(fmt: str, v):
     elif fmt == "size":
         if size_or_none(v) is None:
             return f"expected a memory size (bytes, or like 8GiB, 512MiB), got {_got(v)}"
+    elif fmt == "endpoint":
+        host, sep, port = str(v).rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            return f"expected HOST:PORT (e.g. 127.0.0.1:50052), got {_got(v)}"
     elif fmt == "kinds":
         items = v if isinstance(v, list) else [v]
         if not items:

@@ -44,7 +44,8 @@ from pyggml.offload.config import (
 
 CPU = "CPU"
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
-_GPU_NAME = re.compile(r"^vulkan\d+$", re.IGNORECASE)     # devices pyggml can have
+# devices pyggml can have: Vulkan<i>, and rpc-server devices RPC[host:port] / RPC<d>[host:port]
+_GPU_NAME = re.compile(r"^(vulkan\d+|rpc\d*\[[^\]]+\])$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -273,11 +274,19 @@ class DeviceCatalog:
         return DeviceCatalog(infos, self.permissive, devices, assumed)
 
     def with_virtual(self, cfg) -> "DeviceCatalog":
-        """This catalog plus the config's `virtual_devices` (a name already listed keeps its
-        entry)."""
+        """This catalog plus the devices a config brings: its `rpc` servers (connected now, their
+        devices registered) and its `virtual_devices` (a name already listed keeps its entry)."""
+        cat = self
+        servers = cfg.get(("rpc",)) or []
+        if servers:
+            from pyggml.backend.rpc import register_endpoints
+            devices = dict(self.devices)
+            for reg in register_endpoints(servers):
+                devices.update({d.name: d for d in reg.devices()})
+            cat = DeviceCatalog([], self.permissive, devices, self.assumed).with_devices([])
         specs = [VirtualSpec(v["name"], size_or_none(v["memory"]), v.get("kind", "gpu"))
-                 for v in cfg.get(("virtual_devices",)) or [] if self.info(v["name"]) is None]
-        return self.with_devices(specs) if specs else self
+                 for v in cfg.get(("virtual_devices",)) or [] if cat.info(v["name"]) is None]
+        return cat.with_devices(specs) if specs else cat
 
     def memory_of(self, name: str) -> tuple[int, int]:
         """(free, total) bytes of a device: the declared size where one was assumed."""
@@ -857,6 +866,8 @@ def llama_flags(cfg: Config, plan: OffloadPlan, tensor_names, n_layer: int,
     regex, others become an exact list of the tensors they match in this model."""
     flags: list[str] = []
     missing: list[str] = []
+    if cfg.get(("rpc",)):
+        flags += ["--rpc", ",".join(cfg.get(("rpc",)))]
     listed = cfg.get(("devices",))
     gpus = [d for d in plan.devices if d != CPU]
     if listed is not None:

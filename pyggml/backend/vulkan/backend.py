@@ -86,12 +86,13 @@ log = logging.getLogger("pyggml.vulkan")
 _TYPES = ("f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 REQUIRED_SHADERS = (["binary", "unary", "rope", "norm", "norm_sg", "soft_max", "soft_max_sg",
                      "flash_attn", "flash_attn_sg", "cpy", "cpy_s16", "set_rows", "set_rows_s16",
-                     "concat", "concat_s16"]
-                    + [f"{k}_{t}" for k in ("get_rows", "mul_mat", "mul_mat_vec") for t in _TYPES]
-                    + [f"mul_mat_vec_{t}_sg" for t in _TYPES])
+                     "concat", "concat_s16", "argsort"]
+                    + [f"{k}_{t}" for k in ("get_rows", "mul_mat", "mul_mat_vec", "mul_mat_id",
+                                            "mul_mat_vec_id") for t in _TYPES]
+                    + [f"{k}_{t}_sg" for k in ("mul_mat_vec", "mul_mat_vec_id") for t in _TYPES])
 
 
-OFFLOAD_MIN_BATCH = 32    # a MUL_MAT over this many rows is worth copying its host weight here
+OFFLOAD_MIN_BATCH = 32    # a MUL_MAT (ID) over this many rows (tokens): worth copying host weights
 
 
 class VulkanRules:
@@ -112,8 +113,10 @@ class VulkanRules:
         return why_unsupported(node, self) is None
 
     def offload_op(self, node: Tensor) -> bool:
-        return (node.op == Op.MUL_MAT and node.ne[1] >= self.offload_min_batch
-                and self.supports_op(node))
+        """Host weights worth copying here: a MUL_MAT over at least offload_min_batch rows, a
+        MUL_MAT_ID over that many tokens (ne[2], as ggml-vulkan counts its batch)."""
+        batch = {Op.MUL_MAT: node.ne[1], Op.MUL_MAT_ID: node.ne[2]}.get(node.op, 0)
+        return batch >= self.offload_min_batch and self.supports_op(node)
 
 
 # ---- discovery -----------------------------------------------------------------------------------
@@ -432,7 +435,7 @@ class VulkanBackend(Backend):
         self.cfg = device.cfg
         self.rules = VulkanRules(self.ctx.max_bind, device.info.max_wg_count, self.cfg)
         self.max_bind = self.rules.max_bind           # limits the Builder reads
-        self.recorder = Recorder(device, self)
+        self.recorder = Recorder(device, self.rules)
         self._records: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self.n_computes = 0
 

@@ -30,8 +30,9 @@ WEIGHT_TYPES = FLOAT_TYPES + QUANT_TYPES          # MUL_MAT and GET_ROWS sources
 ESIZE = {F32: 4, I32: 4, F16: 2}
 BINARY = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}
 UNARY = {Op.SCALE: 0, Op.SILU: 1, Op.GELU: 2, Op.SQR: 3, Op.SQRT: 4, Op.TANH: 5,
-         Op.DIAG_MASK_INF: 6}
+         Op.DIAG_MASK_INF: 6, Op.SIGMOID: 7, Op.CLAMP: 8}
 MAX_HEAD = 512                                     # flash_attn.comp MAX_D
+ARGSORT_MAX = 1024                                 # argsort.comp MAX_N
 U32 = 1 << 32
 
 # libm's float functions, so host-side constants match the CPU kernels bit for bit
@@ -102,14 +103,20 @@ def why_unsupported(node: Tensor, lim) -> str | None:
     why = fn(node, *node.src[:5] + [None] * (5 - len(node.src[:5])))
     if why:
         return why
-    big = {Op.MUL_MAT: 0, Op.GET_ROWS: 0}.get(op)
+    big = {Op.MUL_MAT: 0, Op.GET_ROWS: 0, Op.MUL_MAT_ID: 0}.get(op)
     for i, t in enumerate(node.src):
         if t is None or t.nbytes() <= lim.max_bind:
             continue
-        if i == big and t.ne[2] == 1 and t.ne[3] == 1 and t.nb[1] <= lim.max_bind:
+        if i == big and op != Op.MUL_MAT_ID and t.ne[2] == 1 and t.ne[3] == 1 \
+                and t.nb[1] <= lim.max_bind:
             continue                   # split into row pieces
+        if i == big and op == Op.MUL_MAT_ID and t.nb[2] <= lim.max_bind:
+            continue                   # split into expert pieces
         return (f"'{t.name}' spans {t.nbytes()} bytes, more than one storage-buffer binding "
                 f"({lim.max_bind} bytes) and it cannot be split by rows")
+    if op == Op.MUL_MAT_ID and node.src[0].ne[2] > lim.max_wg_count[2]:
+        return (f"{node.src[0].ne[2]} experts, more than the device's {lim.max_wg_count[2]} "
+                f"workgroups in z")
     if node.nbytes() > lim.max_bind:
         return f"the result spans {node.nbytes()} bytes, more than one binding ({lim.max_bind})"
     return None
@@ -231,6 +238,44 @@ def _rule_mul_mat(t, a, b, *_):
     return None
 
 
+def _rule_mul_mat_id(t, a, b, ids, *_):
+    if a is None or b is None or ids is None or a.type not in WEIGHT_TYPES:
+        return f"no kernel for weights of type {a.type.name if a is not None else '?'}"
+    if not _f32_all(t, b):
+        return "activations and output must be F32"
+    if ids.type != I32 or not _strides_ok(ids, 4):
+        return "ids must be I32"
+    if a.type in ESIZE and not _strides_ok(a, ESIZE[a.type]):
+        return "misaligned weights"
+    if (a.ne[3] != 1 or b.ne[3] != 1 or ids.ne[2] != 1 or ids.ne[3] != 1 or a.ne[0] != b.ne[0]
+            or ids.ne[1] != b.ne[2] or b.ne[1] <= 0 or ids.ne[0] % b.ne[1]):
+        return "shapes do not fit mul_mat_id"
+    if t.ne != (a.ne[1], ids.ne[0], b.ne[2], 1):
+        return "output shape is not [as.ne1, ids.ne0, b.ne2]"
+    if not (_dense_rows(a) and _dense_rows(b) and _dense_rows(t)):
+        return "rows must be dense"
+    return None
+
+
+def _rule_sum_rows(t, a, *_):
+    if a is None or not _f32_all(t, a):
+        return "F32 only"
+    return None if t.ne == (1,) + a.ne[1:] else "output shape is not [1, ne1, ne2, ne3]"
+
+
+def _rule_argsort(t, a, *_):
+    if a is None or a.type != F32 or t.type != I32 or not _strides_ok(a, 4) \
+            or not _strides_ok(t, 4):
+        return "F32 input and I32 output only"
+    if a.ne != t.ne or not (_dense_rows(a) and _dense_rows(t)):
+        return "same shape and dense rows needed"
+    if a.ne[0] > ARGSORT_MAX:
+        return f"rows longer than {ARGSORT_MAX} (one workgroup sorts a row in shared memory)"
+    if t.op_param_i32(0) not in (0, 1):
+        return f"sort order {t.op_param_i32(0)}"
+    return None
+
+
 def _rule_flash_attn(t, q, k, v, m, *_):
     if q is None or k is None or v is None or not _f32_all(t, q):
         return "needs F32 q and output, k, v"
@@ -258,7 +303,8 @@ _RULES = {Op.ADD: _rule_binary, Op.SUB: _rule_binary, Op.MUL: _rule_binary, Op.D
           Op.SOFT_MAX: _rule_soft_max, Op.ROPE: _rule_rope, Op.GET_ROWS: _rule_get_rows,
           Op.SET_ROWS: _rule_set_rows, Op.CPY: _rule_cpy, Op.CONT: _rule_cpy, Op.DUP: _rule_cpy,
           Op.CONCAT: _rule_concat, Op.MUL_MAT: _rule_mul_mat,
-          Op.FLASH_ATTN_EXT: _rule_flash_attn, Op.NORM: _rule_unary, Op.RMS_NORM: _rule_unary}
+          Op.FLASH_ATTN_EXT: _rule_flash_attn, Op.NORM: _rule_unary, Op.RMS_NORM: _rule_unary,
+          Op.MUL_MAT_ID: _rule_mul_mat_id, Op.SUM_ROWS: _rule_sum_rows, Op.ARGSORT: _rule_argsort}
 _RULES.update({op: _rule_unary for op in UNARY})
 
 
@@ -330,7 +376,8 @@ class Builder:
     def _scale(self, t):
         a = t.src[0]
         (wa, oa), (wd, od) = self.loc(a, 4), self.loc(t, 4)
-        f0, f1 = (t.op_param_f32(0), t.op_param_f32(1)) if t.op == Op.SCALE else (0.0, 0.0)
+        f0, f1 = ((t.op_param_f32(0), t.op_param_f32(1)) if t.op in (Op.SCALE, Op.CLAMP)
+                  else (0.0, 0.0))
         if t.op == Op.DIAG_MASK_INF:
             f0 = t.op_param_i32(0)
         table = self.env.gelu_table() if t.op == Op.GELU else self.env.dummy
@@ -338,7 +385,7 @@ class Builder:
         return [self._mk("unary", self._elem_spec(), (wa, wd, table), push,
                          self.rows_grid(t.ne[0], t.nrows()), [a], [t])]
 
-    _silu = _gelu = _sqr = _sqrt = _tanh = _diag_mask_inf = _scale
+    _silu = _gelu = _sqr = _sqrt = _tanh = _diag_mask_inf = _sigmoid = _clamp = _scale
 
     def _elem_spec(self) -> tuple:
         """Specialization of the row-grid kernels: workgroup size, elements per invocation."""
@@ -497,6 +544,54 @@ class Builder:
                 out.append(self._mk("mul_mat_" + sfx, ((tile // 4) ** 2, tile, tile),
                                     (wa, wb, wd), push, grid, [rd, b], [t]))
         return out
+
+    def _mul_mat_id(self, t):
+        a, b, ids = t.src[0], t.src[1], t.src[2]
+        u = 1 if a.type in QUANT_TYPES else ESIZE[a.type]
+        K, N, n_as = a.ne[0], a.ne[1], a.ne[2]
+        n_ids, n_tok = ids.ne[0], ids.ne[1]
+        (wb, ob), (wi, oi), (wd, od) = self.loc(b, 4), self.loc(ids, 4), self.loc(t, 4)
+        sb, si, sd = self.strides(b, 4), self.strides(ids, 4), self.strides(t, 4)
+        cfg = self.cfg
+        nr = cfg.mmv_rows
+        per = max(1, self.env.max_bind // a.nb[2]) if a.nbytes() > self.env.max_bind else n_as
+        out = []
+        for e0 in range(0, n_as, per):
+            e1 = min(e0 + per, n_as)
+            n = a.nbytes() if (e0, e1) == (0, n_as) else (e1 - e0) * a.nb[2]
+            wa, oa = self.loc(a, u, e0 * a.nb[2], n)
+            push = _pack(K, N, oa, a.nb[1] // u, a.nb[2] // u, e0, e1, n_as, n_ids, b.ne[1],
+                         n_ids * n_tok, ob, sb[1], sb[2], oi, si[0], si[1], od, sd[1], sd[2],
+                         self.env.tag(t))
+            rd = (a.data + e0 * a.nb[2], a.data + e0 * a.nb[2] + n)
+            wins = (wa, wb, wd, wi, self.env.status)
+            if n_ids * n_tok <= cfg.mmv_max_cols:
+                out.append(self._mk(self._sg("mul_mat_vec_id_" + type_suffix(a.type)),
+                                    (cfg.wg_reduce, nr, 1), wins, push,
+                                    self.fold(-(-N // nr), n_ids * n_tok), [rd, b, ids], [t]))
+            else:           # tiled: one workgroup per (row tile, expert), entries in tiles
+                tile = cfg.mm_tile
+                out.append(self._mk("mul_mat_id_" + type_suffix(a.type),
+                                    ((tile // 4) ** 2, tile, tile), wins, push,
+                                    (-(-N // tile), 1, e1 - e0), [rd, b, ids], [t]))
+        return out
+
+    def _sum_rows(self, t):
+        a = t.src[0]
+        (wa, oa), (wd, od) = self.loc(a, 4), self.loc(t, 4)
+        push = _pack(*a.ne, oa, *self.strides(a, 4), od, *self.strides(t, 4), 2, 0.0)
+        return [self._mk(self._sg("norm"), (self.cfg.wg_reduce,), (wa, wd), push,
+                         self.fold(a.nrows()), [a], [t])]
+
+    def _argsort(self, t):
+        a = t.src[0]
+        (wa, oa), (wd, od) = self.loc(a, 4), self.loc(t, 4)
+        sa, sd = self.strides(a, 4), self.strides(t, 4)
+        n_pad = 1 << max(0, (a.ne[0] - 1).bit_length())
+        push = _pack(*a.ne, oa, sa[1], sa[2], sa[3], od, sd[1], sd[2], sd[3],
+                     t.op_param_i32(0), n_pad)
+        return [self._mk("argsort", (self.cfg.wg_reduce,), (wa, wd), push,
+                         self.fold(a.nrows()), [a], [t])]
 
     def _flash_attn_ext(self, t):
         q, k, v = t.src[0], t.src[1], t.src[2]

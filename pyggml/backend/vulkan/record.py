@@ -96,7 +96,7 @@ class Recorder:
         self.device = device
         self.ctx: VkContext = device.ctx
         self.cfg = device.cfg
-        self.limits = limits                 # what why_unsupported needs (the backend)
+        self.limits = limits                 # what why_unsupported needs (VulkanRules)
         self.max_bind = self.ctx.max_bind
         self.max_wg_count = device.info.max_wg_count
         self.builder = Builder(self)
@@ -138,7 +138,8 @@ class Recorder:
             return None
         tag, word.value = word.value, 0
         what = self.tags.get(tag, f"tag {tag}")
-        return f"{name}: node {what} met bad data (a row index outside its source)"
+        return (f"{name}: node {what} met bad data "
+                f"(a row index or expert id outside its source)")
 
     # -- recording --
     def record(self, graph, name: str) -> Record:

@@ -1,0 +1,300 @@
+"""ggml's RPC protocol 7.0.0 (llama.cpp 0c1e570), client side: framing, messages, one connection.
+
+Byte layouts are in docs/rpc-protocol.md. In short: a request is `u8 cmd | u64 size | payload`,
+a response (only for commands that have one) `u64 size | payload`; little-endian, packed. The
+first command must be HELLO. The server answers strictly in order and never sends an error code:
+on any failure it closes the connection (or aborts, which is why the backend validates first).
+
+`Connection` is one TCP connection to one rpc-server, shared by all devices that server reports.
+Every socket operation has a timeout; any failure (refused, closed, timed out, a reply of the
+wrong size) marks the connection broken and raises RpcError naming the endpoint, and every later
+call raises at once: after a failure the server's state (buffers, stored graphs) is gone or out
+of step, so nothing is retried.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from pyggml import _native
+from pyggml.errors import BackendError
+
+PROTO_VERSION = (7, 0, 0)
+DEFAULT_PORT = 50052
+
+
+class RpcError(BackendError):
+    """An rpc-server cannot be reached, rejected us, went away or stopped answering. The message
+    names the endpoint and the command."""
+
+
+class Cmd(IntEnum):
+    ALLOC_BUFFER = 0
+    GET_ALIGNMENT = 1
+    GET_MAX_SIZE = 2
+    BUFFER_GET_BASE = 3
+    FREE_BUFFER = 4
+    BUFFER_CLEAR = 5
+    SET_TENSOR = 6
+    SET_TENSOR_HASH = 7
+    GET_TENSOR = 8
+    COPY_TENSOR = 9
+    GRAPH_COMPUTE = 10
+    GET_DEVICE_MEMORY = 11
+    INIT_TENSOR = 12
+    GET_ALLOC_SIZE = 13
+    HELLO = 14
+    DEVICE_COUNT = 15
+    GRAPH_RECOMPUTE = 16
+    MEMSET_TENSOR = 17
+
+
+# rpc_tensor: id, type, buffer, ne[4] (u32), nb[4] (u32), op, op_params[16], flags, src[10],
+# view_src, view_offs, data, name[64], use_count. 296 bytes, packed.
+RPC_TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64si")
+assert RPC_TENSOR.size == 296
+HELLO_CAPS_BYTES = 24               # conn_caps (RDMA negotiation); all zero = plain TCP
+MAX_NAME_BYTES = 63                 # GGML_MAX_NAME - 1
+U32_MAX = (1 << 32) - 1
+HASH_MIN_BYTES = 64 << 10           # default: weights this large are offered by hash first
+
+_HDR = struct.Struct("<BQ")
+_U64 = struct.Struct("<Q")
+
+
+def fnv1a64(data) -> int:
+    """FNV-1a 64 of bytes-like data (the server's cache key); computed in libpyggml, in place
+    (read-only buffers such as a mapped GGUF file included)."""
+    arr = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    return _native.fn("pg_fnv1a64")(arr.ctypes.data if arr.size else None, arr.size)
+
+
+_native.declare("pg_fnv1a64", ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_size_t])
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """'host:port' -> (host, port); raises RpcError naming the text when malformed."""
+    if not isinstance(text, str) or not text.strip():
+        raise RpcError(f"RPC endpoint {text!r}: expected 'host:port'")
+    t = text.strip()
+    host, sep, port = t.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RpcError(f"RPC endpoint {text!r}: expected 'host:port' with a port in 1..65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+@dataclass
+class TrafficStats:
+    """Bytes and commands that went over one connection (headers included)."""
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    commands: dict[str, int] = field(default_factory=dict)
+    bytes_by_command: dict[str, int] = field(default_factory=dict)
+    weight_bytes_uploaded: int = 0   # SET_TENSOR data into WEIGHTS buffers
+    hash_hits: int = 0               # SET_TENSOR_HASH answered 1: the server had the bytes
+    hash_misses: int = 0
+
+    def snapshot(self) -> "TrafficStats":
+        return TrafficStats(self.bytes_sent, self.bytes_received, dict(self.commands),
+                            dict(self.bytes_by_command), self.weight_bytes_uploaded,
+                            self.hash_hits, self.hash_misses)
+
+
+class Connection:
+    """One TCP connection to an rpc-server at `endpoint` ('host:port'), after HELLO.
+
+    timeout_s: the most any one socket operation (connect, send, waiting for a reply, which
+    includes the server's compute time for the graph before it) may take."""
+
+    def __init__(self, endpoint: str, timeout_s: float = 60.0):
+        if not timeout_s or timeout_s <= 0:
+            raise RpcError(f"RPC endpoint {endpoint}: timeout must be > 0 s, got {timeout_s!r}")
+        self.host, self.port = parse_endpoint(endpoint)
+        self.endpoint = endpoint.strip()
+        self.timeout_s = float(timeout_s)
+        self.stats = TrafficStats()
+        self.broken: str | None = None
+        self._lock = threading.RLock()
+        self._pending_frees: list[int] = []
+        self.on_free = None              # called after FREE_BUFFERs go out (stored graphs die)
+        try:
+            self._sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+        except socket.timeout:
+            raise RpcError(f"RPC server {self.endpoint}: no connection within {self.timeout_s:g} s"
+                           f" (is rpc-server running there, and is no other client using it?)"
+                           ) from None
+        except OSError as e:
+            raise RpcError(f"RPC server {self.endpoint}: cannot connect: {e.strerror or e} "
+                           f"(start it with: rpc-server -H <host> -p {self.port})") from None
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.settimeout(self.timeout_s)
+        try:
+            self.server_version = self._hello()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- framing -----------------------------------------------------------------------------
+    def _fail(self, what: str) -> RpcError:
+        self.broken = what
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        return RpcError(f"RPC server {self.endpoint}: {what}")
+
+    def _check_usable(self, cmd: Cmd) -> None:
+        if self.broken is not None:
+            raise RpcError(f"RPC server {self.endpoint}: cannot send {cmd.name}: the connection "
+                           f"failed earlier ({self.broken}); reconnect and load again")
+
+    def _send(self, cmd: Cmd, payload) -> None:
+        """payload: bytes-like, or a tuple of bytes-like parts sent one after the other (a
+        header and a large tensor's bytes, without joining them)."""
+        parts = payload if isinstance(payload, tuple) else (payload,)
+        n = sum(memoryview(p).nbytes for p in parts)
+        hdr = _HDR.pack(int(cmd), n)
+        try:
+            if n <= 1 << 16:
+                self._sock.sendall(b"".join((hdr,) + tuple(bytes(p) for p in parts)))
+            else:
+                self._sock.sendall(hdr)
+                for p in parts:
+                    self._sock.sendall(p)
+        except socket.timeout:
+            raise self._fail(f"sending {cmd.name} ({n} bytes) timed out after "
+                             f"{self.timeout_s:g} s (the server stopped reading)") from None
+        except OSError as e:
+            raise self._fail(f"sending {cmd.name} failed: {e.strerror or e} (the server closed "
+                             f"the connection: it crashed or rejected an earlier request)"
+                             ) from None
+        st = self.stats
+        st.bytes_sent += _HDR.size + n
+        st.commands[cmd.name] = st.commands.get(cmd.name, 0) + 1
+        st.bytes_by_command[cmd.name] = st.bytes_by_command.get(cmd.name, 0) + _HDR.size + n
+
+    def _recv_exact(self, n: int, cmd: Cmd) -> bytes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        try:
+            while got < n:
+                k = self._sock.recv_into(view[got:], n - got)
+                if k == 0:
+                    raise self._fail(f"closed the connection while we waited for the answer to "
+                                     f"{cmd.name} (the server crashed or rejected the request)")
+                got += k
+        except socket.timeout:
+            raise self._fail(f"no answer to {cmd.name} within {self.timeout_s:g} s "
+                             f"(the server stopped answering)") from None
+        except OSError as e:
+            raise self._fail(f"receiving the answer to {cmd.name} failed: "
+                             f"{e.strerror or e}") from None
+        self.stats.bytes_received += n
+        return bytes(buf)
+
+    def _recv_reply(self, cmd: Cmd, size: int | None) -> bytes:
+        (n,) = _U64.unpack(self._recv_exact(8, cmd))
+        if size is not None and n != size:
+            raise self._fail(f"answered {cmd.name} with {n} bytes, expected {size}")
+        return self._recv_exact(n, cmd)
+
+    def request(self, cmd: Cmd, payload=b"", reply_size: int | None = -1) -> bytes | None:
+        """Send one command; reply_size: -1 = the command has no answer (returns None), None =
+        any length, else the exact length expected."""
+        with self._lock:
+            self._check_usable(cmd)
+            self._flush_frees()
+            self._send(cmd, payload)
+            if reply_size == -1:
+                return None
+            return self._recv_reply(cmd, reply_size)
+
+    def _hello(self) -> tuple[int, int, int]:
+        self._send(Cmd.HELLO, bytes(HELLO_CAPS_BYTES))
+        try:
+            rsp = self._recv_reply(Cmd.HELLO, 4 + HELLO_CAPS_BYTES)
+        except RpcError as e:
+            raise RpcError(f"{e}; a server of protocol {_ver(PROTO_VERSION)} (llama.cpp 0c1e570)"
+                           f" answers HELLO with 28 bytes: an older or newer rpc-server?"
+                           ) from None
+        ver = (rsp[0], rsp[1], rsp[2])
+        if ver[0] != PROTO_VERSION[0] or ver[1] > PROTO_VERSION[1]:
+            raise self._fail(f"speaks RPC protocol {_ver(ver)}; this client speaks "
+                             f"{_ver(PROTO_VERSION)} (major must match, server minor <= "
+                             f"{PROTO_VERSION[1]}): use an rpc-server built from llama.cpp "
+                             f"0c1e570 (llama-cpp-python 0.3.36)")
+        if ver[2] != PROTO_VERSION[2]:
+            # the patch number follows GGML_OP_COUNT: our op numbers would mean other ops
+            raise self._fail(f"speaks RPC protocol {_ver(ver)}, whose op numbering differs "
+                             f"from {_ver(PROTO_VERSION)} (the patch number follows ggml's op "
+                             f"count); use an rpc-server built from llama.cpp 0c1e570")
+        return ver
+
+    # ---- buffers freed by the garbage collector ----------------------------------------------
+    def queue_free(self, remote_ptr: int) -> None:
+        """Called from a finalizer: FREE_BUFFER goes out before the next command (never from
+        inside another command's send/receive)."""
+        self._pending_frees.append(remote_ptr)
+
+    def _flush_frees(self) -> None:
+        if not self._pending_frees:
+            return
+        while self._pending_frees:          # pop: a finalizer may append meanwhile
+            self._send(Cmd.FREE_BUFFER, _U64.pack(self._pending_frees.pop()))
+        if self.on_free is not None:
+            self.on_free()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.broken is None:
+                try:
+                    self._flush_frees()
+                except RpcError:
+                    pass
+            self.broken = self.broken or "closed by the client"
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+
+    # ---- commands with fixed layouts ---------------------------------------------------------
+    def device_count(self) -> int:
+        return struct.unpack("<I", self.request(Cmd.DEVICE_COUNT, b"", 4))[0]
+
+    def get_alignment(self, device: int) -> int:
+        return _U64.unpack(self.request(Cmd.GET_ALIGNMENT, struct.pack("<I", device), 8))[0]
+
+    def get_max_size(self, device: int) -> int:
+        return _U64.unpack(self.request(Cmd.GET_MAX_SIZE, struct.pack("<I", device), 8))[0]
+
+    def get_device_memory(self, device: int) -> tuple[int, int]:
+        return struct.unpack("<QQ", self.request(Cmd.GET_DEVICE_MEMORY,
+                                                 struct.pack("<I", device), 16))
+
+    def alloc_buffer(self, device: int, n_bytes: int) -> tuple[int, int]:
+        """(remote_ptr, remote_size); remote_ptr 0 = the server could not allocate."""
+        return struct.unpack("<QQ", self.request(Cmd.ALLOC_BUFFER,
+                                                 struct.pack("<IQ", device, n_bytes), 16))
+
+    def buffer_get_base(self, remote_ptr: int) -> int:
+        return _U64.unpack(self.request(Cmd.BUFFER_GET_BASE, _U64.pack(remote_ptr), 8))[0]
+
+    def buffer_clear(self, remote_ptr: int, value: int) -> None:
+        self.request(Cmd.BUFFER_CLEAR, struct.pack("<QB", remote_ptr, value & 0xFF))
+
+    def graph_recompute(self, device: int) -> None:
+        self.request(Cmd.GRAPH_RECOMPUTE, struct.pack("<I", device))
+
+
+def _ver(v) -> str:
+    return ".".join(str(x) for x in v)

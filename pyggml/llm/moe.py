@@ -1,0 +1,91 @@
+"""The mixture-of-experts FFN block, built from pyggml ops the way llama.cpp's
+`llm_graph_context::build_moe_ffn` builds it (same ops in the same order, so the numbers agree
+with llama.cpp's to its own rounding):
+
+    logits   = mul_mat(gate_inp, x)                       [n_expert, T]
+    probs    = soft_max(logits) | sigmoid(logits) | logits (softmax_weight)
+    selected = argsort_top_k(probs (+ exp_probs_b), k)     I32 [k, T] (a strided view)
+    weights  = get_rows(reshape(probs, [1, n_expert, T]), selected)           [1, k, T]
+               (softmax_weight: soft_max over the k selected logits)
+               (norm_w: weights / clamp(sum_rows(weights), 2^-14, inf))
+               (w_scale: weights * w_scale)
+    up, gate = mul_mat_id(up_exps, x, selected), mul_mat_id(gate_exps, x, selected)  [F, k, T]
+    experts  = mul_mat_id(down_exps, act(gate) * up, selected)                 [E, k, T]
+    out      = sum over the k slots of experts * weights (views + add)         [E, T]
+
+Shapes (ggml order): E = n_embd, F = expert FFN width, T tokens, k = n_expert_used.
+"""
+
+from __future__ import annotations
+
+from pyggml import ops
+from pyggml.context import Context
+from pyggml.tensor import Tensor
+
+GATING = ("softmax", "sigmoid", "softmax_weight")
+ACTIVATIONS = ("silu", "gelu")
+# the smallest normal fp16: llama.cpp's floor for the sum of the selected weights
+WEIGHTS_SUM_MIN = 6.103515625e-5
+
+
+def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exps: Tensor | None,
+            down_exps: Tensor, n_expert_used: int, *, gating: str = "softmax",
+            norm_w: bool = False, w_scale: float = 0.0, exp_probs_b: Tensor | None = None,
+            act: str = "silu", name: str = "ffn_moe") -> Tensor:
+    """The MoE FFN of one layer. x: F32 [E, T] (contiguous); gate_inp (the router):
+    [E, n_expert]; up_exps, gate_exps: [E, F, n_expert]; down_exps: [F, E, n_expert];
+    exp_probs_b: F32 [n_expert] selection bias (added for choosing only). gate_exps None: no
+    gate (act(up)). Returns F32 [E, T]. Node names are `name` + llama.cpp's suffixes
+    ("-logits", "-probs", "-topk", "-weights", "-up", "-gate", "-down", "-out")."""
+    if gating not in GATING:
+        raise ValueError(f"moe_ffn: gating must be one of {', '.join(GATING)}, got {gating!r}")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"moe_ffn: act must be one of {', '.join(ACTIVATIONS)}, got {act!r}")
+    n_embd, n_tokens = x.ne[0], x.ne[1]
+    n_expert = gate_inp.ne[1]
+    k = n_expert_used
+    if not 0 < k <= n_expert:
+        raise ValueError(f"moe_ffn: n_expert_used={k} must be in [1, n_expert={n_expert}]")
+
+    logits = ops.mul_mat(ctx, gate_inp, x, name=f"{name}-logits")            # [n_expert, T]
+    if gating == "softmax":
+        probs = ops.soft_max_ext(ctx, logits, name=f"{name}-probs")
+    elif gating == "sigmoid":
+        probs = ops.sigmoid(ctx, logits, name=f"{name}-probs")
+    else:
+        probs = logits
+    selection = probs if exp_probs_b is None else ops.add(ctx, probs, exp_probs_b,
+                                                          name=f"{name}-probs_biased")
+    selected = ops.argsort_top_k(ctx, selection, k, name=f"{name}-topk")     # I32 [k, T]
+
+    weights = ops.get_rows(ctx, ops.reshape_3d(ctx, probs, 1, n_expert, n_tokens), selected,
+                           name=f"{name}-weights")                            # [1, k, T]
+    if gating == "softmax_weight":
+        w2 = ops.soft_max_ext(ctx, ops.reshape_2d(ctx, weights, k, n_tokens))
+        weights = ops.reshape_3d(ctx, w2, 1, k, n_tokens, name=f"{name}-weights_softmax")
+    if norm_w:
+        w2 = ops.reshape_2d(ctx, weights, k, n_tokens)
+        total = ops.clamp(ctx, ops.sum_rows(ctx, w2), WEIGHTS_SUM_MIN, float("inf"))
+        w2 = ops.div(ctx, w2, total, name=f"{name}-weights_norm")              # [k, T]
+        weights = ops.reshape_3d(ctx, w2, 1, k, n_tokens)
+    if w_scale not in (0.0, 1.0):
+        weights = ops.scale(ctx, weights, w_scale, name=f"{name}-weights_scaled")
+
+    x3 = ops.reshape_3d(ctx, x, n_embd, 1, n_tokens)
+    up = ops.mul_mat_id(ctx, up_exps, x3, selected, name=f"{name}-up")       # [F, k, T]
+    if gate_exps is not None:
+        gate = ops.mul_mat_id(ctx, gate_exps, x3, selected, name=f"{name}-gate")
+        h = ops.mul(ctx, ops.silu(ctx, gate) if act == "silu" else ops.gelu(ctx, gate), up)
+    else:
+        h = ops.silu(ctx, up) if act == "silu" else ops.gelu(ctx, up)
+    experts = ops.mul_mat_id(ctx, down_exps, h, selected, name=f"{name}-down")  # [E, k, T]
+    experts = ops.mul(ctx, experts, weights, name=f"{name}-weighted")
+
+    out = None
+    for i in range(k):      # one [E, T] view per slot (rows experts.nb[2] apart), then adds
+        v = ops.view_2d(ctx, experts, n_embd, n_tokens, experts.nb[2], i * experts.nb[1])
+        out = v if out is None else ops.add(ctx, out, v)
+    if k == 1:
+        out = ops.cont(ctx, out)        # a contiguous result, as llama.cpp
+    out.name = f"{name}-out"
+    return out

@@ -1,0 +1,311 @@
+"""Small random-weight GGUF models, one per architecture variant pyggml runs, written with the
+`gguf` package's GGUFWriter under the metadata keys and tensor names llama.cpp's converter
+(convert_hf_to_gguf.py) writes. Deterministic: a variant's bytes depend only on its spec (fixed
+seeds), so tests regenerate them instead of committing them (tests/test_llm_archs.py) and the
+references llama.cpp computed on them (tools/make_arch_refs.py → tests/data/arch_refs.npz) stay
+valid.
+
+    python tools/make_arch_models.py OUT_DIR [VARIANT ...]     # default: every variant
+
+Shapes: E = 256, head size 64, 4 query heads over 2 K/V heads, F = 3E, V = 384 tokens, 2-3
+layers; MoE variants 4-8 experts with top-k 2-3. Weight types: a mix per variant over the block
+formats (K-quants Q2_K..Q6_K, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, F16, BF16), quantized by pyggml's own
+bit-exact quantizers (pyggml.quants); 1-D tensors (norms, rope factors) F32. Every quantized row
+length is a multiple of 256, so no type falls back.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+
+SPACE = "\u2581"
+N_VOCAB = 384
+# the fixed token sequence the references are computed for (ids in the normal-token range)
+TOKENS = [int(t) for t in np.random.default_rng(1234).integers(260, N_VOCAB, 24)]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One variant: its architecture, shapes, weight-type mix and extra metadata/tensors."""
+    arch: str
+    types: tuple                     # weight types assigned round-robin over the 2-D/3-D weights
+    n_layer: int = 2
+    n_embd: int = 256
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_ff: int = 768
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
+    tied: bool = False               # no output.weight
+    qk_norm: str = ""                # "head": [D] (qwen3, gemma3); "row": [H*D] (olmo2, olmoe)
+    post_norms: bool = False         # post_attention_norm / post_ffw_norm (gemma2, olmo2)
+    pre_norms: bool = True           # attn_norm / ffn_norm (not olmo2)
+    fused_qkv: bool = False          # attn_qkv (phi3)
+    fused_up: bool = False           # ffn_up [E, 2F] gate|up (phi3)
+    qkv_bias: bool = False
+    rope_freqs: bool = False         # llama 3
+    longrope: bool = False           # phi3 rope_factors_long / short
+    kv: dict = field(default_factory=dict)    # extra {arch}.* keys (suffix → value)
+    seed: int = 0
+
+
+_K = ("q4_k", "q6_k", "q5_k", "q3_k", "q2_k")
+VARIANTS: dict[str, Spec] = {
+    "llama3": Spec("llama", ("q4_k", "q2_k", "q3_k", "q6_k"), n_layer=3, tied=True,
+                   rope_freqs=True, kv={"rope.freq_base": 500000.0}, seed=1),
+    "qwen3": Spec("qwen3", ("q4_k", "q6_k", "q8_0", "q5_k"), n_layer=3, qk_norm="head",
+                  kv={"rope.freq_base": 1000000.0}, seed=2),
+    "qwen3-yarn": Spec("qwen3", ("q5_k", "q4_0", "q6_k"), qk_norm="head",
+                       kv={"rope.freq_base": 1000000.0, "rope.scaling.type": "yarn",
+                           "rope.scaling.factor": 4.0,
+                           "rope.scaling.original_context_length": 16}, seed=3),
+    "phi3": Spec("phi3", ("q5_0", "q8_0", "q4_k", "f16"), n_head_kv=4, fused_qkv=True,
+                 fused_up=True, longrope=True,
+                 kv={"rope.scaling.original_context_length": 4096,
+                     "attention.sliding_window": 2047}, seed=4),
+    "phi3-long": Spec("phi3", ("q6_k", "q4_1", "q5_k"), n_head_kv=4, fused_qkv=True,
+                      fused_up=True, longrope=True,
+                      kv={"rope.scaling.original_context_length": 128,
+                          "attention.sliding_window": 131072}, seed=5),
+    "gemma2": Spec("gemma2", ("q6_k", "q4_0", "q5_k", "bf16"), n_layer=3, tied=True,
+                   post_norms=True,
+                   kv={"attention.sliding_window": 8, "attn_logit_softcapping": 2.0,
+                       "final_logit_softcapping": 15.0}, seed=6),
+    "granite": Spec("granite", ("q3_k", "q4_1", "q8_0", "q6_k"), tied=True,
+                    kv={"logit_scale": 2.0, "residual_scale": 0.6, "embedding_scale": 3.0,
+                        "attention.scale": 0.015625}, seed=7),
+    "olmo2": Spec("olmo2", ("q5_1", "q4_k", "f16", "q2_k"), qk_norm="row", post_norms=True,
+                  pre_norms=False, n_head_kv=4, seed=8),
+    "mixtral": Spec("llama", ("q4_k", "q5_0", "q6_k"), n_expert=4, n_expert_used=2,
+                    n_ff_exp=512, seed=9),
+    "qwen3moe": Spec("qwen3moe", ("q4_k", "q8_0", "q3_k", "q6_k"), qk_norm="head", n_expert=8,
+                     n_expert_used=3, n_ff_exp=256, kv={"rope.freq_base": 1000000.0}, seed=10),
+    "olmoe": Spec("olmoe", ("q5_k", "q4_0", "q6_k"), qk_norm="row", n_head_kv=4, n_expert=8,
+                  n_expert_used=2, n_ff_exp=256, seed=11),
+    "granitemoe": Spec("granitemoe", ("q4_k", "q6_k", "q8_0"), tied=True, n_expert=6,
+                       n_expert_used=2, n_ff_exp=256, n_ff_shexp=512,
+                       kv={"logit_scale": 3.0, "residual_scale": 0.7, "embedding_scale": 2.0,
+                           "attention.scale": 0.02}, seed=12),
+}
+
+_QT = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1,
+       "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "q8_0": QT.Q8_0, "q2_k": QT.Q2_K, "q3_k": QT.Q3_K,
+       "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K}
+
+
+def _encode(x: np.ndarray, type_: str) -> np.ndarray:
+    """float32 rows (last axis) → the array GGUFWriter stores for type_."""
+    if type_ == "f32":
+        return x.astype(np.float32)
+    if type_ == "f16":
+        return x.astype(np.float16)
+    if type_ == "bf16":
+        from gguf.quants import quantize
+        return quantize(x.astype(np.float32), QT.BF16)
+    from pyggml import quants
+    flat = x.reshape(-1, x.shape[-1]).astype(np.float32)
+    q = quants.quantize(flat, type_)
+    return q.reshape(*x.shape[:-1], q.shape[-1])
+
+
+def _llama3_rope_freqs(D: int, base: float) -> np.ndarray:
+    """Llama 3.1's rope scaling as factors 1/scale per frequency (the converter's formula):
+    factor 8, low_freq_factor 1, high_freq_factor 4, original context 8192."""
+    factor, lo, hi, orig = 8.0, 1.0, 4.0, 8192
+    freqs = 1.0 / base ** (np.arange(0, D, 2, dtype=np.float64) / D)
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < orig / hi:
+            out.append(1.0)
+        elif wavelen > orig / lo:
+            out.append(factor)
+        else:
+            smooth = (orig / wavelen - lo) / (hi - lo)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
+
+
+def tensors_of(s: Spec, rng) -> list[tuple[str, np.ndarray]]:
+    """(name, float32 array in numpy order = reversed ne) of every tensor of the variant."""
+    E, D, H, Hkv, F = s.n_embd, s.head_dim, s.n_head, s.n_head_kv, s.n_ff
+    out = []
+
+    def mat(name, rows, cols, std=None, extra=()):        # ne = [cols, rows, *extra]
+        std = std if std is not None else 1.0 / math.sqrt(cols)
+        out.append((name, (rng.standard_normal((*extra[::-1], rows, cols)) * std)
+                    .astype(np.float32)))
+
+    def vec(name, n, mean=1.0, std=0.1):
+        out.append((name, (mean + rng.standard_normal(n) * std).astype(np.float32)))
+
+    # tied: the embeddings are the output matrix too, sized for logits of rms ~3
+    mat("token_embd.weight", N_VOCAB, E, std=3.0 / math.sqrt(E) if s.tied else 1.0)
+    vec("output_norm.weight", E)
+    if not s.tied:
+        mat("output.weight", N_VOCAB, E, std=2.0 / math.sqrt(E))
+    if s.rope_freqs:
+        out.append(("rope_freqs.weight",
+                    _llama3_rope_freqs(D, float(s.kv.get("rope.freq_base", 10000.0)))))
+    if s.longrope:
+        out.append(("rope_factors_long.weight",
+                    (1.0 + rng.random(D // 2) * 7.0).astype(np.float32)))
+        out.append(("rope_factors_short.weight",
+                    (1.0 + rng.random(D // 2) * 0.5).astype(np.float32)))
+    for il in range(s.n_layer):
+        p = f"blk.{il}."
+        if s.pre_norms:
+            vec(p + "attn_norm.weight", E)
+        if s.fused_qkv:
+            mat(p + "attn_qkv.weight", H * D + 2 * Hkv * D, E)
+        else:
+            mat(p + "attn_q.weight", H * D, E)
+            mat(p + "attn_k.weight", Hkv * D, E)
+            mat(p + "attn_v.weight", Hkv * D, E)
+        if s.qkv_bias:
+            for n, w in (("attn_q", H * D), ("attn_k", Hkv * D), ("attn_v", Hkv * D)):
+                vec(p + n + ".bias", w, 0.0, 0.1)
+        if s.qk_norm == "head":
+            vec(p + "attn_q_norm.weight", D)
+            vec(p + "attn_k_norm.weight", D)
+        elif s.qk_norm == "row":
+            vec(p + "attn_q_norm.weight", H * D)
+            vec(p + "attn_k_norm.weight", Hkv * D)
+        mat(p + "attn_output.weight", E, H * D)
+        if s.post_norms:
+            vec(p + "post_attention_norm.weight", E)
+        if s.pre_norms:
+            vec(p + "ffn_norm.weight", E)
+        if s.n_expert:
+            X, Fx = s.n_expert, s.n_ff_exp
+            mat(p + "ffn_gate_inp.weight", X, E, std=2.0 / math.sqrt(E))
+            mat(p + "ffn_gate_exps.weight", Fx, E, extra=(X,))
+            mat(p + "ffn_up_exps.weight", Fx, E, extra=(X,))
+            mat(p + "ffn_down_exps.weight", E, Fx, extra=(X,))
+            if s.n_ff_shexp:
+                mat(p + "ffn_gate_shexp.weight", s.n_ff_shexp, E)
+                mat(p + "ffn_up_shexp.weight", s.n_ff_shexp, E)
+                mat(p + "ffn_down_shexp.weight", E, s.n_ff_shexp)
+        elif s.fused_up:
+            mat(p + "ffn_up.weight", 2 * F, E)
+            mat(p + "ffn_down.weight", E, F)
+        else:
+            mat(p + "ffn_gate.weight", F, E)
+            mat(p + "ffn_up.weight", F, E)
+            mat(p + "ffn_down.weight", E, F)
+        if s.post_norms:
+            vec(p + "post_ffw_norm.weight", E)
+    return out
+
+
+def _vocab():
+    """A SentencePiece ('llama') vocabulary: <unk> <s> </s>, the 256 byte tokens,
+    <|endoftext|> (llama.cpp's vocab loader looks it up in Phi-3 models), pieces."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["<|endoftext|>"]
+    types = [2, 3, 3] + [6] * 256 + [3]
+    i = 0
+    while len(tokens) < N_VOCAB:
+        tokens.append(f"{SPACE}w{i}")
+        types.append(1)
+        i += 1
+    scores = [0.0] * 260 + [-float(j) for j in range(N_VOCAB - 260)]
+    return tokens, scores, types
+
+
+def write_variant(name: str, path) -> Path:
+    """Write variant `name` to `path`; returns the path."""
+    s = VARIANTS[name]
+    rng = np.random.default_rng(1000 + s.seed)
+    path = Path(path)
+    w = gguf.GGUFWriter(str(path), s.arch)
+    a = s.arch
+    w.add_name(f"pyggml-random-{name}")
+    w.add_uint32(f"{a}.context_length", 4096)
+    w.add_uint32(f"{a}.embedding_length", s.n_embd)
+    w.add_uint32(f"{a}.block_count", s.n_layer)
+    # llama (mixtral), olmoe, granitemoe: feed_forward_length is the experts' width
+    own_exp_key = s.arch == "qwen3moe"
+    w.add_uint32(f"{a}.feed_forward_length",
+                 s.n_ff_exp if s.n_expert and not own_exp_key else s.n_ff)
+    w.add_uint32(f"{a}.attention.head_count", s.n_head)
+    w.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
+    w.add_uint32(f"{a}.attention.key_length", s.head_dim)
+    w.add_uint32(f"{a}.attention.value_length", s.head_dim)
+    w.add_uint32(f"{a}.rope.dimension_count", s.head_dim)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_uint32(f"{a}.vocab_size", N_VOCAB)
+    if s.n_expert:
+        w.add_uint32(f"{a}.expert_count", s.n_expert)
+        w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
+        if own_exp_key:
+            w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff_exp)
+        if s.n_ff_shexp:
+            w.add_uint32(f"{a}.expert_shared_feed_forward_length", s.n_ff_shexp)
+    if s.longrope:
+        f = 4096 / s.kv["rope.scaling.original_context_length"]
+        w.add_float32(f"{a}.rope.scaling.attn_factor",
+                      math.sqrt(1 + math.log(f) / math.log(s.kv[
+                          "rope.scaling.original_context_length"])) if f > 1 else 1.0)
+    for key, v in s.kv.items():
+        if isinstance(v, str):
+            w.add_string(f"{a}.{key}", v)
+        elif isinstance(v, float):
+            w.add_float32(f"{a}.{key}", v)
+        else:
+            w.add_uint32(f"{a}.{key}", v)
+    w.add_file_type(15)             # MOSTLY_Q4_K_M (informational: the types are mixed)
+    tokens, scores, types = _vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+    k = 0
+    for tname, arr in tensors_of(s, rng):
+        if arr.ndim == 1:
+            w.add_tensor(tname, arr)
+            continue
+        # the MoE router stays at a high-precision type so that the top-k choice is stable
+        t = "f16" if tname.endswith("ffn_gate_inp.weight") else s.types[k % len(s.types)]
+        k += 1
+        data = _encode(arr, t)
+        if t in ("f16", "f32"):
+            w.add_tensor(tname, data)
+        else:
+            w.add_tensor(tname, data, raw_shape=data.shape, raw_dtype=_QT[t])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def main(argv) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    out = Path(argv[0])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokens.txt").write_text(" ".join(map(str, TOKENS)) + "\n")
+    for name in argv[1:] or VARIANTS:
+        p = write_variant(name, out / f"{name}.gguf")
+        print(f"{p} ({p.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
