@@ -31,9 +31,10 @@ def files(tmp_path_factory, tiny):
 # (argv, exit status, text the error must contain); {m}: the tiny model, {d}: a folder of files
 PROBES = [
     # llama.cpp spellings: taken, or refused by their own name
-    (["run", "-m", "{m}", "-cnv"], 2, "conversation mode is `pyggml chat`"),
-    (["run", "-m", "{m}", "-no-cnv"], 2, "'-no-cnv'"),
-    (["run", "-m", "{m}", "-sys", "be brief"], 2, "unknown flag '-sys'"),
+    (["run", "-m", "{m}", "-cnv"], 1, "--chat-template"),     # a model without a template
+    (["run", "-m", "{m}", "-sys", "be brief"], 2, "-sys (a system prompt) needs a conversation"),
+    (["chat", "-m", "{m}", "-xyz"], 2, "unknown flag '-xyz'"),
+    (["serve", "-m", "{m}", "--port", "http"], 2, "invalid int value"),
     (["run", "-m", "{m}", "-sm", "row"], 2, "split mode"),
     (["run", "-m", "{m}", "-mg", "1"], 2, "main GPU"),
     (["run", "-m", "{m}", "-xyz", "1"], 2, "unknown flag '-xyz'"),
@@ -111,6 +112,7 @@ def test_probe(argv, status, text, tiny, files, capsys):
 WORKS = [
     (["run", "-m", "{m}", "-t2", "-c64", "-n", "2", "--temp", "0", "--no-warmup"], "generation"),
     (["run", "-m", "{m}", "-f", "{d}/prompt.txt", "-n", "1", "--temp", "0"], "generation"),
+    (["run", "-m", "{m}", "-no-cnv", "-n", "1"], "generation"),
     (["run", "-m", "{m}", "-np", "2", "--swa-full", "-n", "1", "-ctk", "f32", "-ctv", "f32"],
      "generation"),
     (["run", "-m", "{m}", "--temp", "-1", "-n", "1"], "generation"),    # llama.cpp: greedy

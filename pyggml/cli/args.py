@@ -47,8 +47,6 @@ class Parser(argparse.ArgumentParser):
 
 #: llama.cpp flags pyggml does not take (yet), and what to use instead
 UNSUPPORTED = {
-    "-cnv": ": conversation mode is `pyggml chat`",
-    "-no-cnv": ": `pyggml run` never starts a conversation",
     "-sm": " (llama.cpp's split mode: pyggml splits by layer, as -sm layer)",
     "-mg": " (main GPU: name it first in -dev)",
     "-fa": " (use -fa on|off|auto)",

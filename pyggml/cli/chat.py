@@ -103,7 +103,7 @@ def cmd_chat(args) -> int:
 
 def add_commands(sub) -> None:
     c = sub.add_parser("chat", help="interactive conversation with an instruct model")
-    add_model_arguments(c, 4096)
+    add_model_arguments(c)
     c.add_argument("-sys", "--system-prompt", default=None)
     c.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="tokens per reply at most (-1: until the model stops or the context "

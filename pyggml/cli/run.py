@@ -56,6 +56,12 @@ def _prompt_bar(llm):
 def cmd_run(args) -> int:
     from pyggml import _native
     from pyggml.llm.runtime import LLM
+    if args.conversation:                         # llama-cli -cnv: the conversation command
+        from pyggml.cli.chat import cmd_chat
+        return cmd_chat(args)
+    if args.system_prompt is not None:
+        raise UsageError("-sys (a system prompt) needs a conversation: add -cnv, or use "
+                         "`pyggml chat -sys ...`")
     prompt = _prompt(args)
     if args.n_predict < -1:
         raise UsageError(f"-n {args.n_predict}: expected a number of tokens >= 0, or -1 "
@@ -123,6 +129,12 @@ def add_commands(sub) -> None:
     r.add_argument("-r", "--reverse-prompt", "--stop", action="append", default=[],
                    metavar="TEXT", help="stop when the generated text contains TEXT")
     r.add_argument("-np", "--parallel", type=int, default=None, help="sequences (n_seq_max)")
+    r.add_argument("-cnv", "--conversation", action="store_true",
+                   help="chat with an instruct model (as `pyggml chat`)")
+    r.add_argument("-no-cnv", "--no-conversation", dest="conversation", action="store_false")
+    r.add_argument("-sys", "--system-prompt", default=None, help="with -cnv: a system prompt")
+    r.add_argument("--chat-template", default=None,
+                   help="with -cnv: a Jinja file or a built-in name; default: the model's own")
     r.add_argument("--temp", type=float, default=0.8)
     r.add_argument("--top-k", type=int, default=40)
     r.add_argument("--top-p", type=float, default=0.95)

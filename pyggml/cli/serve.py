@@ -6,18 +6,14 @@ from __future__ import annotations
 import os
 import sys
 
+from pyggml.cli.args import add_model_args, add_offload_args, config_from_cli, run_options
 
-def add_model_arguments(p, n_ctx_default: int) -> None:
-    """The model and run-size flags shared by `serve` and `chat` (llama.cpp's spellings)."""
-    p.add_argument("-m", "--model", default=None, help="GGUF file (default: Gemma 3 270M)")
-    p.add_argument("-c", "--ctx-size", type=int, default=n_ctx_default,
-                   help=f"KV cells in all (default {n_ctx_default})")
-    p.add_argument("-t", "--threads", type=int, default=None)
-    p.add_argument("-tb", "--threads-batch", type=int, default=None)
-    p.add_argument("-b", "--batch-size", type=int, default=2048)
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512)
-    p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0)
+
+def add_model_arguments(p) -> None:
+    """The model, run-size and offload flags (cli/args.py, the shared ones) and the chat
+    template: what `serve` and `chat` share."""
+    add_model_args(p)
+    add_offload_args(p)
     p.add_argument("--chat-template", default=None,
                    help="a Jinja file or a built-in name (chatml, gemma, llama3, ...); default: "
                         "the model's own")
@@ -25,10 +21,9 @@ def add_model_arguments(p, n_ctx_default: int) -> None:
 
 def load_llm(args, n_seq_max: int = 1):
     from pyggml.llm.runtime import LLM
-    return LLM(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
-               n_ubatch=args.ubatch_size, n_threads=args.threads,
-               n_threads_batch=args.threads_batch, n_seq_max=n_seq_max,
-               flash_attn=args.flash_attn != "off", n_gpu_layers=args.n_gpu_layers)
+    opts = dict(run_options(args), n_seq_max=n_seq_max)
+    return LLM(args.model, config=config_from_cli(args), n_gpu_layers=args.n_gpu_layers or 0,
+               **opts)
 
 
 def cmd_serve(args) -> int:
@@ -55,7 +50,7 @@ def cmd_serve(args) -> int:
 
 def add_commands(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
-    add_model_arguments(s, 4096)
+    add_model_arguments(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("-np", "--parallel", type=int, default=4,
