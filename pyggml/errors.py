@@ -104,3 +104,7 @@ class InsufficientMemoryError(PyggmlError, MemoryError):
     """Memory the system cannot give: the message says how much is needed, how much is
     available and what would fit."""
 
+
+class ChatTemplateError(PyggmlError, ValueError):
+    """A chat template is missing, cannot be compiled or fails to render, or chat messages are
+    malformed; the message names the template (and line) or the message and field."""

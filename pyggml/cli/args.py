@@ -47,8 +47,6 @@ class Parser(argparse.ArgumentParser):
 
 #: llama.cpp flags pyggml does not take (yet), and what to use instead
 UNSUPPORTED = {
-    "-cnv": ": conversation mode is `pyggml chat`",
-    "-no-cnv": ": `pyggml run` never starts a conversation",
     "-sm": " (llama.cpp's split mode: pyggml splits by layer, as -sm layer)",
     "-mg": " (main GPU: name it first in -dev)",
     "-fa": " (use -fa on|off|auto)",
@@ -80,6 +78,8 @@ def add_model_args(p, *, config_file: bool = True) -> None:
     p.add_argument("-ctv", "--cache-type-v", default=None, help="f16 (default), f32, q8_0")
     p.add_argument("--swa-full", action="store_true",
                    help="sliding-window layers keep all n_ctx cells (llama.cpp's --swa-full)")
+    p.add_argument("--logits-all", action="store_true",
+                   help="logits for every position (llama.cpp's compute-buffer worst case)")
 
 
 def add_offload_args(p) -> None:
@@ -196,8 +196,9 @@ def run_options(args) -> dict:
            "type_v": getattr(args, "cache_type_v", None),
            "n_seq_max": getattr(args, "parallel", None)}
     out = {k: v for k, v in out.items() if v is not None}
-    if getattr(args, "swa_full", False):
-        out["swa_full"] = True
+    for flag in ("swa_full", "logits_all"):
+        if getattr(args, flag, False):
+            out[flag] = True
     if getattr(args, "flash_attn", "auto") == "off":
         out["flash_attn"] = False
     return out

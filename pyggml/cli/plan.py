@@ -20,7 +20,7 @@ def cmd_plan(args) -> int:
     opts = run_options(args)
     with Planner(args.model, virtual=virtual_specs(args)) as planner:
         cfg = config_from_cli(args, always=True, first_gpu=planner._first_gpu)
-        report = planner.plan(cfg, logits_all=args.logits_all, **opts)
+        report = planner.plan(cfg, **opts)
         if args.check_fit:
             report.fit_changes = suggest_changes(planner, report)
     if args.emit_yaml is not None:
@@ -40,8 +40,6 @@ def add_commands(sub) -> None:
     p = sub.add_parser("plan", help="dry run: where each tensor goes, memory per device")
     add_model_args(p)
     add_offload_args(p)
-    p.add_argument("--logits-all", action="store_true",
-                   help="logits for every position (llama.cpp's compute-buffer worst case)")
     p.add_argument("--per-tensor", action="store_true", help="one row per tensor")
     p.add_argument("--check-fit", action="store_true",
                    help="compare with free device memory; suggest the smallest change that fits")

@@ -39,9 +39,29 @@ def _prompt(args) -> str:
     return process_escapes(text) if args.escape else text
 
 
+def _prompt_bar(llm):
+    """A progress bar on a terminal for prompts of more than one ubatch (None otherwise)."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+    bar = tqdm(unit="tok", desc="prompt", leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+    llm.on_ubatch = update
+    return bar
+
+
 def cmd_run(args) -> int:
     from pyggml import _native
     from pyggml.llm.runtime import LLM
+    if args.conversation:                         # llama-cli -cnv: the conversation command
+        from pyggml.cli.chat import cmd_chat
+        return cmd_chat(args)
+    if args.system_prompt is not None:
+        raise UsageError("-sys (a system prompt) needs a conversation: add -cnv, or use "
+                         "`pyggml chat -sys ...`")
     prompt = _prompt(args)
     if args.n_predict < -1:
         raise UsageError(f"-n {args.n_predict}: expected a number of tokens >= 0, or -1 "
@@ -67,19 +87,25 @@ def cmd_run(args) -> int:
         out = sys.stdout
         out.write(prompt)
         out.flush()
-        n_max = llm.n_ctx if args.n_predict == -1 else args.n_predict
-        gen = llm.generate(prompt, n_max, temperature=args.temp, top_k=args.top_k,
+        bar = _prompt_bar(llm)
+        gen = llm.generate(prompt, args.n_predict, temperature=args.temp, top_k=args.top_k,
                            top_p=args.top_p, min_p=args.min_p,
                            repeat_penalty=args.repeat_penalty, seed=args.seed,
                            stop_at_eog=not args.ignore_eos)
         text = ""
         for tok in gen:
+            if bar is not None:
+                bar.close()
+                bar = llm.on_ubatch = None
             out.write(tok.text)
             out.flush()
             text += tok.text
             if any(r and r in text for r in args.reverse_prompt):
                 break
         out.write("\n")
+        if gen.finish_reason == "context":
+            print(f"\npyggml: the context is full ({llm.n_ctx} tokens): generation stopped; a "
+                  f"larger -c holds more", file=sys.stderr)
         s = llm.stats
         pp = s.n_prompt_tokens / s.t_prompt_s if s.t_prompt_s else 0.0
         tg = s.n_gen_tokens / s.t_gen_s if s.t_gen_s else 0.0
@@ -103,6 +129,12 @@ def add_commands(sub) -> None:
     r.add_argument("-r", "--reverse-prompt", "--stop", action="append", default=[],
                    metavar="TEXT", help="stop when the generated text contains TEXT")
     r.add_argument("-np", "--parallel", type=int, default=None, help="sequences (n_seq_max)")
+    r.add_argument("-cnv", "--conversation", action="store_true",
+                   help="chat with an instruct model (as `pyggml chat`)")
+    r.add_argument("-no-cnv", "--no-conversation", dest="conversation", action="store_false")
+    r.add_argument("-sys", "--system-prompt", default=None, help="with -cnv: a system prompt")
+    r.add_argument("--chat-template", default=None,
+                   help="with -cnv: a Jinja file or a built-in name; default: the model's own")
     r.add_argument("--temp", type=float, default=0.8)
     r.add_argument("--top-k", type=int, default=40)
     r.add_argument("--top-p", type=float, default=0.95)

@@ -263,3 +263,23 @@ class KVCache:
         sp = self.spaces[FULL]
         sel = (sp.seqs & np.uint64(1 << seq_id)) != 0
         return int(sp.pos[sel].max()) if sel.any() else -1
+
+    def seq_pos_min(self, seq_id: int, space: str = FULL) -> int:
+        """Smallest position of seq_id held in a cell space, -1 if it has none."""
+        sp = self.spaces[space]
+        sel = (sp.seqs & np.uint64(1 << seq_id)) != 0
+        return int(sp.pos[sel].min()) if sel.any() else -1
+
+    def can_keep_prefix(self, seq_id: int, n_keep: int) -> bool:
+        """Whether positions [0, n_keep) of seq_id can stay while the rest is forgotten and
+        evaluation goes on at position n_keep: the full space keeps every cell, but the
+        sliding-window space dropped cells that fell out of the window of a later token; the
+        token at n_keep needs positions from n_keep - window + 1 on, so the oldest cell the
+        sequence still holds there must be no later than that."""
+        if n_keep <= 0:
+            return True
+        if SWA not in self.spaces:
+            return True
+        lo = self.seq_pos_min(seq_id, SWA)
+        return 0 <= lo <= max(0, n_keep - self.window + 1)
+

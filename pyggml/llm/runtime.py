@@ -37,7 +37,8 @@ class RunStats:
     graphs_built: int = 0
     graphs_reused: int = 0
     allocator_plans: int = 0          # reserve() calls (planning); the reuse path makes none
-    n_prompt_tokens: int = 0
+    n_prompt_tokens: int = 0          # prompt tokens evaluated
+    n_prompt_reused: int = 0          # prompt tokens whose KV cells were kept (reuse_prefix)
     n_gen_tokens: int = 0
     t_load_s: float = 0.0
     t_prompt_s: float = 0.0
@@ -161,6 +162,11 @@ class LLM:
         self._seq_pos = [0] * self.n_seq_max
         self._seq_epoch = [0] * self.n_seq_max    # bumped by every change of a sequence from outside
         self.last_finish_reason: str | None = None    # of the last generation that ended
+        # called as on_ubatch(tokens_done, tokens_total) after each ubatch of an eval of more
+        # than one ubatch (a progress bar for long prompts; None: nothing)
+        self.on_ubatch = None
+        self._seq_tokens: list[list[int]] = [[] for _ in range(self.n_seq_max)]   # what each holds
+        self._chat_templates: dict = {}
         self.stats.t_load_s = time.perf_counter() - t0
 
     # the run's parts (pyggml.llm.setup.Run) under the names users know
@@ -224,11 +230,13 @@ class LLM:
             if seq_id is None:
                 self.kv.clear()
                 self._seq_pos = [0] * self.n_seq_max
+                self._seq_tokens = [[] for _ in range(self.n_seq_max)]
                 self._seq_epoch = [e + 1 for e in self._seq_epoch]
             else:
                 seq_id = self._check_seq(seq_id)
                 self.kv.seq_rm(seq_id)
                 self._seq_pos[seq_id] = 0
+                self._seq_tokens[seq_id] = []
                 self._seq_epoch[seq_id] += 1
 
     def _check_seq(self, seq_id) -> int:
@@ -305,6 +313,8 @@ class LLM:
             for i in range(0, len(toks), self.n_ubatch):
                 sl = slice(i, i + self.n_ubatch)
                 rows.append(self._decode_ubatch(toks[sl], pos[sl], sids[sl], want[sl]))
+                if self.on_ubatch is not None and len(toks) > self.n_ubatch:
+                    self.on_ubatch(min(i + self.n_ubatch, len(toks)), len(toks))
         except BaseException:
             # leave the cache as it was: the model stays usable after an error
             self.kv.restore(snapshot[0])
@@ -312,6 +322,7 @@ class LLM:
             raise
         for tokens, sid in seqs:
             self._seq_pos[sid] += len(tokens)
+            self._seq_tokens[sid] += [int(t) for t in tokens]
         logits = np.concatenate(rows) if len(rows) > 1 else rows[0]
         if len(seqs) == 1:          # no selection: no second copy of (maybe large) logits
             return {seqs[0][1]: logits if self.logits_all else logits[-1]}
@@ -342,16 +353,105 @@ class LLM:
             pin_phase_ops(sched, g, self.offload, "decode" if T == 1 else "prefill", self.weights)
             sched.alloc_graph(g)
             self.stats.allocator_plans += sched.n_reserves - before
-            views = {name: host_array(getattr(inp, name)).reshape(-1)
-                     for name in ("tokens", "pos", "kv_idxs", "kv_idxs_swa", "out_ids")
-                     if getattr(inp, name) is not None}
-            if inp.mask is not None:
-                views["mask"] = host_array(inp.mask).reshape(T, -1)
-            if inp.mask_swa is not None:
-                views["mask_swa"] = host_array(inp.mask_swa).reshape(T, -1)
+            views = self._input_views(inp, T)
             self._graph = _BuiltGraph(gp, g, logits, views, sched)
             self.stats.graphs_built += 1
         g, logits, views = self._graph.graph, self._graph.logits, self._graph.views
+        self._write_inputs(views, toks, pos, sids, cells, out_ids, n_kv)
+        self.backend.set_n_threads(self.backend.n_threads if T == 1 else self.backend.n_threads_batch)
+        sched.graph_compute(g)
+        V = self.hparams.n_vocab
+        if is_host_tensor(logits):
+            out = host_array(logits).reshape(len(out_ids), V)[:n_wanted].copy()
+        else:
+            out = np.frombuffer(tensor_get(logits, 0, n_wanted * V * 4), np.float32).reshape(n_wanted, V)
+        if not np.all(np.isfinite(out)):
+            raise PyggmlError("the model produced non-finite logits")
+        return out
+
+    # ---- prompt prefix reuse ---------------------------------------------------------------
+    def seq_tokens(self, seq_id: int = 0) -> list[int]:
+        """The tokens sequence `seq_id` holds in the KV cache, in position order."""
+        self._check_seq(seq_id)
+        return list(self._seq_tokens[seq_id])
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        """Keep the first n_keep tokens of a sequence, forget the rest (positions >= n_keep);
+        its generators are invalidated."""
+        seq_id = self._check_seq(seq_id)
+        with self.lock:
+            self._check_open()
+            if not is_int(n_keep) or not 0 <= n_keep <= self._seq_pos[seq_id]:
+                raise ModelError(f"n_keep must be in [0, {self._seq_pos[seq_id]}] (tokens held "
+                                 f"by sequence {seq_id}), got {n_keep!r}")
+            self.kv.seq_rm(seq_id, int(n_keep))
+            self._seq_pos[seq_id] = int(n_keep)
+            del self._seq_tokens[seq_id][n_keep:]
+            self._seq_epoch[seq_id] += 1
+
+    def reuse_prefix(self, ids: list[int], seq_id: int = 0) -> int:
+        """Prepare sequence seq_id to evaluate prompt `ids`: keep the KV cells of the longest
+        common prefix with what it holds, forget the rest. Returns the tokens kept: evaluate
+        ids[n:] next. At least the last two prompt tokens are evaluated again: the last one's
+        logits are needed, and with a single row the matmuls take the one-row path, whose
+        rounding differs from the multi-row path for some formats (Q4_1's block sums), so a
+        reused prompt would not give exactly the tokens of a fresh one. Sliding-window layers:
+        when cells the window needs for the shorter prefix were already dropped, nothing is
+        kept (llama.cpp does the same)."""
+        seq_id = self._check_seq(seq_id)
+        with self.lock:
+            held = self._seq_tokens[seq_id]
+            n = 0
+            for a, b in zip(held, ids[:-2]):
+                if a != b:
+                    break
+                n += 1
+            if n > 0 and not self.kv.can_keep_prefix(seq_id, n):
+                n = 0
+            self.truncate(seq_id, n)
+            self.stats.n_prompt_reused += n
+        return n
+
+    # ---- completions (llama-cpp-python's API; pyggml/llm/completion.py) --------------------
+    def get_chat_template(self, spec=None):
+        """The chat template: `spec` (a built-in name such as 'chatml' or 'gemma', or a Jinja
+        file), else the model's tokenizer.chat_template; ChatTemplateError when there is none."""
+        from pyggml.llm.chat import load_chat_template
+        key = None if spec is None else os.fspath(spec)
+        if key not in self._chat_templates:
+            tok = self.tokenizer
+            text = lambda i: tok.decode([i], special=True) if i is not None else ""   # noqa: E731
+            self._chat_templates[key] = load_chat_template(
+                key, self.model.get("tokenizer.chat_template"), text(tok.bos_id),
+                text(tok.eos_id))
+        return self._chat_templates[key]
+
+    def create_completion(self, prompt, max_tokens: int | None = 16, **kw):
+        """As llama-cpp-python's: temperature, top_p, top_k, min_p, repeat_penalty, seed,
+        stop, logprobs, echo, stream, seq_id (see pyggml.llm.completion.create_completion)."""
+        from pyggml.llm.completion import create_completion
+        return create_completion(self, prompt, max_tokens=max_tokens, **kw)
+
+    def create_chat_completion(self, messages, **kw):
+        """As llama-cpp-python's: chat_template, max_tokens, temperature, top_p, top_k, min_p,
+        repeat_penalty, seed, stop, logprobs, top_logprobs, stream, seq_id."""
+        from pyggml.llm.completion import create_chat_completion
+        return create_chat_completion(self, messages, **kw)
+
+    @staticmethod
+    def _input_views(inp, T: int) -> dict:
+        """numpy views of a placed graph's input tensors (host memory), by input name."""
+        views = {name: host_array(getattr(inp, name)).reshape(-1)
+                 for name in ("tokens", "pos", "kv_idxs", "kv_idxs_swa", "out_ids")
+                 if getattr(inp, name) is not None}
+        if inp.mask is not None:
+            views["mask"] = host_array(inp.mask).reshape(T, -1)
+        if inp.mask_swa is not None:
+            views["mask_swa"] = host_array(inp.mask_swa).reshape(T, -1)
+        return views
+
+    def _write_inputs(self, views, toks, pos, sids, cells, out_ids, n_kv) -> None:
+        """Write a ubatch's inputs into its graph's input tensors (numpy views of them)."""
         views["tokens"][:] = toks
         views["pos"][:] = pos
         if "kv_idxs" in views:
@@ -365,16 +465,12 @@ class LLM:
         if "mask_swa" in views:
             sp = "swa" if "swa" in n_kv else "full"
             views["mask_swa"][:] = self.kv.mask(sp, pos, sids, n_kv[sp], self.hparams.sliding_window)
-        self.backend.set_n_threads(self.backend.n_threads if T == 1 else self.backend.n_threads_batch)
-        sched.graph_compute(g)
-        V = self.hparams.n_vocab
-        if is_host_tensor(logits):
-            out = host_array(logits).reshape(len(out_ids), V)[:n_wanted].copy()
-        else:
-            out = np.frombuffer(tensor_get(logits, 0, n_wanted * V * 4), np.float32).reshape(n_wanted, V)
-        if not np.all(np.isfinite(out)):
-            raise PyggmlError("the model produced non-finite logits")
-        return out
+
+    def embed(self, texts, pooling: str = "mean", normalize: bool = True, seq_id: int = 0):
+        """Embeddings (final normed hidden state, mean or last-token pooled, L2-normalized):
+        one list of floats per text (pyggml/llm/embedding.py). Uses and frees seq_id."""
+        from pyggml.llm.embedding import embed
+        return embed(self, texts, pooling, normalize, seq_id)
 
     # ---- generation ------------------------------------------------------------------------
     def generate(self, prompt: str | bytes | list[int], max_tokens: int = 128, *,

@@ -237,16 +237,18 @@ class Planner:
 
     def plan(self, config=None, *, sets=(), opts: RunOptions | None = None,
              offload: OffloadPlan | None = None, with_no_inplace: bool = True,
-             n_gpu_layers: int | None = None, gpu_device: str | None = None,
+             n_gpu_layers: int | None = None, gpu_device: str | None = None, overrides=(),
              **options) -> RunPlan:
         """Plan `config` (a path, Config or dict, amended by `sets`; its sizes, threads and KV
         types replace the options, as in the runtime), or n_gpu_layers on gpu_device, or an
-        OffloadPlan as given. options: RunOptions fields (n_ctx, n_ubatch, logits_all, ...)."""
+        OffloadPlan as given; overrides: -ot rules [(regex, device)]. options: RunOptions fields
+        (n_ctx, n_ubatch, logits_all, ...)."""
         t0 = time.perf_counter()
         opts = (opts or RunOptions()).replace(**options)
         mf = self.mf
         cfg = self.config_of(config, sets=sets, n_gpu_layers=n_gpu_layers,
-                             gpu_device=gpu_device)
+                             gpu_device=gpu_device, **({"overrides": list(overrides)}
+                                                       if overrides else {}))
         catalog = self.catalog.with_virtual(cfg)
         plan, opts = resolve_offload(mf, opts, config=None if offload else cfg, offload=offload,
                                      catalog=catalog)

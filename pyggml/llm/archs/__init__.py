@@ -1,6 +1,6 @@
 """The architectures pyggml runs, one module per family; `get_arch(name)` is the registry.
 
-Adding one: docs/ADDING_AN_ARCHITECTURE.md. A model's `general.architecture` selects its Arch;
+Adding one: docs/ARCHITECTURE.md, "How to add an architecture". A model's `general.architecture` selects its Arch;
 an unknown one is a ModelError naming it and listing these.
 """
 

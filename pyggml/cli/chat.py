@@ -1,0 +1,118 @@
+"""`pyggml chat -m MODEL [-sys TEXT] [--chat-template FILE|NAME]`: a conversation, as
+`llama-cli -cnv`. Replies stream as they are generated; the history stays in the KV cache (each
+turn re-renders the chat and keeps the cells of the common prefix, so only the new messages are
+evaluated). Commands: /clear (start over), /exit. Ctrl-C stops the current reply (the part
+already shown stays in the history), Ctrl-D exits. When the context is full it says so and
+offers /clear. Lines come from stdin when it is not a terminal, so a chat can be scripted.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pyggml.cli.serve import add_model_arguments, load_llm
+from pyggml.errors import ModelError, PyggmlError
+
+HELP = "commands: /clear (forget the conversation), /exit (or Ctrl-D); Ctrl-C stops a reply"
+
+
+def _lines(interactive: bool):
+    """User lines: input() with line editing on a terminal, else stdin lines. Ctrl-C at the
+    prompt does not end the chat (Ctrl-D does)."""
+    if interactive:
+        try:
+            import readline  # noqa: F401 - line editing and history for input()
+        except ImportError:
+            pass
+        while True:
+            try:
+                yield input("> ")
+            except KeyboardInterrupt:
+                print("\n(" + HELP + ")", flush=True)
+            except EOFError:
+                print(flush=True)
+                return
+    else:
+        for line in sys.stdin:
+            yield line.rstrip("\n")
+
+
+def _sampling(args) -> dict:
+    return {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
+            "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
+            "seed": None if args.seed < 0 else args.seed}
+
+
+def cmd_chat(args) -> int:
+    interactive = sys.stdin.isatty()
+    llm = load_llm(args)
+    try:
+        llm.get_chat_template(args.chat_template)      # no template: the error names the option
+        system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
+        history = list(system)
+        if interactive:
+            print(f"pyggml chat: {llm.path} ({llm.n_ctx} tokens of context). {HELP}",
+                  flush=True)
+        for line in _lines(interactive):
+            text = line.strip()
+            if not text:
+                continue
+            if text == "/exit":
+                break
+            if text == "/clear":
+                history = list(system)
+                llm.reset()
+                print("(conversation cleared)", flush=True)
+                continue
+            history.append({"role": "user", "content": line})
+            reply, finish = [], None
+            try:
+                for chunk in llm.create_chat_completion(
+                        history, chat_template=args.chat_template, stream=True,
+                        max_tokens=args.n_predict if args.n_predict > 0 else None,
+                        **_sampling(args)):
+                    ch = chunk["choices"][0]
+                    piece = ch["delta"].get("content")
+                    if piece:
+                        reply.append(piece)
+                        print(piece, end="", flush=True)
+                    finish = ch["finish_reason"] or finish
+            except KeyboardInterrupt:
+                finish = "interrupted"
+                print(" [stopped]", end="", flush=True)
+            except ModelError as e:
+                if "context" not in str(e):
+                    raise
+                history.pop()
+                print(f"[context full: {e}. /clear starts a new conversation]", flush=True)
+                continue
+            print(flush=True)
+            history.append({"role": "assistant", "content": "".join(reply)})
+            if finish == "length" and args.n_predict <= 0:
+                print(f"[context full: the reply stopped at the end of the {llm.n_ctx}-token "
+                      f"context. /clear starts a new conversation]", flush=True)
+            if args.verbose:
+                s = llm.stats
+                print(f"[prompt tokens evaluated {s.n_prompt_tokens}, reused "
+                      f"{s.n_prompt_reused}; generated {s.n_gen_tokens}]", file=sys.stderr,
+                      flush=True)
+    finally:
+        llm.close()
+    return 0
+
+
+def add_commands(sub) -> None:
+    c = sub.add_parser("chat", help="interactive conversation with an instruct model")
+    add_model_arguments(c)
+    c.add_argument("-sys", "--system-prompt", default=None)
+    c.add_argument("-n", "--n-predict", type=int, default=-1,
+                   help="tokens per reply at most (-1: until the model stops or the context "
+                        "is full)")
+    c.add_argument("--temp", type=float, default=0.8)
+    c.add_argument("--top-k", type=int, default=40)
+    c.add_argument("--top-p", type=float, default=0.95)
+    c.add_argument("--min-p", type=float, default=0.05)
+    c.add_argument("--repeat-penalty", type=float, default=1.0)
+    c.add_argument("-s", "--seed", type=int, default=-1)
+    c.add_argument("-v", "--verbose", action="store_true")
+    c.set_defaults(func=cmd_chat)

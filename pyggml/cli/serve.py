@@ -1,0 +1,62 @@
+"""`pyggml serve -m MODEL [--host 127.0.0.1] [--port 8080] [-np N] [-c N_CTX] [--api-key KEY]`:
+the OpenAI-compatible server (pyggml/server/)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyggml.cli.args import add_model_args, add_offload_args, config_from_cli, run_options
+
+
+def add_model_arguments(p) -> None:
+    """The model, run-size and offload flags (cli/args.py, the shared ones) and the chat
+    template: what `serve` and `chat` share."""
+    add_model_args(p)
+    add_offload_args(p)
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja file or a built-in name (chatml, gemma, llama3, ...); default: "
+                        "the model's own")
+
+
+def load_llm(args, n_seq_max: int = 1):
+    from pyggml.llm.runtime import LLM
+    opts = dict(run_options(args), n_seq_max=n_seq_max)
+    return LLM(args.model, config=config_from_cli(args), n_gpu_layers=args.n_gpu_layers or 0,
+               **opts)
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from pyggml.server import bind_warning, make_server
+    warn = bind_warning(args.host, args.api_key)
+    if warn:
+        print(f"pyggml: warning: {warn}", file=sys.stderr)
+    llm = load_llm(args, n_seq_max=args.parallel)
+    name = args.alias or os.path.basename(llm.path)
+    server = make_server(llm, args.parallel, name, args.chat_template, args.api_key,
+                         args.queue_size)
+    print(f"pyggml: serving {name} on http://{args.host}:{args.port} ({args.parallel} slots, "
+          f"{server.engine.n_ctx_slot} tokens each)", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning",
+                    lifespan="off", timeout_graceful_shutdown=2)
+    finally:
+        server.engine.stop()
+        llm.close()
+    return 0
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
+    add_model_arguments(s)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("-np", "--parallel", type=int, default=4,
+                   help="slots: requests decoded together (each gets n_ctx / N tokens)")
+    s.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
+    s.add_argument("--queue-size", type=int, default=64,
+                   help="requests that may wait for a slot (beyond: 503)")
+    s.add_argument("-a", "--alias", default=None, help="model name in the API")
+    s.set_defaults(func=cmd_serve)

@@ -1,0 +1,469 @@
+"""The OpenAI-compatible HTTP API (Starlette): /v1/chat/completions, /v1/completions (both with
+server-sent events when `stream` is true, ending in `data: [DONE]`), /v1/embeddings, /v1/models,
+/health, /tokenize, /detokenize, /metrics (Prometheus text).
+
+Requests are checked field by field (wrong type or range: 400 naming the field; unknown fields
+are ignored, as OpenAI clients expect); sampling defaults are llama-server's. Errors are
+OpenAI-style objects: {"error": {"message", "type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from pyggml.errors import ChatTemplateError, ModelError, PyggmlError
+from pyggml.llm.completion import (Generation, chat_logprobs, chat_prompt_ids, completion_logprobs,
+                                   normalize_stop, sampling_params, token_budget)
+from pyggml.server.engine import Engine, Job, QueueFullError
+
+# llama-server's sampling defaults
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
+WAIT_POLL_S = 0.25          # how often a waiting non-streamed request checks for a disconnect
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.param, self.status, self.kind, self.headers = param, status, kind, headers
+
+
+def error_response(status: int, message: str, param=None, kind="invalid_request_error",
+                   headers=None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
+                                   "code": status}}, status_code=status, headers=headers)
+
+
+# ---- field checks ----------------------------------------------------------------------------
+def _num(body, name, default, lo=None, hi=None, integer=False, lo_open=False):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not ok:
+        raise BadRequest(f"'{name}' must be {'an integer' if integer else 'a number'}, "
+                         f"got {json.dumps(v)[:40]}", name)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise BadRequest(f"'{name}' must be finite", name)
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise BadRequest(f"'{name}' must be {'>' if lo_open else '>='} {lo}, got {v}", name)
+    if hi is not None and v > hi:
+        raise BadRequest(f"'{name}' must be <= {hi}, got {v}", name)
+    return v
+
+
+def _bool(body, name, default=False):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadRequest(f"'{name}' must be a boolean, got {json.dumps(v)[:40]}", name)
+    return v
+
+
+def _sampling(body) -> dict:
+    return {
+        "temperature": _num(body, "temperature", DEFAULTS["temperature"], 0.0, 100.0),
+        "top_p": _num(body, "top_p", DEFAULTS["top_p"], 0.0, 1.0),
+        "top_k": _num(body, "top_k", DEFAULTS["top_k"], 0, 1 << 20, integer=True),
+        "min_p": _num(body, "min_p", DEFAULTS["min_p"], 0.0, 1.0),
+        "repeat_penalty": _num(body, "repeat_penalty", DEFAULTS["repeat_penalty"], 0.0,
+                               100.0, lo_open=True),
+        "seed": _num(body, "seed", None, -(1 << 63), (1 << 64) - 1, integer=True),
+    }
+
+
+def _common(body, max_default=None):
+    for ignored in ("presence_penalty", "frequency_penalty"):
+        _num(body, ignored, 0.0, -2.0, 2.0)
+    n = _num(body, "n", 1, 1, 1, integer=True)
+    del n
+    mt = body.get("max_completion_tokens", body.get("max_tokens", max_default))
+    max_tokens = _num({"max_tokens": mt}, "max_tokens", max_default, -1, 1 << 40, integer=True)
+    try:
+        stop = normalize_stop(body.get("stop"))
+    except ModelError:
+        raise BadRequest("'stop' must be a string or a list of strings", "stop") from None
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    return max_tokens, stop, _bool(body, "stream")
+
+
+async def _json_body(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+# ---- the app ---------------------------------------------------------------------------------
+class Server:
+    def __init__(self, llm, engine: Engine, model_name: str, chat_template=None,
+                 api_key: str | None = None):
+        self.llm, self.engine, self.model_name = llm, engine, model_name
+        self.chat_template_spec = chat_template
+        self.api_key = api_key
+        self.t_start = time.time()
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/health", self.health, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/models", self.models, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/completions", self.completions, methods=["POST"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+            Route("/embeddings", self.embeddings, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+        ]
+        self.app = Starlette(routes=routes, exception_handlers={
+            404: self._not_found, 405: self._not_allowed, BadRequest: self._bad_request,
+            PyggmlError: self._pyggml_error, Exception: self._internal_error})
+        self.app.add_middleware(_Auth, server=self)
+
+    async def _bad_request(self, request, e: BadRequest):
+        return error_response(e.status, str(e), e.param, e.kind, e.headers)
+
+    async def _pyggml_error(self, request, e: PyggmlError):
+        return error_response(400, str(e))
+
+    async def _internal_error(self, request, e: Exception):
+        return error_response(500, f"internal error: {type(e).__name__}: {e}",
+                              kind="server_error")
+
+    async def _not_found(self, request, exc):
+        return error_response(404, f"no such endpoint: {request.url.path}", kind="not_found")
+
+    async def _not_allowed(self, request, exc):
+        return error_response(405, f"{request.method} is not allowed on {request.url.path}")
+
+    def _count(self, endpoint: str) -> None:
+        r = self.engine.metrics.requests_total
+        r[endpoint] = r.get(endpoint, 0) + 1
+
+    # ---- simple endpoints ------------------------------------------------------------------
+    async def health(self, request):
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request):
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": int(self.t_start),
+             "owned_by": "pyggml", "meta": {"n_ctx": self.llm.n_ctx,
+                                            "n_ctx_slot": self.engine.n_ctx_slot,
+                                            "n_slots": len(self.engine.slots)}}]})
+
+    async def tokenize(self, request):
+        self._count("tokenize")
+        body = await _json_body(request)
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise BadRequest("'content' must be a string", "content")
+        add_special = _bool(body, "add_special", False)
+        ids = self.llm.tokenizer.encode(content, add_special=add_special, parse_special=True)
+        if _bool(body, "with_pieces", False):
+            return JSONResponse({"tokens": [
+                {"id": i, "piece": self.llm.tokenizer.token_to_piece(i).decode("utf-8", "replace")}
+                for i in ids]})
+        return JSONResponse({"tokens": ids})
+
+    async def detokenize(self, request):
+        self._count("detokenize")
+        body = await _json_body(request)
+        toks = body.get("tokens")
+        V = self.llm.hparams.n_vocab
+        if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                 and 0 <= t < V for t in toks):
+            raise BadRequest(f"'tokens' must be a list of token ids in [0, {V})", "tokens")
+        return JSONResponse({"content": self.llm.detokenize(toks)})
+
+    async def metrics(self, request):
+        m, e = self.engine.metrics, self.engine
+        tps = m.generated_tokens_total / m.decode_seconds_total if m.decode_seconds_total else 0.0
+        lines, seen = [], set()
+
+        def metric(name, kind, help_, value, labels=""):
+            if name not in seen:
+                seen.add(name)
+                lines.extend([f"# HELP pyggml_{name} {help_}", f"# TYPE pyggml_{name} {kind}"])
+            lines.append(f"pyggml_{name}{labels} {value}")
+        for ep, n in sorted(m.requests_total.items()) or [("chat", 0)]:
+            metric("requests_total", "counter", "Requests received, by endpoint.", n,
+                   f'{{endpoint="{ep}"}}')
+        metric("requests_rejected_total", "counter", "Requests refused with 503 (queue full).",
+               m.requests_rejected_total)
+        metric("requests_cancelled_total", "counter", "Requests whose client went away.",
+               m.requests_cancelled_total)
+        metric("prompt_tokens_total", "counter", "Prompt tokens evaluated.", m.prompt_tokens_total)
+        metric("prompt_tokens_reused_total", "counter",
+               "Prompt tokens kept from a slot's prefix cache.", m.prompt_tokens_reused_total)
+        metric("tokens_predicted_total", "counter", "Tokens generated.", m.generated_tokens_total)
+        metric("decode_steps_total", "counter", "decode_batch calls of the decode loop.",
+               m.decode_steps_total)
+        metric("decode_steps_multi_seq_total", "counter",
+               "Decode steps that carried two or more sequences.", m.decode_steps_multi_seq_total)
+        metric("decode_max_seqs_per_step", "gauge", "Most sequences in one decode step.",
+               m.max_seqs_per_step)
+        metric("predicted_tokens_seconds", "gauge",
+               "Generated tokens per second of decode-loop time.", f"{tps:.3f}")
+        metric("queue_length", "gauge", "Requests waiting for a slot.", e.queue_length())
+        metric("slots_busy", "gauge", "Slots serving a request.", e.busy_slots())
+        metric("slots_total", "gauge", "Slots (sequences of the KV cache).", len(e.slots))
+        metric("kv_cells_used", "gauge", "KV cache cells in use.", self.llm.kv.n_used())
+        metric("kv_cells_total", "gauge", "KV cache cells.", self.llm.n_ctx)
+        return PlainTextResponse("\n".join(lines) + "\n",
+                                 media_type="text/plain; version=0.0.4")
+
+    # ---- generation ------------------------------------------------------------------------
+    def _generation(self, ids, body, max_default, n_logprobs) -> tuple[Generation, bool]:
+        max_tokens, stop, stream = _common(body, max_default)
+        try:
+            budget = token_budget(len(ids), max_tokens, self.engine.n_ctx_slot)
+        except ModelError as e:
+            raise BadRequest(f"{e} (per slot: n_ctx {self.llm.n_ctx} / "
+                             f"{len(self.engine.slots)} slots)", "max_tokens",
+                             kind="context_length_exceeded") from None
+        try:
+            params = sampling_params(**_sampling(body))
+        except ModelError as e:
+            raise BadRequest(str(e)) from None
+        stop_at_eog = not _bool(body, "ignore_eos", False)       # llama-server's extra field
+        return Generation(self.llm, ids, budget, params, stop, n_logprobs, stop_at_eog), stream
+
+    def _submit(self, job: Job) -> None:
+        try:
+            self.engine.submit(job)
+        except QueueFullError as e:
+            raise BadRequest(f"server busy: {e}; retry later", status=503, kind="server_busy",
+                             headers={"Retry-After": "1"}) from None
+
+    async def _events(self, request, job: Job, streaming: bool):
+        """The job's events; a client that goes away cancels it."""
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(job.events.get(), WAIT_POLL_S)
+                except asyncio.TimeoutError:
+                    if not streaming and await request.is_disconnected():
+                        return
+                    continue
+                yield ev
+                if ev[0] in ("done", "error", "embeddings"):
+                    return
+        finally:
+            if not job.cancelled.is_set():
+                job.cancelled.set()
+                self.engine.wake()
+
+    def _new_job(self, ids, gen) -> Job:
+        return Job("complete", asyncio.get_running_loop(), asyncio.Queue(), ids=ids, gen=gen)
+
+    @staticmethod
+    def _usage(job: Job) -> dict:
+        n_p, n_c = len(job.ids), len(job.gen.tokens)
+        return {"prompt_tokens": n_p, "completion_tokens": n_c, "total_tokens": n_p + n_c,
+                "prompt_tokens_details": {"cached_tokens": job.n_reused}}
+
+    async def chat(self, request):
+        self._count("chat")
+        body = await _json_body(request)
+        if "messages" not in body:
+            raise BadRequest("'messages' is required", "messages")
+        try:
+            template = self.llm.get_chat_template(self.chat_template_spec)
+            ids = chat_prompt_ids(self.llm, template, body["messages"])
+        except ChatTemplateError as e:
+            raise BadRequest(str(e), "messages") from None
+        logprobs = _bool(body, "logprobs", False)
+        top = _num(body, "top_logprobs", 0, 0, 20, integer=True)
+        gen, stream = self._generation(ids, body, None, top if logprobs else None)
+        job = self._new_job(ids, gen)
+        self._submit(job)
+        cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def chunk(delta, finish):
+            return {"id": cid, "object": "chat.completion.chunk", "created": created,
+                    "model": self.model_name,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                 "finish_reason": finish}]}
+        if stream:
+            async def sse():
+                yield _sse(chunk({"role": "assistant", "content": ""}, None))
+                async for ev in self._events(request, job, True):
+                    if ev[0] == "text":
+                        yield _sse(chunk({"content": ev[1]}, None))
+                    elif ev[0] == "done":
+                        last = chunk({}, gen.finish_reason)
+                        last["usage"] = self._usage(job)
+                        yield _sse(last)
+                        if include_usage:
+                            u = chunk({}, None)
+                            u["choices"], u["usage"] = [], self._usage(job)
+                            yield _sse(u)
+                    elif ev[0] == "error":
+                        yield _sse({"error": {"message": ev[2], "type": "server_error",
+                                              "code": ev[1]}})
+                yield "data: [DONE]\n\n"
+            return StreamingResponse(sse(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        text = []
+        async for ev in self._events(request, job, False):
+            if ev[0] == "text":
+                text.append(ev[1])
+            elif ev[0] == "error":
+                return error_response(ev[1], ev[2], kind="server_error")
+        if not gen.done:
+            return Response(status_code=499)
+        return JSONResponse({
+            "id": cid, "object": "chat.completion", "created": created, "model": self.model_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
+                         "logprobs": chat_logprobs(gen) if logprobs else None,
+                         "finish_reason": gen.finish_reason}],
+            "usage": self._usage(job)})
+
+    async def completions(self, request):
+        self._count("completions")
+        body = await _json_body(request)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        V = self.llm.hparams.n_vocab
+        if isinstance(prompt, str):
+            if not prompt:
+                raise BadRequest("'prompt' must not be empty", "prompt")
+            ids = self.llm.tokenize(prompt)
+        elif (isinstance(prompt, list) and prompt and
+              all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < V for t in prompt)):
+            ids = list(prompt)
+        else:
+            raise BadRequest(f"'prompt' must be a non-empty string, a list with one string, or a "
+                             f"list of token ids in [0, {V})", "prompt")
+        n_lp = body.get("logprobs", body.get("n_probs"))
+        n_lp = None if n_lp is None else _num({"logprobs": n_lp}, "logprobs", 0, 0, 20,
+                                               integer=True)
+        echo = _bool(body, "echo", False)
+        gen, stream = self._generation(ids, body, None, n_lp)
+        job = self._new_job(ids, gen)
+        self._submit(job)
+        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
+        prefix = (prompt if isinstance(prompt, str) else self.llm.detokenize(ids)) if echo else ""
+
+        def chunk(text, finish, lp=None):
+            return {"id": cid, "object": "text_completion", "created": created,
+                    "model": self.model_name,
+                    "choices": [{"text": text, "index": 0, "logprobs": lp,
+                                 "finish_reason": finish}]}
+        if stream:
+            async def sse():
+                if prefix:
+                    yield _sse(chunk(prefix, None))
+                n_seen, off = 0, len(prefix)
+                async for ev in self._events(request, job, True):
+                    if ev[0] == "text":
+                        lp = None
+                        if n_lp is not None:
+                            lps = gen.token_logprobs[n_seen:]
+                            n_seen += len(lps)
+                            lp = completion_logprobs(lps, off)
+                        off += len(ev[1])
+                        yield _sse(chunk(ev[1], None, lp))
+                    elif ev[0] == "done":
+                        last = chunk("", gen.finish_reason)
+                        last["usage"] = self._usage(job)
+                        yield _sse(last)
+                    elif ev[0] == "error":
+                        yield _sse({"error": {"message": ev[2], "type": "server_error",
+                                              "code": ev[1]}})
+                yield "data: [DONE]\n\n"
+            return StreamingResponse(sse(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        text = []
+        async for ev in self._events(request, job, False):
+            if ev[0] == "text":
+                text.append(ev[1])
+            elif ev[0] == "error":
+                return error_response(ev[1], ev[2], kind="server_error")
+        if not gen.done:
+            return Response(status_code=499)
+        lp = completion_logprobs(gen.token_logprobs, len(prefix)) if n_lp is not None else None
+        return JSONResponse({**chunk(prefix + "".join(text), gen.finish_reason, lp),
+                             "usage": self._usage(job)})
+
+    async def embeddings(self, request):
+        self._count("embeddings")
+        body = await _json_body(request)
+        inp = body.get("input")
+        V = self.llm.hparams.n_vocab
+        is_ids = lambda x: (isinstance(x, list) and x and all(      # noqa: E731
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < V for t in x))
+        if isinstance(inp, str) or is_ids(inp):
+            items = [inp]
+        elif isinstance(inp, list) and inp and all(isinstance(x, str) or is_ids(x) for x in inp):
+            items = inp
+        else:
+            raise BadRequest("'input' must be a string, a list of strings or of token-id lists",
+                             "input")
+        if any(isinstance(x, str) and not x for x in items):
+            raise BadRequest("'input' strings must not be empty", "input")
+        if len(items) > 256:
+            raise BadRequest(f"'input' has {len(items)} items, at most 256 are taken", "input")
+        pooling = body.get("pooling", "mean")
+        if pooling not in ("mean", "last"):
+            raise BadRequest("'pooling' must be 'mean' or 'last'", "pooling")
+        for k, x in enumerate(items):
+            n = len(self.llm.tokenize(x)) if isinstance(x, str) else len(x)
+            if n > self.llm.n_ubatch * 8 or n > self.engine.n_ctx_slot:
+                raise BadRequest(f"input {k} has {n} tokens; the limit is "
+                                 f"{min(self.llm.n_ubatch * 8, self.engine.n_ctx_slot)}",
+                                 "input", kind="context_length_exceeded")
+        job = Job("embed", asyncio.get_running_loop(), asyncio.Queue(), texts=items,
+                  pooling=pooling)
+        self._submit(job)
+        async for ev in self._events(request, job, False):
+            if ev[0] == "error":
+                return error_response(ev[1], ev[2])
+            if ev[0] == "embeddings":
+                vecs, n = ev[1], ev[2]
+                return JSONResponse({"object": "list", "model": self.model_name,
+                                     "data": [{"object": "embedding", "index": i, "embedding": v}
+                                              for i, v in enumerate(vecs)],
+                                     "usage": {"prompt_tokens": n, "total_tokens": n}})
+        return Response(status_code=499)
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _Auth:
+    """ASGI middleware: with an API key, every endpoint but /health needs
+    `Authorization: Bearer KEY` (401 otherwise)."""
+
+    def __init__(self, app, server: Server):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope, receive, send):
+        key = self.server.api_key
+        if scope["type"] == "http" and key and scope["path"] not in ("/health", "/v1/health"):
+            auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+            if auth != f"Bearer {key}":
+                resp = error_response(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                                      kind="authentication_error")
+                return await resp(scope, receive, send)
+        await self.app(scope, receive, send)

@@ -1,0 +1,240 @@
+"""Continuous batching: N slots (N sequences of one KV cache), one decode loop in a worker thread.
+
+Each step builds ONE `decode_batch`: the next token of every slot that is generating, plus
+prompt tokens of slots being admitted, at most n_ubatch tokens in all (shortest remaining
+prompt first, so a short request is not stuck behind a long one), then samples every slot whose
+logits came out. A new request goes to the free slot holding the longest prefix of its prompt
+(those cells are kept, LLM.reuse_prefix); requests beyond the free slots wait in a bounded queue
+(full: `QueueFullError`, the server answers 503). A cancelled request frees its slot before the
+next step. Events go back to the asyncio side through `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from pyggml.errors import PyggmlError
+from pyggml.llm.completion import Generation
+
+
+class QueueFullError(PyggmlError):
+    """Every slot is busy and the waiting queue is full."""
+
+
+@dataclass
+class Job:
+    """One request for the worker. kind: "complete" (gen set) or "embed" (texts set)."""
+    kind: str
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    ids: list[int] = field(default_factory=list)
+    gen: Generation | None = None
+    texts: list | None = None
+    pooling: str = "mean"
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    t_queued: float = field(default_factory=time.perf_counter)
+    n_reused: int = 0
+
+    def emit(self, *event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:         # the event loop is gone (server shutting down)
+            pass
+
+
+@dataclass
+class Slot:
+    seq_id: int
+    job: Job | None = None
+    todo: list[int] = field(default_factory=list)     # prompt tokens still to evaluate
+    last_used: float = 0.0
+
+
+@dataclass
+class Metrics:
+    requests_total: dict = field(default_factory=dict)      # endpoint -> count
+    requests_rejected_total: int = 0                        # 503: queue full
+    requests_cancelled_total: int = 0
+    prompt_tokens_total: int = 0                            # evaluated
+    prompt_tokens_reused_total: int = 0                     # kept from a slot's prefix cache
+    generated_tokens_total: int = 0
+    decode_steps_total: int = 0
+    decode_steps_multi_seq_total: int = 0                   # steps with >= 2 sequences
+    max_seqs_per_step: int = 0
+    decode_seconds_total: float = 0.0
+
+
+class Engine:
+    """The worker thread that owns the LLM. submit() from any thread; stop() to end."""
+
+    def __init__(self, llm, n_slots: int, queue_size: int = 64):
+        if not 1 <= n_slots <= llm.n_seq_max:
+            raise PyggmlError(f"n_slots {n_slots} must be in 1..n_seq_max ({llm.n_seq_max})")
+        self.llm = llm
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.n_ctx_slot = llm.n_ctx // n_slots
+        self.queue_size = queue_size
+        self.pending: deque[Job] = deque()
+        self.metrics = Metrics()
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="pyggml-engine", daemon=True)
+        self._thread.start()
+
+    # ---- any thread --------------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        with self._cv:
+            if len(self.pending) >= self.queue_size:
+                self.metrics.requests_rejected_total += 1
+                raise QueueFullError(f"all {len(self.slots)} slots are busy and "
+                                     f"{len(self.pending)} requests are waiting")
+            self.pending.append(job)
+            self._cv.notify()
+
+    def wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout_s)
+
+    def queue_length(self) -> int:
+        return len(self.pending)
+
+    def busy_slots(self) -> int:
+        return sum(s.job is not None for s in self.slots)
+
+    # ---- worker ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self.pending and self.busy_slots() == 0:
+                    self._cv.wait(0.5)
+                if self._stop:
+                    break
+                self._admit()
+            self._drop_cancelled()
+            try:
+                self._step()
+            except Exception as e:             # noqa: BLE001 - the loop must survive anything
+                for s in self.slots:
+                    if s.job is not None:
+                        self._fail(s, 500, f"internal error: {type(e).__name__}: {e}")
+        for s in self.slots:
+            if s.job is not None:
+                self._fail(s, 503, "the server is shutting down")
+        for job in self.pending:
+            job.emit("error", 503, "the server is shutting down")
+
+    def _admit(self) -> None:
+        """Give waiting requests free slots: the one holding the longest prefix of the prompt,
+        then the least recently used."""
+        while self.pending:
+            free = [s for s in self.slots if s.job is None]
+            if not free:
+                return
+            job = self.pending.popleft()
+            if job.cancelled.is_set():
+                self.metrics.requests_cancelled_total += 1
+                continue
+
+            def common(s):
+                held = self.llm.seq_tokens(s.seq_id)
+                n = 0
+                for a, b in zip(held, job.ids):
+                    if a != b:
+                        break
+                    n += 1
+                return n
+            slot = max(free, key=lambda s: (common(s), -s.last_used))
+            slot.job = job
+            if job.kind == "embed":
+                slot.todo = []
+                continue
+            n = self.llm.reuse_prefix(job.ids, slot.seq_id)
+            job.n_reused = n
+            self.metrics.prompt_tokens_reused_total += n
+            slot.todo = list(job.ids[n:])
+
+    def _drop_cancelled(self) -> None:
+        for s in self.slots:
+            if s.job is not None and s.job.cancelled.is_set():
+                self.metrics.requests_cancelled_total += 1
+                self._release(s)
+
+    def _release(self, s: Slot) -> None:
+        s.job, s.todo, s.last_used = None, [], time.perf_counter()
+
+    def _fail(self, s: Slot, status: int, message: str) -> None:
+        s.job.emit("error", status, message)
+        try:
+            self.llm.reset(s.seq_id)
+        except PyggmlError:
+            pass
+        self._release(s)
+
+    def _step(self) -> None:
+        llm, m = self.llm, self.metrics
+        for s in self.slots:                       # embeddings: run whole, between steps
+            if s.job is not None and s.job.kind == "embed":
+                try:
+                    vecs = llm.embed(s.job.texts, s.job.pooling, True, s.seq_id)
+                    n = sum(len(llm.tokenize(t)) if isinstance(t, str) else len(t)
+                            for t in s.job.texts)
+                    m.prompt_tokens_total += n
+                    s.job.emit("embeddings", vecs, n)
+                    self._release(s)
+                except PyggmlError as e:
+                    self._fail(s, 400, str(e))
+        batch, sampled = [], []
+        for s in self.slots:
+            if s.job is not None and not s.todo and s.job.gen.last_token is not None:
+                batch.append(([s.job.gen.last_token], s.seq_id))
+                sampled.append(s)
+        budget = llm.n_ubatch - len(batch)
+        for s in sorted((s for s in self.slots if s.job is not None and s.todo),
+                        key=lambda s: len(s.todo)):
+            if budget <= 0:
+                break
+            chunk = s.todo[:budget]
+            s.todo = s.todo[len(chunk):]
+            budget -= len(chunk)
+            batch.append((chunk, s.seq_id))
+            m.prompt_tokens_total += len(chunk)
+            if not s.todo:
+                sampled.append(s)
+        if not batch:
+            return
+        t0 = time.perf_counter()
+        try:
+            out = llm.decode_batch(batch)
+        except PyggmlError as e:
+            for tokens, sid in batch:
+                self._fail(self.slots[sid], 400 if "context" in str(e) else 500, str(e))
+            return
+        dt = time.perf_counter() - t0
+        n_seqs = len(batch)
+        m.decode_steps_total += 1
+        m.decode_seconds_total += dt
+        m.decode_steps_multi_seq_total += n_seqs >= 2
+        m.max_seqs_per_step = max(m.max_seqs_per_step, n_seqs)
+        for s in sampled:
+            job = s.job
+            if job.cancelled.is_set():
+                continue
+            gen = job.gen
+            n_before = len(gen.tokens)
+            text = gen.step(out[s.seq_id])
+            m.generated_tokens_total += len(gen.tokens) - n_before
+            if text:
+                job.emit("text", text)
+            if gen.done:
+                job.emit("done", gen)
+                self._release(s)
