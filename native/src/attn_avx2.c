@@ -171,7 +171,8 @@ static inline __m256 exp256(__m256 x) {
     y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.6666665459e-1f));
     y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(5.0000001201e-1f));
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(f, f), _mm256_add_ps(f, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(keep, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 

@@ -165,7 +165,8 @@ static inline __m512 exp512(__m512 x) {
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.0000001201e-1f));
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(f, f), _mm512_add_ps(f, _mm512_set1_ps(1.0f)));
     /* 2^n with n in [-126, 127]: (n + 127) << 23; the max clamp keeps n <= 127 */
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    const __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_maskz_mul_ps((__mmask16)~zero, y, _mm512_castsi512_ps(e));
 }
 

@@ -160,7 +160,8 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
                 float *sr = s + r * PG_FA_KB;
                 if (m && mrows[r] != mlast) {   /* the block's mask values of the kept keys */
                     mlast = mrows[r];
-                    if (m->type == PG_TYPE_F16) kern->f16_to_f32((const uint16_t *)mlast + j0, mblk, j1 - j0);
+                    if (m->type == PG_TYPE_F16)
+                        kern->f16_to_f32((const uint16_t *)mlast + j0, mblk, j1 - j0);
                     else memcpy(mblk, (const float *)mlast + j0, (size_t)(j1 - j0) * sizeof(float));
                     if (nk < j1 - j0)
                         for (int64_t c = 0; c < nk; c++) mblk[c] = mblk[keys[c] - j0];

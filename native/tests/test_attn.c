@@ -183,7 +183,8 @@ PG_TEST(test_flash_attn_paths_against_reference) {
         for (int iq = 0; iq < FNQ; iq++)
             for (int ih = 0; ih < FH; ih++) {
                 const int hk = ih / (FH / FHKV);
-                const double slope = max_bias > 0 ? (ih < 8 ? pow(pow(2.0, -max_bias / 8.0), ih + 1) : 0) : 1.0;
+                /* ALiBi with H = 8 heads: n_head_log2 = 8, slope m0^(h+1), m0 = 2^(-max_bias/8) */
+                const double slope = max_bias > 0 ? pow(pow(2.0, -max_bias / 8.0), ih + 1) : 1.0;
                 double mx = -INFINITY;
                 for (int j = 0; j < FNKV; j++) {
                     double d = 0;
@@ -199,7 +200,8 @@ PG_TEST(test_flash_attn_paths_against_reference) {
                 for (int j = 0; j < FNKV; j++) { sc[j] = exp(sc[j] - mx); tot += sc[j]; }
                 for (int x = 0; x < FDV; x++) {
                     double a = 0;
-                    for (int j = 0; j < FNKV; j++) a += sc[j] * pg_fp16_to_fp32(v[(hk * FNKV + j) * FDV + x]);
+                    for (int j = 0; j < FNKV; j++)
+                        a += sc[j] * pg_fp16_to_fp32(v[(hk * FNKV + j) * FDV + x]);
                     ref[(iq * FH + ih) * FDV + x] = a / tot;
                     if (fabs(a / tot) > maxref) maxref = fabs(a / tot);
                 }
