@@ -10,12 +10,29 @@ import time
 import numpy as np
 
 
+
+def _no_extra_bufts() -> None:
+    """Load without llama.cpp's extra buffer types (CPU_REPACK, AMX): AMX tiles are not permitted
+    on some VMs (the first eval dies with SIGILL). Llama() takes no such argument: its default
+    model params are patched."""
+    import llama_cpp
+    import llama_cpp.llama as L
+    orig = llama_cpp.llama_model_default_params
+
+    def params():
+        p = orig()
+        p.use_extra_bufts = False
+        return p
+    L.llama_cpp.llama_model_default_params = params
+
 def main() -> None:
     from llama_cpp import Llama
     a = json.loads(sys.argv[1])
     rows = []
     n_ctx = max([*a["prompts"], *a["gens"], 1]) + 8
     for t in a["threads"]:
+        if a.get("no_extra_bufts"):
+            _no_extra_bufts()
         m = Llama(a["model"], n_ctx=n_ctx, n_batch=max(a["prompts"] + [512]), n_ubatch=512,
                   n_threads=t, n_threads_batch=t, flash_attn=a["flash_attn"],
                   n_gpu_layers=a.get("n_gpu_layers", 0), verbose=False)

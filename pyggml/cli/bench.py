@@ -25,7 +25,8 @@ def cmd_bench(args) -> int:
     if args.compare_llamacpp or args.llamacpp_python:
         ref = bench.bench_llamacpp(model, args.n_prompt, args.n_gen, args.threads,
                                    args.repetitions, args.llamacpp_python, flash_attn=fa,
-                                   n_gpu_layers=args.n_gpu_layers or 0)
+                                   n_gpu_layers=args.n_gpu_layers or 0,
+                                   no_extra_bufts=args.llamacpp_no_extra_bufts)
     print(bench.format_table(rows, ref, Path(model).name))
     return 0
 
@@ -57,6 +58,8 @@ def add_commands(sub) -> None:
                    help="also run llama.cpp (llama-cpp-python) with the same settings")
     b.add_argument("--llamacpp-python", default=None,
                    help="interpreter that has llama-cpp-python (default: this one)")
+    b.add_argument("--llamacpp-no-extra-bufts", action="store_true",
+                   help="llama.cpp without its repacked/AMX buffer types (VMs without AMX)")
     b.set_defaults(func=cmd_bench)
 
     bk = sub.add_parser("bench-kernels", help=argparse.SUPPRESS)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pyggml.errors import PyggmlError
+
 WORKER = Path(__file__).resolve().parent.parent.parent / "tools" / "llamacpp_bench_worker.py"
 
 
@@ -85,15 +87,21 @@ def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=
 
 
 def bench_llamacpp(model_path, prompts, gens, threads, reps, python: str | None,
-                   flash_attn=True, n_gpu_layers=0) -> list[BenchRow]:
-    """The same measurements through llama-cpp-python (WORKER script), in `python` or here."""
+                   flash_attn=True, n_gpu_layers=0,
+                   no_extra_bufts: bool = False) -> list[BenchRow]:
+    """The same measurements through llama-cpp-python (WORKER script), in `python` or here.
+    no_extra_bufts: load without llama.cpp's repacked/AMX buffer types."""
     args = {"model": str(model_path), "prompts": prompts, "gens": gens, "threads": threads,
-            "reps": reps, "flash_attn": flash_attn, "n_gpu_layers": n_gpu_layers}
+            "reps": reps, "flash_attn": flash_attn, "n_gpu_layers": n_gpu_layers,
+            "no_extra_bufts": no_extra_bufts}
     exe = python or sys.executable
     out = subprocess.run([exe, str(WORKER), json.dumps(args)], capture_output=True, text=True,
                          timeout=3600)
     if out.returncode != 0:
-        raise RuntimeError(f"llama.cpp benchmark failed ({exe}): {out.stderr.strip()[-500:]}")
+        why = out.stderr.strip()[-300:] or f"exit status {out.returncode}"
+        if out.returncode == -4:
+            why += " (SIGILL: try --llamacpp-no-extra-bufts on CPUs/VMs without AMX)"
+        raise PyggmlError(f"llama.cpp benchmark failed ({exe}): {why}")
     data = json.loads(out.stdout.strip().splitlines()[-1])
     return [BenchRow(r["test"], r["n_threads"], r["tps"]) for r in data]
 
