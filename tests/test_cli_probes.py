@@ -34,7 +34,7 @@ PROBES = [
     (["run", "-m", "{m}", "-cnv"], 1, "--chat-template"),     # a model without a template
     (["run", "-m", "{m}", "-sys", "be brief"], 2, "-sys (a system prompt) needs a conversation"),
     (["chat", "-m", "{m}", "-xyz"], 2, "unknown flag '-xyz'"),
-    (["serve", "-m", "{m}", "--port", "http"], 2, "invalid int value"),
+    (["serve", "-m", "{m}", "--port", "http"], 2, "port number 1..65535"),
     (["run", "-m", "{m}", "-sm", "row"], 2, "split mode"),
     (["run", "-m", "{m}", "-mg", "1"], 2, "main GPU"),
     (["run", "-m", "{m}", "-xyz", "1"], 2, "unknown flag '-xyz'"),
@@ -65,6 +65,8 @@ PROBES = [
     (["bench", "-m", "{m}", "-r", "0"], 2, "-r 0"),
     (["bench", "-m", "{m}", "-p", "abc"], 2, "comma-separated integers"),
     (["bench", "-m", "{m}", "-t", "1,x"], 2, "comma-separated integers"),
+    (["bench", "-m", "{m}", "-n", "-2"], 2, "token counts >= 0"),
+    (["serve", "-m", "{m}", "--port", "99999"], 2, "port number 1..65535"),
     (["plan", "-m", "{m}", "--emit-yaml", "{d}/no/such/dir/x.yaml"], 1, "cannot write"),
     (["plan", "-m", "{m}", "-ub", "0"], 1, "n_ubatch"),
     (["plan", "-m", "{m}", "-c", "-3"], 1, "n_ctx"),
@@ -117,6 +119,7 @@ WORKS = [
      "generation"),
     (["run", "-m", "{m}", "--temp", "-1", "-n", "1"], "generation"),    # llama.cpp: greedy
     (["plan", "-m", "{m}", "-c", "0"], ""),                             # trained context
+    (["bench", "-m", "{m}", "-p", "0,8", "-n", "0", "-r", "1", "-t", "1"], ""),  # 0: skipped
     (["run", "-m", "{m}", "--seed", "-1", "-n", "2"], "generation"),     # llama.cpp: random
     (["run", "-m", "{m}", "-c", "16", "-n", "-1", "--ignore-eos"], "the context is full"),
     (["plan", "-m", "{m}", "-c", "2048", "-c", str(CONFIGS / "cpu-only.yaml")], ""),

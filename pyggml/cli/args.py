@@ -60,6 +60,14 @@ def int_list(s: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}")
 
 
+def count_list(s: str) -> list[int]:
+    """Comma-separated token counts (>= 0; llama-bench's 0 skips that test)."""
+    out = int_list(s)
+    if any(n < 0 for n in out):
+        raise argparse.ArgumentTypeError(f"expected token counts >= 0, got {s!r}")
+    return out
+
+
 def add_model_args(p, *, config_file: bool = True) -> None:
     """-m, -c (context size or config file), -b, -ub, -t, -tb, -fa, -ctk, -ctv, --swa-full."""
     p.add_argument("-m", "--model", default=None, help="GGUF file (default: Gemma 3 270M)")

@@ -3,10 +3,22 @@ the OpenAI-compatible server (pyggml/server/)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 from pyggml.cli.args import add_model_args, add_offload_args, config_from_cli, run_options
+
+
+def port_number(text: str) -> int:
+    """A TCP port 1..65535 (checked before the model loads)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 < n < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port number 1..65535, got {text!r}")
+    return n
 
 
 def add_model_arguments(p) -> None:
@@ -52,7 +64,7 @@ def add_commands(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
     add_model_arguments(s)
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--port", type=port_number, default=8080)
     s.add_argument("-np", "--parallel", type=int, default=4,
                    help="slots: requests decoded together (each gets n_ctx / N tokens)")
     s.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")

@@ -49,6 +49,7 @@ def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=
     from tqdm import tqdm
 
     from pyggml.llm.runtime import LLM
+    prompts, gens = [n for n in prompts if n > 0], [n for n in gens if n > 0]   # 0: skipped
     rows = []
     bar = tqdm(total=len(threads) * (len(prompts) + len(gens)) * reps, unit="run",
                desc="bench", disable=not progress, leave=False)

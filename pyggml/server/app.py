@@ -252,6 +252,19 @@ class Server:
             raise BadRequest(f"server busy: {e}; retry later", status=503, kind="server_busy",
                              headers={"Retry-After": "1"}) from None
 
+    async def _collect_text(self, request, job, gen):
+        """(the generated text pieces, None), or (None, the response to send instead: the
+        job's error, or 499 when the client went away)."""
+        text = []
+        async for ev in self._events(request, job, False):
+            if ev[0] == "text":
+                text.append(ev[1])
+            elif ev[0] == "error":
+                return None, error_response(ev[1], ev[2], kind="server_error")
+        if not gen.done:
+            return None, Response(status_code=499)
+        return text, None
+
     async def _events(self, request, job: Job, streaming: bool):
         """The job's events; a client that goes away cancels it."""
         try:
@@ -317,19 +330,11 @@ class Server:
                             u["choices"], u["usage"] = [], self._usage(job)
                             yield _sse(u)
                     elif ev[0] == "error":
-                        yield _sse({"error": {"message": ev[2], "type": "server_error",
-                                              "code": ev[1]}})
-                yield "data: [DONE]\n\n"
-            return StreamingResponse(sse(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        text = []
-        async for ev in self._events(request, job, False):
-            if ev[0] == "text":
-                text.append(ev[1])
-            elif ev[0] == "error":
-                return error_response(ev[1], ev[2], kind="server_error")
-        if not gen.done:
-            return Response(status_code=499)
+                        yield _sse_error(ev)
+            return _event_stream(sse())
+        text, failed = await self._collect_text(request, job, gen)
+        if failed is not None:
+            return failed
         return JSONResponse({
             "id": cid, "object": "chat.completion", "created": created, "model": self.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
@@ -388,19 +393,11 @@ class Server:
                         last["usage"] = self._usage(job)
                         yield _sse(last)
                     elif ev[0] == "error":
-                        yield _sse({"error": {"message": ev[2], "type": "server_error",
-                                              "code": ev[1]}})
-                yield "data: [DONE]\n\n"
-            return StreamingResponse(sse(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        text = []
-        async for ev in self._events(request, job, False):
-            if ev[0] == "text":
-                text.append(ev[1])
-            elif ev[0] == "error":
-                return error_response(ev[1], ev[2], kind="server_error")
-        if not gen.done:
-            return Response(status_code=499)
+                        yield _sse_error(ev)
+            return _event_stream(sse())
+        text, failed = await self._collect_text(request, job, gen)
+        if failed is not None:
+            return failed
         lp = completion_logprobs(gen.token_logprobs, len(prefix)) if n_lp is not None else None
         return JSONResponse({**chunk(prefix + "".join(text), gen.finish_reason, lp),
                              "usage": self._usage(job)})
@@ -449,6 +446,20 @@ class Server:
 
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _sse_error(ev) -> str:
+    return _sse({"error": {"message": ev[2], "type": "server_error", "code": ev[1]}})
+
+
+def _event_stream(events) -> StreamingResponse:
+    """Server-sent events from an async iterator of `data:` lines, ended by [DONE]."""
+    async def body():
+        async for line in events:
+            yield line
+        yield "data: [DONE]\n\n"
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
 
 
 class _Auth:
