@@ -180,3 +180,15 @@ def test_a_prompt_that_is_not_utf8(tiny):
                         "-p", os.fsdecode(b"caf\xe9 \xff\xfe ok")], capture_output=True,
                        timeout=120)
     assert r.returncode == 0 and b"Traceback" not in r.stderr and b"generation" in r.stderr
+
+
+def test_a_bug_is_one_line_with_what_to_report(monkeypatch, capsys):
+    from pyggml.cli import info
+
+    def broken(args):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(info, "cmd_info", broken)
+    assert main(["info"]) == 70
+    err = capsys.readouterr().err
+    assert err.strip() == ("pyggml: internal error: RuntimeError: boom (please report it with "
+                           "the command line)")

@@ -14,7 +14,7 @@ import re
 
 from pyggml.errors import ConfigError, UsageError
 from pyggml.llm.setup import DEFAULTS
-from pyggml.offload import VirtualSpec, config_from_flags
+from pyggml.offload import DeviceCatalog, VirtualSpec, config_from_flags
 from pyggml.offload.config import Config
 
 _NUMBER = re.compile(r"^-?\d+(\.\d*)?$")
@@ -169,7 +169,7 @@ def config_from_cli(args, always: bool = False, first_gpu=None) -> Config | None
     elif rpc:
         devices = None                    # llama.cpp: -ngl spreads over every device, remote too
     elif path is None and (ngl or 0) > 0:
-        gpu = first_gpu() if first_gpu else _first_registry_gpu()
+        gpu = first_gpu() if first_gpu else DeviceCatalog.from_registry().default_gpu()
         devices = [gpu] if gpu else None         # None: the resolver says why there is none
     elif path is None:
         devices = [] if not (ngl or 0) else None
@@ -183,14 +183,6 @@ def config_from_cli(args, always: bool = False, first_gpu=None) -> Config | None
     if rpc:
         cfg = cfg.with_values({"rpc": list(cfg.get(("rpc",)) or []) + rpc}, f"--rpc {args.rpc}")
     return cfg.with_sets(sets) if sets else cfg
-
-
-def _first_registry_gpu() -> str | None:
-    """-ngl without -dev: the first GPU that is not a software device (lavapipe: only named)."""
-    from pyggml.backend.base import DeviceType, default_registry
-    devs = [d for d in default_registry().devices()
-            if d.type != DeviceType.CPU and not d.is_software()]
-    return devs[0].name if devs else None
 
 
 def run_options(args) -> dict:

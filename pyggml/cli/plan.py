@@ -19,7 +19,7 @@ def cmd_plan(args) -> int:
         return 0
     opts = run_options(args)
     with Planner(args.model, virtual=virtual_specs(args)) as planner:
-        cfg = config_from_cli(args, always=True, first_gpu=planner._first_gpu)
+        cfg = config_from_cli(args, always=True, first_gpu=planner.catalog.default_gpu)
         report = planner.plan(cfg, **opts)
         if args.check_fit:
             report.fit_changes = suggest_changes(planner, report)

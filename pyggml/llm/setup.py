@@ -135,9 +135,9 @@ def resolve_offload(mf: ModelFile, opts: RunOptions, *, config=None,
             raise ConfigError(f"-ngl must be >= 0 (n_gpu_layers), got {ngl!r}")
         if ngl > 0 and gpu_device is None:
             cat = catalog or DeviceCatalog.from_registry()
-            gpus = [d.name for d in cat.infos if not d.is_cpu and not d.software]
+            gpu_device = cat.default_gpu()
             soft = [d.name for d in cat.infos if d.software]
-            if not gpus:
+            if gpu_device is None:
                 errs = default_registry().load_errors
                 reasons = "; ".join(f"{m}: {e}" for m, e in errs.items())
                 why = (f"{', '.join(soft)} is a software device (it computes on the CPU through "
@@ -145,7 +145,6 @@ def resolve_offload(mf: ModelFile, opts: RunOptions, *, config=None,
                        f"device='{soft[0]}' (-dev {soft[0]})" if soft else
                        reasons or "no backend module reported one")
                 raise ModelError(f"n_gpu_layers={ngl} but no GPU device was found ({why})")
-            gpu_device = gpus[0]
         offload = plan_from_args(mf.model.tensors, hp.n_layer, hp.tied_output, ngl,
                                  gpu_device if ngl > 0 else None)
     opts = opts.resolved(hp.n_ctx_train)

@@ -288,6 +288,13 @@ class DeviceCatalog:
                  for v in cfg.get(("virtual_devices",)) or [] if cat.info(v["name"]) is None]
         return cat.with_devices(specs) if specs else cat
 
+    def default_gpu(self) -> str | None:
+        """Where -ngl goes without -dev: a virtual device if one is declared, else the first
+        GPU that is not a software device (those are used only where named)."""
+        gpus = [d for d in self.infos if not d.is_cpu and not d.software]
+        names = [d.name for d in gpus if d.planning] + [d.name for d in gpus if not d.planning]
+        return names[0] if names else None
+
     def memory_of(self, name: str) -> tuple[int, int]:
         """(free, total) bytes of a device: the declared size where one was assumed."""
         d = self.device(name)

@@ -214,7 +214,7 @@ def fit(model=None, budgets: dict | None = None, *, config=None, virtual=(),
         base = load_config(config if config is not None else {})
         planner.catalog = planner.catalog.with_virtual(base)
         declared = [d for d in base.get(("devices",)) or [] if str(d).lower() != "cpu"]
-        gpu = gpu_device or (str(declared[0]) if declared else None) or planner._first_gpu()
+        gpu = gpu_device or (str(declared[0]) if declared else None) or planner.catalog.default_gpu()
         if gpu is not None:
             dev = planner.catalog.device(gpu)
             gpu = dev.name

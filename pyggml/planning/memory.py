@@ -223,17 +223,10 @@ class Planner:
         else:
             devices = None
             if (n_gpu_layers or 0) > 0:
-                gpu = gpu_device or self._first_gpu()
+                gpu = gpu_device or self.catalog.default_gpu()
                 devices = [gpu] if gpu else None     # None: the resolver says why none
             cfg = config_from_flags(None, n_gpu_layers=n_gpu_layers, devices=devices, **flags)
         return cfg.with_sets(sets) if sets else cfg
-
-    def _first_gpu(self) -> str | None:
-        """Where -ngl goes without -dev: a virtual device if declared, else the first GPU that
-        is not a software device (those only where named)."""
-        infos = [d for d in self.catalog.infos if not d.is_cpu and not d.software]
-        names = [d.name for d in infos if d.planning] + [d.name for d in infos if not d.planning]
-        return names[0] if names else None
 
     def plan(self, config=None, *, sets=(), opts: RunOptions | None = None,
              offload: OffloadPlan | None = None, with_no_inplace: bool = True,
