@@ -7,7 +7,8 @@ the routing taken vs what `pyggml mem` / `pyggml plan` predict. BENCHMARKS.md, "
 
 1. Prediction: planning.memory.plan_memory(...).weight_bytes_per_token (every non-expert weight
    once, except token_embd of which get_rows reads one row; each routed expert tensor × k/n).
-2. Routing: decode of --routing-tokens random tokens (one per step, as the tg tests do) with the CPU backend's evaluation callback
+2. Routing: decode of --routing-tokens random tokens (one per step, as the tg tests do) with
+   the CPU backend's evaluation callback
    recording every `*-topk` node (the expert ids, I32 [k, T]); bytes read per token = the
    non-expert bytes + per layer the distinct experts chosen × one expert's bytes (gate, up,
    down). Also: how many of the n experts each layer used over the run, and the share of the

@@ -37,7 +37,7 @@ if [ -z "$missing" ]; then
     echo "llamacpp-tools: present ($BIN)"
     exit 0
 fi
-command -v cmake >/dev/null || { echo "llamacpp-tools: cmake missing (tools/setup_system.sh)"; exit 1; }
+command -v cmake >/dev/null || { echo "llamacpp-tools: cmake missing (setup_system.sh)"; exit 1; }
 command -v g++ >/dev/null || { echo "llamacpp-tools: g++ missing (tools/setup_system.sh)"; exit 1; }
 
 SRC=${PYGGML_LLAMACPP_SDIST_DIR:-}
@@ -80,7 +80,7 @@ for t in $TOOLS; do
     name=$t
     [ "$t" = rpc-server ] && name=ggml-rpc-server
     built=$(find "$SCRATCH/bin" -maxdepth 1 -type f -name "$name" -perm -u+x | head -1)
-    [ -n "$built" ] || { echo "llamacpp-tools: built, but $name is missing in $SCRATCH/bin"; exit 1; }
+    [ -n "$built" ] || { echo "llamacpp-tools: $name missing in $SCRATCH/bin"; exit 1; }
     cp "$built" "$BIN/$t.tmp" && mv "$BIN/$t.tmp" "$BIN/$t"
 done
 # Smoke check: each binary starts (a SIGILL here would mean the AMX guard did not hold).

@@ -13,10 +13,11 @@ Q6_K for output.weight and for attn_v / ffn_down_exps in the layers `use_more_bi
 OLMoE-1B-7B-0924 Q4_K_M GGUF (4.21 GB).
 
 Weights: every quantized row is drawn (with replacement, seeded) from a pool of 4096 rows that
-pyggml's own quantizer made from N(0, row_scale²/row_length) floats (row_scale below), so writing 4 GB takes seconds and
-needs little memory; decode speed depends on the bytes, not on the values. Router rows are
-distinct random F32, so the tokens spread over the experts. A SentencePiece-style vocabulary of
-50304 pieces (`▁w<i>`), as in tools/make_arch_models.py.
+pyggml's own quantizer made from N(0, row_scale²/row_length) floats (row_scale below), so
+writing 4 GB takes seconds and needs little memory; decode speed depends on the bytes, not
+on the values. Router rows are distinct random F32; with the row scales chosen the tokens spread
+over the experts (measured: tools/bench_moe_model.py). A SentencePiece-style vocabulary of 50304
+pieces (`▁w<i>`), as in tools/make_arch_models.py.
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ def tensor_plan() -> list[tuple[str, tuple[int, ...], str]]:
 
 def row_scale(name: str) -> float:
     """Standard deviation × sqrt(row length) of a tensor's rows. The residual-stream writers
-    (attn_output, ffn_down_exps) are small (0.05) and the embeddings of rms 1, so the hidden state stays dominated by each
-    token's own embedding: random routers then spread the tokens over the experts roughly
-    evenly, as a trained (load-balanced) router does. With every matrix at 1.0 the layers' outputs
+    (attn_output, ffn_down_exps) are small (0.05) and the embeddings of rms 1, so the hidden
+    state stays dominated by each token's own embedding: random routers then spread the tokens
+    over the experts roughly evenly, as a trained (load-balanced) router does. With every matrix at 1.0 the layers' outputs
     grow alike for all tokens and the deeper layers route most tokens to the same few experts,
     which would keep them in cache and flatter the decode speed."""
     if name == "token_embd.weight":
