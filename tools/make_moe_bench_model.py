@@ -73,9 +73,9 @@ def row_scale(name: str) -> float:
     """Standard deviation × sqrt(row length) of a tensor's rows. The residual-stream writers
     (attn_output, ffn_down_exps) are small (0.05) and the embeddings of rms 1, so the hidden
     state stays dominated by each token's own embedding: random routers then spread the tokens
-    over the experts roughly evenly, as a trained (load-balanced) router does. With every matrix at 1.0 the layers' outputs
-    grow alike for all tokens and the deeper layers route most tokens to the same few experts,
-    which would keep them in cache and flatter the decode speed."""
+    over the experts roughly evenly, as a trained (load-balanced) router does. With every
+    matrix at 1.0 the layers' outputs grow alike for all tokens and the deeper layers route most
+    tokens to the same few experts, which would keep them in cache and flatter decode speed."""
     if name == "token_embd.weight":
         return math.sqrt(N_EMBD)                # embeddings of rms 1
     return 0.05 if name.endswith(("attn_output.weight", "ffn_down_exps.weight")) else 1.0
