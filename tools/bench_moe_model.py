@@ -14,7 +14,7 @@ the routing taken vs what `pyggml mem` / `pyggml plan` predict. BENCHMARKS.md, "
    down). Also: how many of the n experts each layer used over the run, and the share of the
    choices that went to each layer's 8 most used (a concentrated routing would keep experts in
    the 300 MB L3 of this host and flatter both engines' speed).
-3. Speed: `pyggml bench -p 0 -n N -t T -fa on` and `llama-bench -p 0 -n N -t T -fa 1`
+3. Speed: `pyggml bench -p 0 -n N -t T -fa on` and `llama-bench -p 0 -n N -t T -fa on`
    (llama.cpp defaults otherwise: mmap, its CPU repack buffer type; AMX compiled out),
    alternating A B A B, -r repetitions each with -r 1 inside; medians. On a CPU-only host
    `-ot exps=CPU` changes nothing (every tensor is on the CPU already), so it is not run.
@@ -131,7 +131,7 @@ def ours(model: str, n: int, threads: int) -> float:
 
 def theirs(bin_: Path, model: str, n: int, threads: int) -> float:
     out = subprocess.run([str(bin_), "-m", model, "-p", "0", "-n", str(n), "-t", str(threads),
-                          "-r", "1", "-fa", "1", "-o", "json"],
+                          "-r", "1", "-fa", "on", "-o", "json"],
                          capture_output=True, text=True, check=True).stdout
     return float(json.loads(out)[0]["avg_ts"])
 

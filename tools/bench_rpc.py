@@ -135,7 +135,7 @@ def _theirs(bin_, model, rpc_eps, extra, p, n, t) -> dict:
     import json
     import subprocess
     args = [str(bin_), "-m", model, "--rpc", ",".join(rpc_eps), "-p", str(p), "-n", str(n),
-            "-r", "1", "-t", str(t), "-fa", "1", "-o", "json", *extra]
+            "-r", "1", "-t", str(t), "-fa", "on", "-o", "json", *extra]
     out = subprocess.run(args, capture_output=True, text=True, timeout=900)
     if out.returncode:
         raise RuntimeError(f"{' '.join(args)}: {out.stderr[-600:]}")
