@@ -14,7 +14,8 @@ Aggregate decode tokens/s = the SSE token chunks that arrive while every stream 
 decode, prompt processing excluded. Medians of -r runs.
 
 TTFT (with the -np 4 servers, or the largest N below 4): time to the first streamed token of a
-short prompt alone ("idle"), then sent 0.3 s after a ~2,000-token prompt ("busy"); medians,
+short prompt alone ("idle"), then sent 0.3 s after a ~1,800-token prompt ("busy"); every prompt
+starts with a prefix never sent before, so neither server's prompt cache holds it; medians,
 alternating the servers.
 """
 
@@ -152,11 +153,19 @@ def ttft(base: str, prompt: str) -> float:
     raise RuntimeError(f"{base}: no token")
 
 
+_unique = iter(range(1 << 30))
+
+
+def fresh(prompt: str) -> str:
+    """prompt behind a prefix never sent before, so no server's prompt cache holds it."""
+    return f"Note {next(_unique)}. {prompt}"
+
+
 def ttft_busy(base: str) -> float:
-    th = threading.Thread(target=ttft, args=(base, LONG))
+    th = threading.Thread(target=ttft, args=(base, fresh(LONG)))
     th.start()
     time.sleep(0.3)
-    t = ttft(base, SHORT)
+    t = ttft(base, fresh(SHORT))
     th.join()
     return t
 
@@ -214,7 +223,7 @@ def main() -> None:
                 t = {s.name: {"idle": [], "busy": []} for s in servers}
                 for _ in range(args.repetitions):
                     for s in servers:
-                        t[s.name]["idle"].append(ttft(s.base, SHORT))
+                        t[s.name]["idle"].append(ttft(s.base, fresh(SHORT)))
                         t[s.name]["busy"].append(ttft_busy(s.base))
                 tt = {"slots": n_slots}
                 for name, d in t.items():
