@@ -186,6 +186,7 @@ def main() -> None:
     ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     ap.add_argument("--no-llama-server", action="store_true")
     ap.add_argument("--no-ttft", action="store_true")
+    ap.add_argument("--ttft-only", action="store_true", help="skip the aggregate runs")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--logdir", type=Path, default=Path("/tmp/pyggml-bench-serve"))
     args = ap.parse_args()
@@ -208,17 +209,18 @@ def main() -> None:
             for s in servers:
                 aggregate(s.base, n_slots, 8)                         # warm-up
             runs = {s.name: [] for s in servers}
-            for _ in range(args.repetitions):
+            for _ in range(0 if args.ttft_only else args.repetitions):
                 for s in servers:
                     runs[s.name].append(aggregate(s.base, n_slots, args.n))
             row = {"streams": n_slots}
-            for name, r in runs.items():
+            for name, r in runs.items() if not args.ttft_only else ():
                 row[name] = round(statistics.median(r), 2)
                 row[name + "_runs"] = [round(x, 2) for x in r]
             if "llama.cpp" in row:
                 row["ratio"] = round(row["pyggml"] / row["llama.cpp"], 2)
-            result["rows"].append(row)
-            print(json.dumps(row), flush=True)
+            if not args.ttft_only:
+                result["rows"].append(row)
+                print(json.dumps(row), flush=True)
             if n_slots == ttft_n and not args.no_ttft:
                 t = {s.name: {"idle": [], "busy": []} for s in servers}
                 for _ in range(args.repetitions):
