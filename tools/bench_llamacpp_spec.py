@@ -6,7 +6,7 @@ on two code prompts, next to llama.cpp's plain decode of the same model in the s
         [-r 3] [--draft-max 16] [--json FILE]
 
 Per repetition, alternating: `llama-speculative-simple -m 1.5B -md 0.5B -f PROMPT -n N
---temp 0 -t T -tb T --spec-draft-n-max K` for each prompt (its "decoded N tokens ... speed"
+--temp 0 -t T -tb T -c 4096 --spec-type draft-simple --spec-draft-n-max K` for each prompt (its "decoded N tokens ... speed"
 line, n_drafted, n_accept), and `llama-bench -m 1.5B -p 0 -n N -t T` (plain decode tokens/s at
 an empty context; the prompts here are ~100-250 tokens, which barely changes decode speed).
 Binaries: ~/.cache/pyggml/llamacpp-0.3.36/bin (`make llamacpp-tools`). Medians.
@@ -71,8 +71,8 @@ PROMPTS = {
 def spec_run(prompt_file: str, a) -> dict:
     args = [str(BIN / "llama-speculative-simple"), "-m", str(TARGET), "-md", str(DRAFT),
             "-f", prompt_file, "-n", str(a.n), "--temp", "0", "-t", str(a.threads),
-            "-tb", str(a.threads), "-c", "4096", "--spec-draft-n-max", str(a.draft_max),
-            "--no-warmup"]
+            "-tb", str(a.threads), "-c", "4096", "--spec-type", "draft-simple",
+            "--spec-draft-n-max", str(a.draft_max)]
     out = subprocess.run(args, capture_output=True, text=True, timeout=900)
     log = out.stdout + out.stderr
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", log)
