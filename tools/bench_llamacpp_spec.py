@@ -6,8 +6,9 @@ on two code prompts, next to llama.cpp's plain decode of the same model in the s
         [-r 3] [--draft-max 16] [--json FILE]
 
 Per repetition, alternating: `llama-speculative-simple -m 1.5B -md 0.5B -f PROMPT -n N
---temp 0 -t T -tb T -c 4096 --spec-type draft-simple --spec-draft-n-max K` for each prompt (its "decoded N tokens ... speed"
-line, n_drafted, n_accept), and `llama-bench -m 1.5B -p 0 -n N -t T` (plain decode tokens/s at
+--temp 0 -t T -tb T -c 4096 --spec-type draft-simple --spec-draft-n-max K` for each prompt
+(its "decoded N tokens ... speed" line, n_drafted, n_accept; it may decode a few tokens past
+N), and `llama-bench -m 1.5B -p 0 -n N -t T` (plain decode tokens/s at
 an empty context; the prompts here are ~100-250 tokens, which barely changes decode speed).
 Binaries: ~/.cache/pyggml/llamacpp-0.3.36/bin (`make llamacpp-tools`). Medians.
 """
