@@ -129,9 +129,9 @@ def ours(model: str, n: int, threads: int) -> float:
     return float(row.split("|")[-2].split("±")[0])
 
 
-def theirs(bin_: Path, model: str, n: int, threads: int) -> float:
+def theirs(bin_: Path, model: str, n: int, threads: int, repack: int = 1) -> float:
     out = subprocess.run([str(bin_), "-m", model, "-p", "0", "-n", str(n), "-t", str(threads),
-                          "-r", "1", "-fa", "on", "-o", "json"],
+                          "-r", "1", "-fa", "on", "--repack", str(repack), "-o", "json"],
                          capture_output=True, text=True, check=True).stdout
     return float(json.loads(out)[0]["avg_ts"])
 
@@ -150,6 +150,9 @@ def main() -> None:
     ap.add_argument("--routing-tokens", type=int, default=64)
     ap.add_argument("--llama-bench", type=Path, default=LLAMA_BENCH)
     ap.add_argument("--no-speed", action="store_true", help="prediction and routing only")
+    ap.add_argument("--no-routing", action="store_true", help="skip the routing measurement")
+    ap.add_argument("--also-no-repack", action="store_true",
+                    help="also llama-bench --repack 0 (llama.cpp without its repacked layouts)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if not Path(a.model).exists():
@@ -159,17 +162,25 @@ def main() -> None:
     pred, tb = predicted(a.model)
     res["predicted_bytes_per_token"] = pred
     print(f"predicted (pyggml mem): {pred / 2**20:.2f} MiB per decoded token", flush=True)
-    r = routing(a.model, a.routing_tokens, a.threads, tb)
+    if a.no_routing:
+        r = {"bytes_per_token": pred}
+    else:
+        r = routing(a.model, a.routing_tokens, a.threads, tb)
+        print(f"routing over {r['steps']} decode steps: {r['bytes_per_token'] / 2**20:.2f} MiB "
+              f"per token; distinct experts per layer {r['distinct_experts_per_layer']}; share "
+              f"of each layer's 8 most used experts {r['share_of_top8_experts']}", flush=True)
     res["routing"] = r
-    print(f"routing over {r['steps']} decode steps: {r['bytes_per_token'] / 2**20:.2f} MiB per "
-          f"token; distinct experts per layer {r['distinct_experts_per_layer']}; share of each "
-          f"layer's 8 most used experts {r['share_of_top8_experts']}", flush=True)
     if not a.no_speed:
         sp = {"pyggml": [], "llama.cpp": []}
+        if a.also_no_repack:
+            sp["llama.cpp --repack 0"] = []
         bw = []
         for i in range(a.repetitions):
             order = [("pyggml", lambda: ours(a.model, a.n, a.threads)),
                      ("llama.cpp", lambda: theirs(a.llama_bench, a.model, a.n, a.threads))]
+            if a.also_no_repack:
+                order.append(("llama.cpp --repack 0",
+                              lambda: theirs(a.llama_bench, a.model, a.n, a.threads, 0)))
             for name, fn in order if i % 2 == 0 else order[::-1]:
                 sp[name].append(fn())
                 print(f"  {name}: {sp[name][-1]:.2f} t/s", flush=True)
@@ -177,7 +188,7 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in sp.items()}
         res["tg_tps"] = {k: {"median": round(med[k], 2), "runs": [round(x, 2) for x in v]}
                          for k, v in sp.items()}
-        res["ratio"] = round(med["pyggml"] / med["llama.cpp"], 2)
+        res["ratio"] = {k: round(med["pyggml"] / med[k], 2) for k in med if k != "pyggml"}
         res["read_bandwidth_GBps"] = round(statistics.median(bw), 1)
         res["effective_GBps"] = {k: round(med[k] * r["bytes_per_token"] / 1e9, 1) for k in med}
     res["load_after"] = load()
