@@ -7,7 +7,8 @@ import argparse
 import os
 import sys
 
-from pyggml.cli.args import add_model_args, add_offload_args, config_from_cli, run_options
+from pyggml.cli.args import (add_model_args, add_offload_args, config_from_cli, positive_int,
+                             run_options)
 
 
 def port_number(text: str) -> int:
@@ -65,7 +66,7 @@ def add_commands(sub) -> None:
     add_model_arguments(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=port_number, default=8080)
-    s.add_argument("-np", "--parallel", type=int, default=4,
+    s.add_argument("-np", "--parallel", type=positive_int, default=4,
                    help="slots: requests decoded together (each gets n_ctx / N tokens)")
     s.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
     s.add_argument("--queue-size", type=int, default=64,
