@@ -47,11 +47,14 @@ def cmd_serve(args) -> int:
     if warn:
         print(f"pyggml: warning: {warn}", file=sys.stderr)
     llm = load_llm(args, n_seq_max=args.parallel)
+    for w in llm.offload.warnings:
+        print(f"pyggml: warning: {w}", file=sys.stderr)
     name = args.alias or os.path.basename(llm.path)
     server = make_server(llm, args.parallel, name, args.chat_template, args.api_key,
                          args.queue_size)
     print(f"pyggml: serving {name} on http://{args.host}:{args.port} ({args.parallel} slots, "
-          f"{server.engine.n_ctx_slot} tokens each)", file=sys.stderr, flush=True)
+          f"{server.engine.n_ctx_slot} tokens each; devices: "
+          f"{', '.join(llm.offload.devices_used())})", file=sys.stderr, flush=True)
     try:
         uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning",
                     lifespan="off", timeout_graceful_shutdown=2)
