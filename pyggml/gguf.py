@@ -460,6 +460,9 @@ class GGUFModel:
     """
 
     def __init__(self, parts: list[GGUFPart]):
+        if isinstance(parts, (str, os.PathLike)):
+            raise InvalidArgumentError(f"GGUFModel({str(parts)!r}): takes opened parts; open a "
+                                       f"file with GGUFModel.open(path) or open_gguf(path)")
         self.parts = parts
         self.path = parts[0].path
         self.paths = [p.path for p in parts]
