@@ -100,9 +100,9 @@ class CountingProxy:
                 data = a.recv(1 << 20)
                 if not data:
                     break
-                b.sendall(data)
-                with self._lock:
+                with self._lock:                # counted before it is forwarded
                     setattr(self, field, getattr(self, field) + len(data))
+                b.sendall(data)
         except OSError:
             pass
         finally:
