@@ -491,7 +491,7 @@
       const cap = free !== null ? Math.max(free, used) : used || 1;
       const scale = (W - left - right) / cap;
       svg.append(s('text', { x: 0, y: y + rowH / 2 + 5, class: 'dev-label' }, d.device));
-      svg.append(s('text', { x: 0, y: y + rowH / 2 + 19, class: 'dev-kind' }, d.kind + (d.uma ? ' (system RAM)' : '')));
+      svg.append(s('text', { x: 0, y: y + rowH / 2 + 19, class: 'dev-kind' }, d.kind + (d.uma && d.device !== 'CPU' ? ' (system RAM)' : '')));
       let x = left;
       for (const part of ['weights', 'kv', 'compute']) {
         const w = d[part] * scale;
@@ -527,7 +527,7 @@
       const fits = free === null ? '?' : d.total <= free ? 'yes' : 'NO';
       tbody.append(h('tr', { 'data-device': d.device },
         h('td', {}, h('span', { class: 'swatch' + (d.virtual ? ' virtual' : '') }), d.device),
-        h('td', {}, d.kind + (d.uma ? ' · UMA' : '') + (d.software ? ' · software' : '')),
+        h('td', { title: d.uma || '' }, d.kind + (d.uma && d.device !== 'CPU' ? ' · UMA (system RAM)' : '') + (d.software ? ' · software' : '')),
         cell(d, 'weights', d.weights), cell(d, 'kv', d.kv), cell(d, 'compute', d.compute),
         cell(d, 'staging', d.staging), cell(d, 'total', d.total), cell(d, 'free', free),
         h('td', { 'data-field': 'fits', class: fits === 'NO' ? 'bad' : '' }, fits)));
