@@ -265,8 +265,8 @@ class Server:
         body = await _json_body(request)
         try:
             return JSONResponse(await asyncio.to_thread(self.plans.what_if, body))
-        except PyggmlError as e:
-            raise BadRequest(str(e), "config" if "'config'" in str(e) else "args") from None
+        except webapi.PlanRequestError as e:
+            raise BadRequest(str(e), e.param) from None
 
     async def live(self, request):
         return JSONResponse(webapi.live_json(self))

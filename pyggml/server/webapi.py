@@ -37,7 +37,12 @@ REFUSED_FLAGS = {"-m": "the model is the one being served", "--model": "the mode
 
 
 class PlanRequestError(PyggmlError):
-    """A what-if plan request that cannot be planned as given (400)."""
+    """A what-if plan request that cannot be planned as given (400); param: the request field
+    at fault ("args" or "config")."""
+
+    def __init__(self, message: str, param: str = "args"):
+        super().__init__(message)
+        self.param = param
 
 
 # ---- planning ----------------------------------------------------------------------------------
@@ -60,17 +65,20 @@ def _request_config(text: str):
     file on the server) is refused."""
     if not isinstance(text, str) or len(text) > MAX_CONFIG_CHARS:
         raise PlanRequestError(f"'config' must be YAML text of at most {MAX_CONFIG_CHARS} "
-                               f"characters")
+                               f"characters", "config")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise PlanRequestError(f"'config' is not valid YAML: {e}") from None
+        raise PlanRequestError(f"'config' is not valid YAML: {e}", "config") from None
     if data is None:
         return None
     if isinstance(data, dict) and "extends" in data:
         raise PlanRequestError("'config': `extends` is not taken here (it would read a file on "
-                               "the server); send the whole config")
-    return parse_text(text, "<request config>")
+                               "the server); send the whole config", "config")
+    try:
+        return parse_text(text, "<request config>")
+    except ConfigError as e:
+        raise PlanRequestError(f"'config': {e}", "config") from None
 
 
 def what_if_args(body: dict):
@@ -153,10 +161,11 @@ class PlanCache:
             t0 = time.perf_counter()
             try:
                 rep = estimate_what_if(self.llm.path, body)
-            except (ConfigError, PlanRequestError):
+            except PlanRequestError:
                 raise
             except PyggmlError as e:         # a plan that cannot be made: say why
-                raise PlanRequestError(str(e)) from None
+                raise PlanRequestError(str(e), "args" if body.get("args") else
+                                       "config") from None
             args = body.get("args", [])
             out = plan_json(rep, {"kind": "what-if",
                                   "args": shlex.split(args) if isinstance(args, str) else args,

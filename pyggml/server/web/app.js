@@ -526,7 +526,7 @@
       const free = d.memory ? d.memory[0] : null;
       const fits = free === null ? '?' : d.total <= free ? 'yes' : 'NO';
       tbody.append(h('tr', { 'data-device': d.device },
-        h('td', {}, h('span', { class: 'swatch' + (d.virtual ? ' virtual' : '') }), d.device),
+        h('td', {}, h('span', { class: 'swatch' }), d.device, d.virtual ? h('span', { class: 'hint' }, ' (planning only)') : null),
         h('td', { title: d.uma || '' }, d.kind + (d.uma && d.device !== 'CPU' ? ' · UMA (system RAM)' : '') + (d.software ? ' · software' : '')),
         cell(d, 'weights', d.weights), cell(d, 'kv', d.kv), cell(d, 'compute', d.compute),
         cell(d, 'staging', d.staging), cell(d, 'total', d.total), cell(d, 'free', free),
@@ -557,7 +557,7 @@
         const svg = s('svg', { viewBox: `0 0 ${W} ${H}`, class: 'timeline', role: 'img', 'aria-label': `${b.name} compute buffer over the graph` },
           s('path', { d: area, fill: col, 'fill-opacity': 0.18, stroke: col, 'stroke-width': 1 }),
           s('line', { x1: L, x2: W - R, y1: Y(b.peak), y2: Y(b.peak), class: 'peak-line' }),
-          s('text', { x: W - R, y: Y(b.peak) - 3, class: 'axis', 'text-anchor': 'end' }, 'planned ' + fmtBytes(b.peak)),
+          s('text', { x: W - R - 4, y: Y(b.peak) + 13, class: 'axis', 'text-anchor': 'end' }, 'planned ' + fmtBytes(b.peak)),
           s('line', { x1: X(b.peak_node + 1), x2: X(b.peak_node + 1), y1: T, y2: H - B, class: 'peak-node' }),
           s('line', { x1: L, x2: W - R, y1: H - B, y2: H - B, class: 'axis-line' }),
           s('text', { x: L - 4, y: Y(0) + 4, class: 'axis', 'text-anchor': 'end' }, '0'),
@@ -661,7 +661,7 @@
     $('plan-body').replaceChildren(
       facts(p),
       h('div', { class: 'card' }, h('h3', {}, 'Memory per device'), deviceBars(devs), deviceTable(devs, mem),
-        mem.plan.llama && mem.plan.llama.length ? h('p', { class: 'hint' }, 'llama.cpp: ', h('code', {}, mem.plan.llama.join(' '))) : null,
+        p.source.kind !== 'running' && mem.plan.llama && mem.plan.llama.length ? h('p', { class: 'hint' }, 'llama.cpp: ', h('code', {}, mem.plan.llama.join(' '))) : null,
         warn.length ? h('ul', { class: 'warnings' }, warn.map((w) => h('li', {}, w))) : null),
       h('div', { class: 'card' }, h('h3', {}, 'Where each layer lives'), legend, layerStrip(p), layersTable(p)),
       h('div', { class: 'card' }, h('h3', {}, 'Compute buffer over the graph (bytes alive per node, worst-case ubatch)'),
@@ -739,10 +739,11 @@
     let d = '';
     pr.forEach((v, i) => { d += (i ? ' L ' : 'M ') + (Lm + (i + 0.5) * bw) + ' ' + Y(v); });
     svg.append(s('path', { d, fill: 'none', stroke: PART.compute, 'stroke-width': 1.5 }));
-    const lg = s('g', {}, s('rect', { x: Lm + 8, y: T, width: 10, height: 10, fill: PART.weights }),
-      s('text', { x: Lm + 22, y: T + 9, class: 'legend-text' }, 'generated tokens'),
-      s('line', { x1: Lm + 140, x2: Lm + 156, y1: T + 5, y2: T + 5, stroke: PART.compute, 'stroke-width': 2 }),
-      s('text', { x: Lm + 160, y: T + 9, class: 'legend-text' }, 'prompt tokens evaluated'));
+    const lx = W - R - 300;
+    const lg = s('g', {}, s('rect', { x: lx, y: T, width: 10, height: 10, fill: PART.weights }),
+      s('text', { x: lx + 14, y: T + 9, class: 'legend-text' }, 'generated tokens'),
+      s('line', { x1: lx + 130, x2: lx + 146, y1: T + 5, y2: T + 5, stroke: PART.compute, 'stroke-width': 2 }),
+      s('text', { x: lx + 150, y: T + 9, class: 'legend-text' }, 'prompt tokens evaluated'));
     svg.append(lg);
     $('live-chart').replaceChildren(svg);
     $('live-slots').replaceChildren(...L.slots.map((sl) => {
