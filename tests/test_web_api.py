@@ -154,6 +154,10 @@ def test_layers_and_timeline_agree_with_the_planner(server, smol):
             assert j["live_bytes"] == b.live_bytes and len(j["live_bytes"]) == rep.n_nodes + 1
             assert j["peak"] == b.peak >= j["max_live"] == max(b.live_bytes)
             assert j["live_bytes"][j["peak_node"] + 1] == j["max_live"]
+            at = j["peak_node"]
+            assert j["peak_node_name"] == next(t.name for t in rep.tensors
+                                               if t.role == "node" and t.index == at)
+            assert p["timeline"]["prefill"]["node_names"][at] == j["peak_node_name"]
             assert sum(x["size"] for x in j["at_peak"]) <= j["at_peak_bytes"] <= j["max_live"]
             assert j["at_peak"] == sorted(j["at_peak"], key=lambda x: -x["size"])
     assert bufs["gpu"]["peak"] == p["mem"]["plan"]["devices"][0]["compute"]

@@ -262,7 +262,12 @@ def test_chat_streams_and_equals_the_greedy_api_reply(browser, server):
         convs[0].messages.push({role: 'assistant', content:
           'Here is **bold**, `code` and a list:\\n\\n- one\\n- two\\n\\n```python\\nprint(1 < 2)\\n```'});
         localStorage.setItem('pyggml.conversations', JSON.stringify(convs));""")
-    open_page(browser, base)
+    open_page(browser, base)                # the conversation comes back from local storage
+    msgs = css(browser, "#messages .msg")
+    assert [m.get_attribute("class") for m in msgs] == ["msg user", "msg assistant"] * 1 + \
+        ["msg assistant"]
+    assert msgs[0].find_element("css selector", ".body").text == QUESTION
+    assert css(browser, "#conv-list li.active")[0].text.startswith(QUESTION[:20])
     assert css(browser, "#messages .msg.assistant:last-child pre code.lang-python")[0].text == \
         "print(1 < 2)"
     assert len(css(browser, "#messages .msg.assistant:last-child li")) == 2

@@ -241,7 +241,12 @@ def timeline_json(rp) -> dict:
     out = {}
     for phase, rep in rp.reports.items():
         rows = timeline_rows(rep)
-        names = [n.name for n in rp.nodes.get(phase, [])]
+        # node names of the graph the allocator planned (the scheduler's copy: with the copies
+        # of split inputs, so its indices are not the model graph's)
+        names: list[str | None] = [None] * rep.n_nodes
+        for t in rep.tensors:
+            if t.role == "node":
+                names[t.index] = t.name
         bufs = []
         for b in rep.buffers:
             if b.shares is not None or b.peak == 0:

@@ -441,7 +441,9 @@
   }
 
   // ---- model: the plan --------------------------------------------------------------------------
-  const PALETTE = ['#2f6fdf', '#d9822b', '#2e9e6b', '#9b59b6', '#c0392b', '#16a2b8', '#7f8c8d', '#b8860b'];
+  // devices get colours of their own; the parts of a device's memory (PART) others
+  const PALETTE = ['#7b5cd6', '#12a4a4', '#d0529b', '#b8860b', '#4b8bbe', '#8e44ad', '#5d8c3a', '#c0392b'];
+  const MIX = ['#2f6fdf', '#d9822b', '#2e9e6b', '#9b59b6', '#16a2b8', '#c0392b', '#7f8c8d', '#b8860b'];
   const deviceColor = {};
   const colorOf = (dev) => {
     if (!(dev in deviceColor)) deviceColor[dev] = dev === 'CPU' ? '#6b7785' : PALETTE[Object.keys(deviceColor).length % PALETTE.length];
@@ -461,9 +463,9 @@
     mix.forEach(([t, n, nt], k) => {
       const seg = h('span', { class: 'seg', title: `${t}: ${fmtBytes(n)} in ${nt} tensors` });
       seg.style.width = (100 * n / total) + '%';
-      seg.style.background = PALETTE[k % PALETTE.length];
+      seg.style.background = MIX[k % MIX.length];
       bar.append(seg);
-      const sw = h('span', { class: 'swatch' }); sw.style.background = PALETTE[k % PALETTE.length];
+      const sw = h('span', { class: 'swatch' }); sw.style.background = MIX[k % MIX.length];
       legend.append(h('span', { class: 'item' }, sw, `${t} ${fmtBytes(n)} (${(100 * n / total).toFixed(1)} %, ${nt} tensors)`));
     });
     return h('div', { class: 'card' }, h('h3', {}, 'Model'),
@@ -481,7 +483,7 @@
   }
 
   function deviceBars(devs) {
-    const W = 760, rowH = 34, left = 150, right = 10, top = 8;
+    const W = 1100, rowH = 34, left = 150, right = 10, top = 8;
     const svg = s('svg', { viewBox: `0 0 ${W} ${top + devs.length * (rowH + 18) + 26}`, class: 'bars', role: 'img',
       'aria-label': 'memory per device' });
     devs.forEach((d, k) => {
@@ -545,7 +547,7 @@
     const out = h('div');
     for (const [phase, t] of Object.entries(tl)) {
       for (const b of t.buffers) {
-        const W = 760, H = 190, L = 64, R = 10, T = 10, B = 24;
+        const W = 1100, H = 240, L = 64, R = 10, T = 10, B = 24;
         const n = b.live_bytes.length;
         const ymax = Math.max(b.peak, ...b.live_bytes) || 1;
         const X = (i) => L + (W - L - R) * i / Math.max(1, n - 1);
@@ -631,7 +633,7 @@
   }
 
   function layerStrip(p) {
-    const n = p.layers.length, W = 760, cw = Math.min(24, (W - 90) / n), H = 3 * 16 + 8;
+    const n = p.layers.length, W = 1100, cw = Math.min(24, (W - 90) / n), H = 3 * 16 + 8;
     const svg = s('svg', { viewBox: `0 0 ${W} ${H}`, class: 'strip', role: 'img', 'aria-label': 'device per layer' });
     const rows = [['weights', (r) => r.weights.length ? r.weights.reduce((a, b) => (a.bytes >= b.bytes ? a : b)).device : null],
       ['KV cache', (r) => r.kv && r.kv.device],
@@ -651,7 +653,7 @@
     const mem = p.mem, devs = mem.plan.devices;
     devs.forEach((d) => colorOf(d.device));
     const src = p.source.kind === 'running' ? 'The plan of the run being served (its offload plan and sizes).'
-      : 'What-if plan: pyggml mem --plan-only ' + (p.source.args || []).join(' ') + (p.source.config ? ' with the config above' : '');
+      : 'What-if plan: pyggml mem --plan-only ' + (p.source.args || []).join(' ') + (p.source.config ? ' with the config above' : '') + '.';
     $('plan-source').textContent = src + ` Planned in ${fmtNum(p.plan_seconds * 1000, 0)} ms.`;
     const warn = (mem.plan.warnings || []).concat(mem.notes || []);
     const legend = h('div', { class: 'legend' }, devs.map((d) => {
@@ -722,7 +724,7 @@
       card('live-tps', 'generated tokens/s', `${lastFull}`, `last second; ${fmtNum(avg)} average over the last minute`),
       card('live-totals', 'since start', `${L.totals.generated_tokens}`, `tokens generated, ${L.totals.prompt_tokens} prompt tokens evaluated, ${L.totals.requests} requests`));
     // tokens per second: bars (generated) and a line (prompt tokens), 60 s
-    const W = 760, H = 170, Lm = 46, R = 8, T = 10, B = 22, n = gen.length;
+    const W = 1100, H = 220, Lm = 46, R = 8, T = 10, B = 22, n = gen.length;
     const ymax = Math.max(4, ...gen, ...pr);
     const bw = (W - Lm - R) / n;
     const Y = (v) => T + (H - T - B) * (1 - v / ymax);
