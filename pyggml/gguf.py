@@ -594,6 +594,15 @@ class GGUFModel:
             return kv.value
         return self._strings(key, kv, raw)
 
+    def string_spans(self, key: str) -> tuple:
+        """(buffer, starts, lengths) of an ARRAY[STRING]: the file's bytes and where each
+        element lies in them (numpy int arrays), for readers that want no object per element."""
+        key, kv = self._lookup(key, _REQUIRED, "ARRAY[STRING]")
+        if kv.type != GGUFValueType.ARRAY or kv.elem_type != GGUFValueType.STRING:
+            raise self._wrong_type(key, kv, "ARRAY[STRING]")
+        starts, lens = kv.value
+        return self.parts[0].buffer.memmap, starts, lens
+
     def _strings(self, key: str, kv: _KV, raw: bool) -> list:
         ck = ("raw:" if raw else "str:") + key
         cached = self._str_cache.get(ck)
