@@ -274,3 +274,12 @@ def test_the_page_ships_in_the_package():
     text = "".join((web / n).read_text() for n in ("index.html", "app.js", "app.css"))
     for remote in ("cdn.", "googleapis", "unpkg", "jsdelivr", "@import url(http"):
         assert remote not in text
+
+
+def test_a_cpu_only_servers_plan_loads_no_gpu_driver(smol):
+    from support.serve_process import ServeProcess
+    with ServeProcess(["-m", smol, "-np", "1", "-c", "512", "-t", "2"]) as srv:
+        p = httpx.get(f"{srv.base}/v1/pyggml/plan", timeout=T).json()
+        assert [d["device"] for d in p["mem"]["plan"]["devices"]] == ["CPU"]
+        maps = open(f"/proc/{srv.proc.pid}/maps").read()
+        assert "libvulkan" not in maps            # planning listed no device but the CPU

@@ -125,9 +125,15 @@ def estimate_what_if(model_path: str, body: dict):
 
 
 def estimate_running(llm):
-    """The MemReport of the run being served: its offload plan and options as given."""
+    """The MemReport of the run being served: its offload plan and options as given. A
+    CPU-only run is planned with the CPU only (listing devices would load every backend
+    module into the server: Vulkan's driver is ~50 MB resident)."""
+    from pyggml.backend.base import Registry
+    from pyggml.offload import CPU
     from pyggml.planning.measure import estimate
-    return estimate(llm.path, offload=llm.offload, opts=llm.run.opts, with_nodes=True)
+    cpu_only = all(n == CPU for n in llm.offload.devices_used())
+    return estimate(llm.path, offload=llm.offload, opts=llm.run.opts, with_nodes=True,
+                    registry=Registry(("pyggml.backend.cpu",)) if cpu_only else None)
 
 
 class PlanCache:
