@@ -150,6 +150,17 @@ def goto(drv, view):
          f"the {view} view")
 
 
+def texts(drv, sel) -> list[str]:
+    """innerText of the elements matching `sel`, read in one go (the Live view re-renders every
+    second: an element found in one call may be gone in the next)."""
+    return js(drv, "return [...document.querySelectorAll(arguments[0])].map((e) => e.innerText);",
+              sel)
+
+
+def card_value(drv, id_) -> str:
+    return (texts(drv, f"#{id_} .stat-value") or [""])[0]
+
+
 def set_value(drv, id_, value) -> None:
     js(drv, "const e = document.getElementById(arguments[0]); e.value = arguments[1];"
             "e.dispatchEvent(new Event('change'));", id_, value)
@@ -355,7 +366,7 @@ def test_live_view_shows_a_busy_slot(browser, server):
     base, _, _ = server
     open_page(browser, base, "live")
     wait(browser, lambda d: by_id(d, "view-live").get_attribute("data-updated"), "live data")
-    assert by_id(browser, "live-slots-busy").text.split("\n")[1] == "0 / 2"
+    assert card_value(browser, "live-slots-busy") == "0 / 2"
     stop = threading.Event()
 
     def stream():
@@ -368,14 +379,13 @@ def test_live_view_shows_a_busy_slot(browser, server):
     t = threading.Thread(target=stream, daemon=True)
     t.start()
     try:
-        wait(browser, lambda d: by_id(d, "live-slots-busy").text.split("\n")[1] == "1 / 2" and
-             css(d, '#live-slots .slot[data-state="generating"]'), "a generating slot")
-        wait(browser, lambda d: by_id(d, "live-tps").text.split("\n")[1] != "0",
+        wait(browser, lambda d: card_value(d, "live-slots-busy") == "1 / 2" and
+             texts(d, '#live-slots .slot[data-state="generating"]'), "a generating slot")
+        wait(browser, lambda d: card_value(d, "live-tps") not in ("", "0"),
              "tokens per second", 10)
-        cells = int(css(browser, '#live-slots .slot[data-state="generating"] .slot-info')[0]
-                    .text.split(" / ")[0])
-        assert cells > 0
-        assert css(browser, "#live-chart svg rect")
+        info = texts(browser, '#live-slots .slot[data-state="generating"] .slot-info')
+        assert info and int(info[0].split(" / ")[0]) > 0            # its KV cells
+        assert texts(browser, "#live-chart svg rect")
         shot(browser, "live")
     finally:
         stop.set()

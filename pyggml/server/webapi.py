@@ -82,8 +82,8 @@ def _request_config(text: str):
 
 
 def what_if_args(body: dict):
-    """(argparse namespace as `pyggml mem` gets it, its config) for a POST body
-    {"args": "-ngl 99 --virtual-device laptop=8GiB" or [...], "config": "YAML text"}."""
+    """The argparse namespace `pyggml mem` would get for a POST body {"args": "-ngl 99
+    --virtual-device laptop=8GiB" or [...], "config": "YAML text"} (the config in args.ctx)."""
     raw = body.get("args", [])
     if isinstance(raw, str):
         try:

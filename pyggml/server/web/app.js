@@ -63,8 +63,9 @@
     return hd;
   }
 
-  /** fetch with the key; a 401 asks for the key once and retries; no answer: Offline. */
-  async function api(path, opts, retried) {
+  /** fetch with the key; a 401 asks for the key (again, saying it was refused) and retries;
+   * no answer: Offline. */
+  async function api(path, opts) {
     opts = opts || {};
     let resp;
     try {
@@ -75,9 +76,9 @@
       throw new Offline('the server does not answer');
     }
     serverBack();
-    if (resp.status === 401 && !retried) {
+    if (resp.status === 401) {
       await askKey(store.get('apiKey', '') ? 'The key was refused. Try again:' : null);
-      return api(path, opts, true);
+      return api(path, opts);
     }
     if (!resp.ok) {
       let msg = resp.status + ' ' + resp.statusText;
@@ -89,8 +90,11 @@
   const getJSON = async (path, opts) => (await api(path, opts)).json();
 
   function askKey(message) {
-    if (keyPrompt) return keyPrompt;
     const dlg = $('key-dialog');
+    if (keyPrompt) {                        // asked already (the dialog may have been closed)
+      if (!dlg.open) dlg.showModal();
+      return keyPrompt;
+    }
     $('key-message').textContent = message ||
       'It was started with --api-key. The key is kept in this browser\'s local storage and sent as "Authorization: Bearer …".';
     $('key-input').value = '';
@@ -396,7 +400,11 @@
       reply.state = 'done';
     } catch (e) {
       if (e.name === 'AbortError') { reply.state = 'stopped'; finish = 'stopped'; }
-      else {
+      else if (e instanceof TypeError) {         // the connection broke while reading
+        serverGone();
+        reply.state = 'error';
+        reply.error = 'The connection to the server broke off (stopped?). The text so far is kept.';
+      } else {
         reply.state = 'error';
         reply.error = e instanceof Offline ? 'The server does not answer (stopped?). Nothing was lost: send again when it is back.'
           : 'Error: ' + e.message;
@@ -762,6 +770,7 @@
   }
 
   async function pollLive() {
+    if (keyPrompt) return;                          // one request waits for the key already
     try { renderLive(await getJSON('/v1/pyggml/live')); }
     catch (e) { /* the banner says it */ }
   }
@@ -788,6 +797,7 @@
     initModel();
     window.addEventListener('hashchange', route);
     heartbeat = setInterval(beat, 5000);
+    route();
     try {
       const models = await getJSON('/v1/models');
       const m = models.data && models.data[0];
@@ -799,7 +809,6 @@
       if (store.get('apiKey', '')) $('key-button').classList.remove('hidden');
       renderChat();
     } catch (e) { /* the banner or the key dialog says it */ }
-    route();
     document.body.setAttribute('data-ready', '1');
   }
   document.addEventListener('DOMContentLoaded', start);
