@@ -283,3 +283,20 @@ def test_a_cpu_only_servers_plan_loads_no_gpu_driver(smol):
         assert [d["device"] for d in p["mem"]["plan"]["devices"]] == ["CPU"]
         maps = open(f"/proc/{srv.proc.pid}/maps").read()
         assert "libvulkan" not in maps            # planning listed no device but the CPU
+
+
+def test_what_if_plans_beyond_the_waiting_bound_get_503(server):
+    base, _, _ = server
+    bodies = [{"args": f"-c {512 + 64 * k} -ub 64"} for k in range(12)]   # all different
+    codes: list[int] = []
+
+    def post(b):
+        codes.append(httpx.post(f"{base}/v1/pyggml/plan", json=b, timeout=T).status_code)
+    threads = [threading.Thread(target=post, args=(b,), daemon=True) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(T)
+    assert len(codes) == 12 and set(codes) <= {200, 503}
+    assert codes.count(200) >= 1 and codes.count(503) >= 1
+    assert httpx.post(f"{base}/v1/pyggml/plan", json=bodies[0], timeout=T).status_code == 200

@@ -267,6 +267,9 @@ class Server:
             return JSONResponse(await asyncio.to_thread(self.plans.what_if, body))
         except webapi.PlanRequestError as e:
             raise BadRequest(str(e), e.param) from None
+        except webapi.PlannerBusy as e:
+            raise BadRequest(f"planner busy: {e}", status=503, kind="server_busy",
+                             headers={"Retry-After": "1"}) from None
 
     async def live(self, request):
         return JSONResponse(webapi.live_json(self))

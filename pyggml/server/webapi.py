@@ -29,6 +29,7 @@ from pyggml.planning.plots import alive_at, peak_node, timeline_rows
 
 N_AT_PEAK = 8               # tensors listed as alive at a buffer's peak
 N_CACHED_PLANS = 16         # what-if plans kept (by request)
+MAX_PLANS_WAITING = 4       # what-if requests waiting for the planner; more: 503
 MAX_CONFIG_CHARS = 64_000
 # flags of `pyggml mem` a request may not give: the model is the served one, a config comes as
 # text (no file of the server is read), and planning connects to nothing
@@ -136,6 +137,10 @@ def estimate_running(llm):
                     registry=Registry(("pyggml.backend.cpu",)) if cpu_only else None)
 
 
+class PlannerBusy(PyggmlError):
+    """Too many what-if plans are waiting (503, retry later)."""
+
+
 class PlanCache:
     """One plan at a time (planning is CPU work beside the decode loop); the running plan is
     made once, what-if plans are kept per request (least recently used dropped)."""
@@ -145,6 +150,8 @@ class PlanCache:
         self._lock = threading.Lock()
         self._running: dict | None = None
         self._what_if: OrderedDict[str, dict] = OrderedDict()
+        self._n_waiting = 0                     # what-if requests in what_if() now
+        self._count_lock = threading.Lock()
 
     def running(self) -> dict:
         with self._lock:
@@ -156,6 +163,18 @@ class PlanCache:
             return self._running
 
     def what_if(self, body: dict) -> dict:
+        with self._count_lock:
+            if self._n_waiting >= MAX_PLANS_WAITING:
+                raise PlannerBusy(f"{self._n_waiting} plans are being made or waiting; retry "
+                                  f"later")
+            self._n_waiting += 1
+        try:
+            return self._what_if_locked(body)
+        finally:
+            with self._count_lock:
+                self._n_waiting -= 1
+
+    def _what_if_locked(self, body: dict) -> dict:
         import json
         key = json.dumps({"args": body.get("args"), "config": body.get("config")},
                          sort_keys=True)
