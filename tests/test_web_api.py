@@ -13,6 +13,7 @@ import pytest
 from pyggml.cli import main
 from pyggml.llm.runtime import LLM
 from pyggml.models_pypi import ensure_smollm2
+from pyggml.offload import VirtualSpec
 from pyggml.planning.memory import Planner
 from pyggml.server import make_server, start_in_thread
 from pyggml.server.engine import PerSecond
@@ -113,8 +114,7 @@ def test_layers_and_timeline_agree_with_the_planner(server, smol):
     base, _, _ = server
     args = ["-ngl", "12", "--virtual-device", "gpu=1GiB", "-c", "1024", "-ub", "256"]
     p = httpx.post(f"{base}/v1/pyggml/plan", json={"args": args}, timeout=T).json()
-    with Planner(smol, virtual=[__import__("pyggml.offload", fromlist=["VirtualSpec"])
-                                .VirtualSpec("gpu", 1 << 30)]) as planner:
+    with Planner(smol, virtual=[VirtualSpec("gpu", 1 << 30)]) as planner:
         rp = planner.plan(n_gpu_layers=12, gpu_device="gpu", n_ctx=1024, n_ubatch=256,
                           with_nodes=True)
     n_layer = rp.facts["n_layer"]

@@ -270,8 +270,8 @@ def test_chat_streams_and_equals_the_greedy_api_reply(browser, server):
     # a code block and markdown render as such
     js(browser, """
         const convs = JSON.parse(localStorage.getItem('pyggml.conversations'));
-        convs[0].messages.push({role: 'assistant', content:
-          'Here is **bold**, `code` and a list:\\n\\n- one\\n- two\\n\\n```python\\nprint(1 < 2)\\n```'});
+        convs[0].messages.push({role: 'assistant', content: 'Here is **bold**, `code` and ' +
+          'a list:\\n\\n- one\\n- two\\n\\n```python\\nprint(1 < 2)\\n```'});
         localStorage.setItem('pyggml.conversations', JSON.stringify(convs));""")
     open_page(browser, base)                # the conversation comes back from local storage
     msgs = css(browser, "#messages .msg")
