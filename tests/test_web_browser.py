@@ -130,7 +130,11 @@ NETWORK_SCHEMES = ("http", "https", "ws", "wss", "ftp")    # the rest stay in th
 
 def assert_all_local(drv) -> None:
     """No request left the machine: every network URL the log saw is loopback (data:, and the
-    browser's own chrome:// pages, never reach a network)."""
+    browser's own chrome:// pages, never reach a network). And the page raised no script error
+    and broke no rule of its Content-Security-Policy."""
+    bad = [e["message"] for e in drv.get_log("browser")
+           if "Uncaught" in e["message"] or "Content Security Policy" in e["message"]]
+    assert not bad, bad
     network(drv)
     seen = [r for r in drv.requests_seen if urlparse(r["url"]).scheme in NETWORK_SCHEMES]
     assert seen, "the performance log recorded no request at all"
