@@ -18,6 +18,7 @@ from pyggml.planning.memory import Planner
 from pyggml.server import make_server, start_in_thread
 from pyggml.server.engine import PerSecond
 
+REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
 T = 60                          # seconds, any request
 CAUSES = ("usr", "1.dst", "1.vsrc", "1.inp", "1.wgt", "1.off", "2.gd", "2.gu", "2.rd", "2.ru",
           "3.upg", "3.best", "4.vsrc", "4.cur", "4.sup", "4.leaf", "4.cpy")
@@ -300,3 +301,28 @@ def test_what_if_plans_beyond_the_waiting_bound_get_503(server):
     assert len(codes) == 12 and set(codes) <= {200, 503}
     assert codes.count(200) >= 1 and codes.count(503) >= 1
     assert httpx.post(f"{base}/v1/pyggml/plan", json=bodies[0], timeout=T).status_code == 200
+
+
+def test_a_config_with_phase_rules_gives_both_phases(server, smol, tmp_path):
+    # the repository's example: attention on a GPU for prompts only, decode on the CPU; planned
+    # against a planning-only Vulkan0 of 1 GiB
+    base, _, _ = server
+    text = (REPO / "configs" / "prefill-on-gpu-decode-on-cpu.yaml").read_text()
+    text += "virtual_devices:\n  - {name: Vulkan0, memory: 1GiB}\n"
+    r = httpx.post(f"{base}/v1/pyggml/plan", json={"config": text, "args": "-c 1024"},
+                   timeout=T)
+    assert r.status_code == 200, r.text
+    p = r.json()
+    cfg = tmp_path / "phases.yaml"
+    cfg.write_text(text)
+    mem = mem_plan(tmp_path, smol, ["-c", str(cfg), "-c", "1024"])
+    # the rules name where they come from: the file there, the request here
+    mem["plan"]["llama_missing"] = [x.replace(str(cfg), "<request config>")
+                                    for x in mem["plan"]["llama_missing"]]
+    same_devices(p, mem)
+    assert set(p["timeline"]) == {"prefill", "decode"}
+    rows = {r["layer"]: r for r in p["layers"]}
+    prefill = {o["device"] for o in rows[3]["ops"]["prefill"]}
+    decode = {o["device"] for o in rows[3]["ops"]["decode"]}
+    assert "Vulkan0" in prefill and decode == {"CPU"}
+    assert rows[3]["weights"][0]["device"] == "CPU"          # the weights stay in host memory
