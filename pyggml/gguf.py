@@ -594,6 +594,15 @@ class GGUFModel:
             return kv.value
         return self._strings(key, kv, raw)
 
+    def array_len(self, key: str, default=_REQUIRED):
+        """The element count of an array (no element is read)."""
+        key, kv = self._lookup(key, default, "an array")
+        if kv is None:
+            return default
+        if kv.type != GGUFValueType.ARRAY:
+            raise self._wrong_type(key, kv, "an array")
+        return kv.count
+
     def string_spans(self, key: str) -> tuple:
         """(buffer, starts, lengths) of an ARRAY[STRING]: the file's bytes and where each
         element lies in them (numpy int arrays), for readers that want no object per element."""
