@@ -250,7 +250,8 @@ def test_page_loads_fast_small_and_offline(browser, server):
                      "return n.loadEventEnd - n.startTime;")
     assert 0 < ms < 1000, f"the page took {ms:.0f} ms to load from loopback"
     reqs = network(browser)
-    assets = [r for r in reqs if urlparse(r["url"]).path in ("/", "/web/app.js", "/web/app.css")]
+    assets = [r for r in reqs if r["url"].startswith(base) and
+              urlparse(r["url"]).path in ("/", "/web/app.js", "/web/app.css")]
     assert len(assets) == 3 and sum(r["bytes"] for r in assets) < 300_000
     assert by_id(browser, "model-name").text.startswith("smollm2")
     assert_all_local(browser)
