@@ -732,7 +732,7 @@
       card('live-tps', 'generated tokens/s', `${lastFull}`, `last second; ${fmtNum(avg)} average over the last minute`),
       card('live-totals', 'since start', `${L.totals.generated_tokens}`, `tokens generated, ${L.totals.prompt_tokens} prompt tokens evaluated, ${L.totals.requests} requests`));
     // tokens per second: bars (generated) and a line (prompt tokens), 60 s
-    const W = 1100, H = 220, Lm = 46, R = 8, T = 10, B = 22, n = gen.length;
+    const W = 1100, H = 230, Lm = 46, R = 8, T = 26, B = 22, n = gen.length;   // legend above T
     const ymax = Math.max(4, ...gen, ...pr);
     const bw = (W - Lm - R) / n;
     const Y = (v) => T + (H - T - B) * (1 - v / ymax);
@@ -750,10 +750,10 @@
     pr.forEach((v, i) => { d += (i ? ' L ' : 'M ') + (Lm + (i + 0.5) * bw) + ' ' + Y(v); });
     svg.append(s('path', { d, fill: 'none', stroke: PART.compute, 'stroke-width': 1.5 }));
     const lx = W - R - 300;
-    const lg = s('g', {}, s('rect', { x: lx, y: T, width: 10, height: 10, fill: PART.weights }),
-      s('text', { x: lx + 14, y: T + 9, class: 'legend-text' }, 'generated tokens'),
-      s('line', { x1: lx + 130, x2: lx + 146, y1: T + 5, y2: T + 5, stroke: PART.compute, 'stroke-width': 2 }),
-      s('text', { x: lx + 150, y: T + 9, class: 'legend-text' }, 'prompt tokens evaluated'));
+    const lg = s('g', {}, s('rect', { x: lx, y: 2, width: 10, height: 10, fill: PART.weights }),
+      s('text', { x: lx + 14, y: 11, class: 'legend-text' }, 'generated tokens'),
+      s('line', { x1: lx + 130, x2: lx + 146, y1: 7, y2: 7, stroke: PART.compute, 'stroke-width': 2 }),
+      s('text', { x: lx + 150, y: 11, class: 'legend-text' }, 'prompt tokens evaluated'));
     svg.append(lg);
     $('live-chart').replaceChildren(svg);
     $('live-slots').replaceChildren(...L.slots.map((sl) => {
