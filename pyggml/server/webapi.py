@@ -14,6 +14,7 @@ what is alive at its peak. Planning runs in a worker thread, one plan at a time,
 
 from __future__ import annotations
 
+import json
 import shlex
 import threading
 import time
@@ -175,7 +176,6 @@ class PlanCache:
                 self._n_waiting -= 1
 
     def _what_if_locked(self, body: dict) -> dict:
-        import json
         key = json.dumps({"args": body.get("args"), "config": body.get("config")},
                          sort_keys=True)
         with self._lock:
