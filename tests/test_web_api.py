@@ -326,3 +326,21 @@ def test_a_config_with_phase_rules_gives_both_phases(server, smol, tmp_path):
     decode = {o["device"] for o in rows[3]["ops"]["decode"]}
     assert "Vulkan0" in prefill and decode == {"CPU"}
     assert rows[3]["weights"][0]["device"] == "CPU"          # the weights stay in host memory
+
+
+def test_a_plan_that_does_not_fit_lists_the_changes_pyggml_plan_suggests(server, smol, capsys):
+    from pyggml.units import fmt_bytes
+    base, _, _ = server
+    args = ["-ngl", "99", "--virtual-device", "laptop=128MiB", "-c", "4096"]
+    p = httpx.post(f"{base}/v1/pyggml/plan", json={"args": args}, timeout=T).json()
+    assert p["not_fitting"] == ["laptop"] and p["fit_changes"]
+    capsys.readouterr()
+    assert main(["plan", "-m", smol] + args + ["--check-fit"]) == 2      # 2: does not fit
+    text = capsys.readouterr().out
+    for c in p["fit_changes"]:
+        sets = " ".join(f"--set {x}" for x in c["sets"])
+        assert f"{c['what']}: moves {fmt_bytes(c['moved'])} off laptop  ({sets})" in text
+        fixed = httpx.post(f"{base}/v1/pyggml/plan", timeout=T,
+                           json={"args": args + sets.split()}).json()
+        assert fixed["not_fitting"] == [] and fixed["fit_changes"] is None
+    assert httpx.get(f"{base}/v1/pyggml/plan", timeout=T).json()["fit_changes"] is None

@@ -356,6 +356,19 @@ def test_model_view_what_if_equals_pyggml_mem(browser, server, tmp_path):
     assert_same_bytes_as_mem(browser, plan)
     assert len(css(browser, "#plan-body .tl-item")) >= 2          # a timeline per buffer
     shot(browser, "model-two-virtual-gpus", whole=True)
+    # a GPU too small: the changes that fit, one click plans with one of them
+    set_value(browser, "plan-config", "")
+    set_value(browser, "plan-args", "-ngl 99 --virtual-device laptop=128MiB -c 4096")
+    by_id(browser, "plan-run").click()
+    wait(browser, lambda d: texts(d, "#fit-box button"), "the changes that fit")
+    assert "laptop does not fit" in texts(browser, "#fit-box")[0]
+    assert texts(browser, '#device-table tr[data-device="laptop"] td[data-field="fits"]') == \
+        ["NO"]
+    shot(browser, "model-does-not-fit", whole=True)
+    css(browser, "#fit-box button")[0].click()
+    wait(browser, lambda d: not texts(d, "#fit-box") and "--set" in by_id(d, "plan-source").text
+         and by_id(d, "view-model").get_attribute("data-state") == "ready", "the fitting plan")
+    assert set(texts(browser, '#device-table td[data-field="fits"]')) == {"yes"}
     # a bad flag: a readable error, the last plan stays
     set_value(browser, "plan-config", "")
     set_value(browser, "plan-args", "--no-such-flag")

@@ -117,13 +117,21 @@ def what_if_args(body: dict):
 
 
 def estimate_what_if(model_path: str, body: dict):
-    """The MemReport `pyggml mem --plan-only` makes for the request's flags and config."""
+    """The MemReport `pyggml mem --plan-only` makes for the request's flags and config; where a
+    device does not fit, plan.fit_changes holds the changes that fit (as `pyggml plan
+    --check-fit` lists them)."""
     from pyggml.cli.mem import _run_config          # the one place mem turns flags into a Config
+    from pyggml.planning.fit import suggest_changes
     from pyggml.planning.measure import estimate
+    from pyggml.planning.memory import Planner
     args = what_if_args(body)
     virtual = virtual_specs(args)
     cfg = _run_config(args, virtual)
-    return estimate(model_path, virtual=virtual, config=cfg, with_nodes=True, **_mem_common(args))
+    rep = estimate(model_path, virtual=virtual, config=cfg, with_nodes=True, **_mem_common(args))
+    if rep.plan.not_fitting():
+        with Planner(model_path, virtual=virtual) as planner:
+            rep.plan.fit_changes = suggest_changes(planner, rep.plan)
+    return rep
 
 
 def estimate_running(llm):
@@ -310,9 +318,11 @@ def plan_json(rep, source: dict, seconds: float, facts: dict) -> dict:
     """The plan as JSON; facts: file_facts of the model."""
     rp = rep.plan
     model = dict(rp.facts, **facts, weights_as_placed=sum(rp.tensor_bytes.values()))
+    fit = None if rp.fit_changes is None else [
+        {"what": c.what, "sets": c.sets, "moved": c.moved} for c in rp.fit_changes]
     return {"object": "pyggml.plan", "source": source, "plan_seconds": round(seconds, 3),
-            "model": model, "mem": rep.to_dict(), "layers": layers_json(rp),
-            "timeline": timeline_json(rp)}
+            "model": model, "mem": rep.to_dict(), "not_fitting": rp.not_fitting(),
+            "fit_changes": fit, "layers": layers_json(rp), "timeline": timeline_json(rp)}
 
 
 # ---- live --------------------------------------------------------------------------------------

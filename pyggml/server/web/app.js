@@ -491,11 +491,11 @@
   }
 
   function deviceBars(devs) {
-    const W = 1100, rowH = 34, left = 150, right = 10, top = 8;
-    const svg = s('svg', { viewBox: `0 0 ${W} ${top + devs.length * (rowH + 18) + 26}`, class: 'bars', role: 'img',
+    const W = 1100, rowH = 34, left = 150, right = 10, top = 18, gap = 32;
+    const svg = s('svg', { viewBox: `0 0 ${W} ${top + devs.length * (rowH + gap) + 10}`, class: 'bars', role: 'img',
       'aria-label': 'memory per device' });
     devs.forEach((d, k) => {
-      const y = top + k * (rowH + 18);
+      const y = top + k * (rowH + gap);
       const used = d.weights + d.kv + d.compute;
       const free = d.memory ? d.memory[0] : null;
       const cap = free !== null ? Math.max(free, used) : used || 1;
@@ -513,13 +513,17 @@
         const rest = free - used;
         if (rest > 0) svg.append(s('rect', { x, y, width: rest * scale, height: rowH, fill: PART.free },
           s('title', {}, `${d.device} left of free memory: ${fmtBytes(rest)}`)));
-        else svg.append(s('rect', { x: left + free * scale, y, width: Math.max(2, (-rest) * scale), height: rowH, fill: PART.over, opacity: 0.5 },
-          s('title', {}, `${d.device} over its free memory by ${fmtBytes(-rest)}`)));
+        else {                      // past the line: what does not fit
+          const xf = left + free * scale;
+          svg.append(s('line', { x1: xf, x2: xf, y1: y - 4, y2: y + rowH + 4, stroke: PART.over, 'stroke-width': 3 },
+            s('title', {}, `${d.device} free memory: ${fmtBytes(free)}; over by ${fmtBytes(-rest)}`)));
+          svg.append(s('text', { x: xf + 5, y: y - 5, class: 'bar-note bad' }, 'free memory ends here'));
+        }
       }
       const note = fmtBytes(used) + (free !== null ? ' of ' + fmtBytes(free) + ' free' + (used > free ? ' — does NOT fit' : '') : ' (memory unknown)');
       svg.append(s('text', { x: left, y: y + rowH + 13, class: used > (free ?? Infinity) ? 'bar-note bad' : 'bar-note' }, note));
     });
-    const ly = top + devs.length * (rowH + 18) + 14;
+    const ly = top + devs.length * (rowH + gap) - 2;
     let lx = left;
     for (const [part, label] of [['weights', 'weights'], ['kv', 'KV cache'], ['compute', 'compute buffer'], ['free', 'free memory left']]) {
       svg.append(s('rect', { x: lx, y: ly - 9, width: 12, height: 12, fill: PART[part] }));
@@ -657,6 +661,34 @@
     return svg;
   }
 
+  /** Devices that do not fit, and the changes that fit (pyggml plan --check-fit's), each a
+   * button that plans again with its --set items added to the flags. */
+  function fitBox(p) {
+    if (!p.not_fitting || !p.not_fitting.length) return null;
+    const box = h('div', { id: 'fit-box', class: 'fit-box' },
+      h('strong', {}, p.not_fitting.join(', ') + (p.not_fitting.length > 1 ? ' do' : ' does') + ' not fit. '));
+    const changes = p.fit_changes || [];
+    if (!changes.length) {
+      box.append(p.fit_changes ? 'No single change tried (KV cache on the CPU, fewer gpu_layers, a smaller n_ctx or n_ubatch) makes it fit.' : '');
+      return box;
+    }
+    box.append('Changes that fit, smallest move first:');
+    const ul = h('ul');
+    for (const c of changes) {
+      const flags = c.sets.map((x) => '--set ' + x).join(' ');
+      const btn = h('button', { class: 'small', type: 'button', 'data-sets': c.sets.join(' ') }, 'plan with ' + flags);
+      btn.addEventListener('click', () => {
+        const args = ((p.source.args || []).join(' ') + ' ' + flags).trim();
+        $('plan-args').value = args;
+        $('plan-config').value = p.source.config || '';
+        $('plan-run').click();
+      });
+      ul.append(h('li', {}, `${c.what}: moves ${fmtBytes(c.moved)} off ${p.not_fitting.join(', ')} `, btn));
+    }
+    box.append(ul);
+    return box;
+  }
+
   function renderPlan(p) {
     const mem = p.mem, devs = mem.plan.devices;
     devs.forEach((d) => colorOf(d.device));
@@ -670,7 +702,7 @@
     }));
     $('plan-body').replaceChildren(
       facts(p),
-      h('div', { class: 'card' }, h('h3', {}, 'Memory per device'), deviceBars(devs), deviceTable(devs, mem),
+      h('div', { class: 'card' }, h('h3', {}, 'Memory per device'), deviceBars(devs), deviceTable(devs, mem), fitBox(p),
         p.source.kind !== 'running' && mem.plan.llama && mem.plan.llama.length ? h('p', { class: 'hint' }, 'llama.cpp: ', h('code', {}, mem.plan.llama.join(' '))) : null,
         warn.length ? h('ul', { class: 'warnings' }, warn.map((w) => h('li', {}, w))) : null),
       h('div', { class: 'card' }, h('h3', {}, 'Where each layer lives'), legend, layerStrip(p), layersTable(p)),
