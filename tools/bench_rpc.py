@@ -145,8 +145,14 @@ def _theirs(bin_, model, rpc_eps, extra, p, n, t) -> dict:
     return res
 
 
+def _load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def vs_llamacpp(a) -> None:
     import json
+    print(f"load average before: {_load()}", flush=True)
     servers = [RpcServer.start(threads=a.threads) for _ in range(2)]
     try:
         eps = [s.endpoint for s in servers]
@@ -202,7 +208,7 @@ def vs_llamacpp(a) -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
         print(f"\nmodel {Path(a.model).name}; pp{a.prompt} / tg{a.tokens}, {a.threads} thread(s) "
-              f"per client and per server; medians of {a.reps}")
+              f"per client and per server; medians of {a.reps}; load average after: {_load()}")
         print("| config | pp ours | pp llama.cpp | ratio | tg ours | tg llama.cpp | ratio | "
               "sent B/token ours / llama.cpp | received B/token ours / llama.cpp |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
