@@ -3,7 +3,10 @@
 Each step builds ONE `decode_batch`: the next token of every slot that is generating, plus
 prompt tokens of slots being admitted, at most n_ubatch tokens in all (shortest remaining
 prompt first, so a short request is not stuck behind a long one), then samples every slot whose
-logits came out. A new request goes to the free slot holding the longest prefix of its prompt
+logits came out. Prompt chunks are cut so that a step lasts about `step_target_s` (from the
+measured seconds per batch row), and a step that admits a new request's first chunk carries no
+chunk of a prompt admitted earlier: a request arriving while a long prompt is evaluated waits
+for at most one short step, then gets a step of its own size (time to first token). A new request goes to the free slot holding the longest prefix of its prompt
 (those cells are kept, LLM.reuse_prefix); requests beyond the free slots wait in a bounded queue
 (full: `QueueFullError`, the server answers 503). A cancelled request frees its slot before the
 next step. Events go back to the asyncio side through `loop.call_soon_threadsafe`.
@@ -51,6 +54,7 @@ class Slot:
     seq_id: int
     job: Job | None = None
     todo: list[int] = field(default_factory=list)     # prompt tokens still to evaluate
+    started: bool = False                             # a chunk of this job's prompt ran
     last_used: float = 0.0
 
 
@@ -124,10 +128,15 @@ class Metrics:
 class Engine:
     """The worker thread that owns the LLM. submit() from any thread; stop() to end."""
 
-    def __init__(self, llm, n_slots: int, queue_size: int = 64):
+    def __init__(self, llm, n_slots: int, queue_size: int = 64, step_target_s: float = 0.25):
         if not 1 <= n_slots <= llm.n_seq_max:
             raise PyggmlError(f"n_slots {n_slots} must be in 1..n_seq_max ({llm.n_seq_max})")
+        if not step_target_s >= 0:
+            raise PyggmlError(f"step_target_s must be >= 0 (0: n_ubatch prompt tokens per "
+                              f"step), got {step_target_s!r}")
         self.llm = llm
+        self.step_target_s = step_target_s
+        self.s_per_row: float | None = None     # measured seconds per batch row (moving mean)
         self.slots = [Slot(i) for i in range(n_slots)]
         self.n_ctx_slot = llm.n_ctx // n_slots
         self.queue_size = queue_size
@@ -216,6 +225,17 @@ class Engine:
             self.metrics.prompt_tokens_reused_total += n
             slot.todo = list(job.ids[n:])
 
+    def _prompt_budget(self, n_decoding: int) -> int:
+        """Prompt tokens this step may take besides `n_decoding` generating slots' tokens: what
+        keeps the step near step_target_s at the measured seconds per row (64 rows before a
+        measurement; at least 16 prompt tokens, so a long prompt always advances), at most
+        n_ubatch rows in all."""
+        room = self.llm.n_ubatch - n_decoding
+        if self.step_target_s == 0:
+            return room
+        rows = 64 if self.s_per_row is None else int(self.step_target_s / self.s_per_row)
+        return max(0, min(room, max(16, rows - n_decoding)))
+
     def _drop_cancelled(self) -> None:
         for s in self.slots:
             if s.job is not None and s.job.cancelled.is_set():
@@ -223,7 +243,7 @@ class Engine:
                 self._release(s)
 
     def _release(self, s: Slot) -> None:
-        s.job, s.todo, s.last_used = None, [], time.perf_counter()
+        s.job, s.todo, s.last_used, s.started = None, [], time.perf_counter(), False
 
     def _fail(self, s: Slot, status: int, message: str) -> None:
         s.job.emit("error", status, message)
@@ -251,13 +271,17 @@ class Engine:
             if s.job is not None and not s.todo and s.job.gen.last_token is not None:
                 batch.append(([s.job.gen.last_token], s.seq_id))
                 sampled.append(s)
-        budget = llm.n_ubatch - len(batch)
-        for s in sorted((s for s in self.slots if s.job is not None and s.todo),
-                        key=lambda s: len(s.todo)):
+        budget = self._prompt_budget(len(batch))
+        waiting = sorted((s for s in self.slots if s.job is not None and s.todo),
+                         key=lambda s: len(s.todo))
+        if any(not s.started for s in waiting):      # new requests first, in a short step
+            waiting = [s for s in waiting if not s.started]
+        for s in waiting:
             if budget <= 0:
                 break
             chunk = s.todo[:budget]
             s.todo = s.todo[len(chunk):]
+            s.started = True
             budget -= len(chunk)
             batch.append((chunk, s.seq_id))
             m.prompt_tokens_total += len(chunk)
@@ -273,6 +297,10 @@ class Engine:
                 self._fail(self.slots[sid], 400 if "context" in str(e) else 500, str(e))
             return
         dt = time.perf_counter() - t0
+        n_rows = sum(len(t) for t, _ in batch)
+        if n_rows >= 8:                    # one token's step is mostly fixed costs: not a rate
+            rate = dt / n_rows
+            self.s_per_row = rate if self.s_per_row is None else 0.7 * self.s_per_row + 0.3 * rate
         n_seqs = len(batch)
         m.decode_steps_total += 1
         m.decode_seconds_total += dt
