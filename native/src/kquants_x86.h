@@ -19,6 +19,20 @@ static inline float hsum_ps(__m256 v) {
 
 static inline __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
+static inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* A super-block's term in the scalar kernel's operations (quants_kquants.c), from the exact
+ * integer sums: dd = [d_x·d_y, dmin_x·d_y] (k4_dmin), d·isum − dmin·summs. Every path adds
+ * these terms to one fp32 sum in block order, so a dot has the scalar kernel's bits. */
+static inline float kq_term_min(__m128 dd, int32_t isum, int32_t summs) {
+    return _mm_cvtss_f32(dd) * (float)isum - _mm_cvtss_f32(_mm_movehdup_ps(dd)) * (float)summs;
+}
+
 /* [d·dy, dmin·dy, 0, 0] from the two fp16 fields at p (d, then dmin) and the activation scale */
 static inline __m128 k4_dmin(const uint16_t *p, float dy) {
     uint32_t u;

@@ -3,9 +3,9 @@
  * Exactness contract with the scalar reference (quants_kquants.c), checked by
  * tests/test_quants_kquants.c:
  *   - Q8_K from_float: bit-exact (same amax scan result, same nearest_int bit trick);
- *   - vec_dot: the integer sums are exact; they are converted to fp32 per 8-lane partial and
- *     scaled per super-block, so float results agree with the scalar kernel to a few ulps of
- *     the sum of |terms| (and exactly when every partial is an integer below 2^24).
+ *   - vec_dot: bit-exact. The integer sums of a super-block are exact; its fp32 term is the
+ *     scalar kernel's (kq_term_min, d·isum), added to one running sum in block order, so a dot
+ *     has the same bits on every path and in every gemm block (tests/test_gemm.c).
  *
  * The dot kernels share one plan: weights become unsigned levels (0..2^b-1) so that
  * _mm256_maddubs_epi16 multiplies them with the signed Q8_K activations into int16 pairs (no
@@ -122,14 +122,13 @@ static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
     const pg_block_q8_K *y = vy;
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
         const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
-        const __m256i prodm = _mm256_madd_epi16(loadu(y[i].bsums), mn16);
-        accm = _mm256_fnmadd_ps(bcast_dmin(dd), _mm256_cvtepi32_ps(prodm), accm);
+        const int32_t summs = hsum_i32(_mm256_madd_epi16(loadu(y[i].bsums), mn16));
         __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
@@ -145,10 +144,9 @@ static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
             sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3),
                                                 a + 96, sc, pair16_mask(3)));
         }
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd),
-                              _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
+        sum += kq_term_min(dd, hsum_i32(_mm256_add_epi32(sum0, sum1)), summs);
     }
-    *s = hsum_ps(_mm256_add_ps(acc, accm));
+    *s = sum;
 }
 
 /* ---- Q3_K -------------------------------------------------------------------------------- */
@@ -163,9 +161,9 @@ static void vec_dot_q3_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
     const pg_block_q3_K *x = vx;
     const pg_block_q8_K *y = vy;
     const __m256i m3 = _mm256_set1_epi8(3), m4b = _mm256_set1_epi8(4);
-    __m256 acc = _mm256_setzero_ps();
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const float d = y[i].d * h2f(x[i].d);
+        const float d = h2f(x[i].d) * y[i].d;
         const __m256i sc16 = _mm256_cvtepi8_epi16(k3_scales(x[i].qs + 62));
         /* level q = u - 4: Σ S_k Σ q·a = Σ S_k Σ u·a - 4 Σ S_k bsum_k */
         __m256i sum0 = _mm256_slli_epi32(_mm256_madd_epi16(loadu(y[i].bsums), sc16), 2);
@@ -204,10 +202,9 @@ static void vec_dot_q3_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
             sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
             sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
-                              acc);
+        sum += d * (float)hsum_i32(_mm256_add_epi32(sum0, sum1));
     }
-    *s = hsum_ps(acc);
+    *s = sum;
 }
 
 /* ---- Q4_K / Q5_K ------------------------------------------------------------------------- */
@@ -217,12 +214,11 @@ static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
     const pg_block_q4_K *x = vx;
     const pg_block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
-                                _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)), accm);
+        const int32_t summs = hsum_i32(k4_mins(sm, y[i].bsums));
         const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         const uint8_t *q = x[i].qs;
         const int8_t *a = y[i].qs;
@@ -235,10 +231,9 @@ static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
             sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
                                                 a + 64 * c + 32, sc, bcast16_mask(2 * c + 1)));
         }
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd),
-                              _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
+        sum += kq_term_min(dd, hsum_i32(_mm256_add_epi32(sum0, sum1)), summs);
     }
-    *s = hsum_ps(_mm256_add_ps(acc, accm));
+    *s = sum;
 }
 
 static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
@@ -246,12 +241,11 @@ static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
     const pg_block_q5_K *x = vx;
     const pg_block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0xF), m16 = _mm256_set1_epi8(0x10);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fnmadd_ps(bcast_dmin(dd), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
-                                accm);
+        const int32_t summs = hsum_i32(k4_mins(sm, y[i].bsums));
         const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         const uint8_t *q = x[i].qs;
         const int8_t *a = y[i].qs;
@@ -270,10 +264,9 @@ static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
             sum0 = _mm256_add_epi32(sum0, dot32(lo, a + 64 * c, sc, bcast16_mask(2 * c)));
             sum1 = _mm256_add_epi32(sum1, dot32(hi, a + 64 * c + 32, sc, bcast16_mask(2 * c + 1)));
         }
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd),
-                              _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
+        sum += kq_term_min(dd, hsum_i32(_mm256_add_epi32(sum0, sum1)), summs);
     }
-    *s = hsum_ps(_mm256_add_ps(acc, accm));
+    *s = sum;
 }
 
 /* ---- Q6_K -------------------------------------------------------------------------------- */
@@ -283,9 +276,9 @@ static void vec_dot_q6_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
     const pg_block_q6_K *x = vx;
     const pg_block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
-    __m256 acc = _mm256_setzero_ps();
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const float d = y[i].d * h2f(x[i].d);
+        const float d = h2f(x[i].d) * y[i].d;
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         /* level q = u - 32 with u = lo4 | hi2 << 4 in 0..63: subtract 32 Σ_k sc_k bsum_k */
         __m256i sum0 = _mm256_slli_epi32(_mm256_madd_epi16(loadu(y[i].bsums), sc16), 5);
@@ -311,10 +304,9 @@ static void vec_dot_q6_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
             sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
             sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
-                              acc);
+        sum += d * (float)hsum_i32(_mm256_add_epi32(sum0, sum1));
     }
-    *s = hsum_ps(acc);
+    *s = sum;
 }
 
 /* ---- traits ------------------------------------------------------------------------------ */

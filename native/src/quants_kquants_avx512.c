@@ -4,8 +4,9 @@
  * Same plan as the AVX2 kernels (unsigned levels, maddubs into int16 pairs, offsets and mins
  * through the bsums) on 64-element rows, with VPDPWSSD applying the per-sub-block int16 scales
  * and accumulating in one instruction. A 64-element row spans four 128-bit lanes: vpshufb masks
- * pick, per lane, the scale of the sub-block that lane holds. Integer sums are exact; float
- * results agree with the scalar kernel as the AVX2 ones do (tests/test_quants_kquants.c). */
+ * pick, per lane, the scale of the sub-block that lane holds. Integer sums are exact and each
+ * super-block's fp32 term is the scalar kernel's, added in block order: the scalar kernel's
+ * bits, as on every path (tests/test_gemm.c). */
 #include <immintrin.h>
 
 #include "kquants.h"
@@ -33,11 +34,6 @@ static inline __m512i dot64(__m512i sumi, __m512i q, const int8_t *a, __m512i sc
                                _mm512_shuffle_epi8(sc, lane16_mask(m)));
 }
 
-static inline float hsum512(__m512 v) {
-    return hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(v),
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
-}
-
 /* ---- Q2_K / Q3_K: 2-bit rows of 32 bytes, levels of element 128h + 32j + l at bits 2j ----- */
 
 /* Both 128-element halves of a Q2_K/Q3_K block as four 64-level rows, without the high bit:
@@ -51,16 +47,13 @@ static void vec_dot_q2_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
     const pg_block_q8_K *y = vy;
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0xF);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
         const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
-        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
-                               _mm256_cvtepi32_ps(_mm256_madd_epi16(loadu(y[i].bsums), mn16)),
-                               accm);
+        const int32_t summs = hsum_i32(_mm256_madd_epi16(loadu(y[i].bsums), mn16));
         __m512i sumi = _mm512_setzero_si512();
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
@@ -74,9 +67,9 @@ static void vec_dot_q2_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
             sumi = dot64(sumi, KQ_LOW2(qq, 0), a, sc, 4);
             sumi = dot64(sumi, KQ_LOW2(qq, 1), a + 64, sc, 5);
         }
-        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);
+        sum += kq_term_min(dd, _mm512_reduce_add_epi32(sumi), summs);
     }
-    *s = hsum512(acc) + hsum_ps(accm);
+    *s = sum;
 }
 
 static void vec_dot_q3_K_q8_K_avx512(int64_t n, float *restrict s, const void *restrict vx,
@@ -84,7 +77,7 @@ static void vec_dot_q3_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
     const pg_block_q3_K *x = vx;
     const pg_block_q8_K *y = vy;
     const __m512i m3 = _mm512_set1_epi8(3), m4b = _mm512_set1_epi8(4);
-    __m512 acc = _mm512_setzero_ps();
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         const float d = y[i].d * h2f(x[i].d);
         const __m256i sc16 = _mm256_cvtepi8_epi16(k3_scales(x[i].qs + 62));
@@ -112,9 +105,9 @@ static void vec_dot_q3_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
             sumi = dot64(sumi, _mm512_or_si512(KQ_LOW2(qq, 1), _mm512_and_si512(h1, m4b)), a + 64,
                          sc, 5);
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        sum += d * (float)_mm512_reduce_add_epi32(sumi);
     }
-    *s = hsum512(acc);
+    *s = sum;
 }
 
 /* ---- Q4_K / Q5_K ------------------------------------------------------------------------- */
@@ -132,13 +125,11 @@ static void vec_dot_q4_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
     const pg_block_q4_K *x = vx;
     const pg_block_q8_K *y = vy;
     const __m512i m4 = _mm512_set1_epi8(0xF);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fnmadd_ps(bcast_dmin(dd), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
-                                accm);
+        const int32_t summs = hsum_i32(k4_mins(sm, y[i].bsums));
         const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
         __m512i sumi = _mm512_setzero_si512();
 #pragma GCC unroll 2
@@ -150,9 +141,9 @@ static void vec_dot_q4_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
             sumi = dot64(sumi, k4_row(lo, hi, 0), a, sc, 2 * h);
             sumi = dot64(sumi, k4_row(lo, hi, 1), a + 64, sc, 2 * h + 1);
         }
-        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);
+        sum += kq_term_min(dd, _mm512_reduce_add_epi32(sumi), summs);
     }
-    *s = hsum512(acc) + hsum_ps(accm);
+    *s = sum;
 }
 
 static void vec_dot_q5_K_q8_K_avx512(int64_t n, float *restrict s, const void *restrict vx,
@@ -165,13 +156,11 @@ static void vec_dot_q5_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
         _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
         _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1),
     };
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
         const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fnmadd_ps(bcast_dmin(dd), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
-                                accm);
+        const int32_t summs = hsum_i32(k4_mins(sm, y[i].bsums));
         const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
         const __m512i qh = _mm512_broadcast_i64x4(loadu(x[i].qh));
         __m512i sumi = _mm512_setzero_si512();
@@ -188,9 +177,9 @@ static void vec_dot_q5_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
             sumi = dot64(sumi, k4_row(lo, hi, 0), a, sc, 2 * h);
             sumi = dot64(sumi, k4_row(lo, hi, 1), a + 64, sc, 2 * h + 1);
         }
-        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);
+        sum += kq_term_min(dd, _mm512_reduce_add_epi32(sumi), summs);
     }
-    *s = hsum512(acc) + hsum_ps(accm);
+    *s = sum;
 }
 
 /* ---- Q6_K -------------------------------------------------------------------------------- */
@@ -200,7 +189,7 @@ static void vec_dot_q6_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
     const pg_block_q6_K *x = vx;
     const pg_block_q8_K *y = vy;
     const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
-    __m512 acc = _mm512_setzero_ps();
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / PG_QK_K; i++) {
         const float d = y[i].d * h2f(x[i].d);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
@@ -224,9 +213,9 @@ static void vec_dot_q6_K_q8_K_avx512(int64_t n, float *restrict s, const void *r
             sumi = dot64(sumi, u01, a, sc, 4);
             sumi = dot64(sumi, u23, a + 64, sc, 5);
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        sum += d * (float)_mm512_reduce_add_epi32(sumi);
     }
-    *s = hsum512(acc);
+    *s = sum;
 }
 
 /* ---- traits ------------------------------------------------------------------------------ */
