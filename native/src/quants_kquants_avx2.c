@@ -4,8 +4,9 @@
  * tests/test_quants_kquants.c:
  *   - Q8_K from_float: bit-exact (same amax scan result, same nearest_int bit trick);
  *   - vec_dot: bit-exact. The integer sums of a super-block are exact; its fp32 term is the
- *     scalar kernel's (d·isum − dmin·summs, d·isum), added to one running sum in block order (kquants_x86.h), so a dot
- *     has the same bits on every path and in every gemm block (tests/test_gemm.c).
+ *     scalar kernel's (d·isum − dmin·summs, or d·isum), added to one running sum in block
+ *     order (kquants_x86.h), so a dot has the same bits on every path and in every gemm block
+ *     (tests/test_gemm.c).
  *
  * The dot kernels share one plan: weights become unsigned levels (0..2^b-1) so that
  * _mm256_maddubs_epi16 multiplies them with the signed Q8_K activations into int16 pairs (no
