@@ -48,13 +48,24 @@ static inline __m128 kq_sums4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
                                          _mm256_extracti128_si256(f, 1)));
 }
 
-/* sum + the terms of the first `n` of four super-blocks, in order */
+/* sum + the terms of the first `n` of four super-blocks, in order. With mins, one fold gives
+ * [isum_0..3 | summs_0..3] and one multiply by [d_0..3 | dmin_0..3] both products. */
 static inline float kq_add4(float sum, const kq_blk *b, int n, int has_min) {
-    __m128 t = _mm_mul_ps(_mm_setr_ps(b[0].d, b[1].d, b[2].d, b[3].d),
-                          kq_sums4(b[0].is, b[1].is, b[2].is, b[3].is));
-    if (has_min)
-        t = _mm_sub_ps(t, _mm_mul_ps(_mm_setr_ps(b[0].dmin, b[1].dmin, b[2].dmin, b[3].dmin),
-                                     kq_sums4(b[0].ms, b[1].ms, b[2].ms, b[3].ms)));
+    __m128 t;
+    if (has_min) {
+        const __m256i lo = kq_fold4(b[0].is, b[1].is, b[2].is, b[3].is);
+        const __m256i hi = kq_fold4(b[0].ms, b[1].ms, b[2].ms, b[3].ms);
+        /* [Σ is | Σ ms]: the 128-bit halves of each fold added */
+        const __m256i f = _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20),
+                                           _mm256_permute2x128_si256(lo, hi, 0x31));
+        const __m256 dd = _mm256_setr_ps(b[0].d, b[1].d, b[2].d, b[3].d, b[0].dmin, b[1].dmin,
+                                         b[2].dmin, b[3].dmin);
+        const __m256 pr = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(f));
+        t = _mm_sub_ps(_mm256_castps256_ps128(pr), _mm256_extractf128_ps(pr, 1));
+    } else {
+        t = _mm_mul_ps(_mm_setr_ps(b[0].d, b[1].d, b[2].d, b[3].d),
+                       kq_sums4(b[0].is, b[1].is, b[2].is, b[3].is));
+    }
     float v[4];
     _mm_storeu_ps(v, t);
     for (int k = 0; k < n; k++) sum += v[k];
