@@ -13,6 +13,12 @@
 #define PG_X86_DOT_Q4_0(q, a)                                                                   \
     _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a),                         \
                      _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), a))
+/* the 5th bits as a byte mask: one masked add (AVX512BW/VL) */
+#define PG_X86_ADD_BIT4(q, qh4) \
+    _mm256_mask_add_epi8(q, (__mmask32)pg_load_qh(qh4), q, _mm256_set1_epi8(0x10))
+#define PG_X86_DOT_OFF16(q, a)                                                                  \
+    _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a),                         \
+                     _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(16), a))
 #include "quants_legacy_x86.h"
 
 void pg_fill_legacy_avx512(pg_type_traits *tbl) {

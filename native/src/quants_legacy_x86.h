@@ -2,6 +2,7 @@
  * quants_legacy_avx512.c (VNNI dpbusd). The includer defines
  *   PG_X86_DOT_US(u, s)   8 int32 partial sums of Σ u_i·s_i over 32 bytes (u unsigned, s signed)
  *   PG_X86_DOT_Q4_0(q, a) 8 int32 partial sums of Σ (q_i − 8)·a_i (q the nibbles 0..15)
+ * and may define PG_X86_ADD_BIT4 (5th bits into the levels) and PG_X86_DOT_OFF16 (Σ (q − 16)·a)
  * and gets static vec_dot_{q4_0,q5_0,q8_0}_q8_0 and vec_dot_{q4_1,q5_1}_q8_1 plus the helpers.
  * The dots give the scalar reference's bits (exact integer block sums, the reference's fp32
  * operations in its order; see below). */
@@ -59,6 +60,18 @@ static inline __m256i bits_to_bytes(const uint8_t *qh4) {
 }
 
 static inline __m256i dot_us(__m256i u, __m256i s) { return PG_X86_DOT_US(u, s); }
+
+#ifndef PG_X86_ADD_BIT4
+/* q | 0x10 in byte j where bit j of the 32-bit qh at qh4 is set (the nibbles have bit 4 clear) */
+#define PG_X86_ADD_BIT4(q, qh4) \
+    _mm256_or_si256(q, _mm256_and_si256(bits_to_bytes(qh4), _mm256_set1_epi8(0x10)))
+/* Σ (q − 16)·a for unsigned q <= 31: Σ q·a − 16·Σ a through maddubs, the int16 difference fits
+ * (|31·127·2| + |16·128·2| < 32768) */
+#define PG_X86_DOT_OFF16(q, a)                                                                  \
+    _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q, a),                              \
+                                       _mm256_maddubs_epi16(_mm256_set1_epi8(16), a)),          \
+                      _mm256_set1_epi16(1))
+#endif
 
 /* Σ a_i·b_i for signed a, b (a != -128): |a| times b with a's sign moved onto b. */
 static inline __m256i dot_ss(__m256i a, __m256i b) {
@@ -133,12 +146,11 @@ static inline float add_in_order(float sum, __m256 t) {
 
 PG_DOT_Q8_0_KERNEL(vec_dot_q4_0_q8_0, pg_block_q4_0, q4_0_block, PG_TERM_X_Y, PG_STERM_X_Y)
 
-/* Q5_0: q − 16 as a signed byte = nibble | (bit4 ? 0 : 0xF0). */
+/* Q5_0: unsigned levels q = nibble | bit4 << 4 (0..31), Σ (q − 16)·a. */
 static inline __m256i q5_0_block(const pg_block_q5_0 *x, const pg_block_q8_0 *y) {
-    const __m256i hi = _mm256_andnot_si256(bits_to_bytes(x->qh), _mm256_set1_epi8((char)0xF0));
-    const __m256i q = _mm256_or_si256(unpack_nibbles(x->qs), hi);
+    const __m256i q = PG_X86_ADD_BIT4(unpack_nibbles(x->qs), x->qh);
     const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
-    return dot_ss(q, a);
+    return PG_X86_DOT_OFF16(q, a);
 }
 
 PG_DOT_Q8_0_KERNEL(vec_dot_q5_0_q8_0, pg_block_q5_0, q5_0_block, PG_TERM_X_Y, PG_STERM_X_Y)
@@ -160,8 +172,7 @@ static inline __m256i q4_1_block(const pg_block_q4_1 *x, const pg_block_q8_1 *y)
 }
 
 static inline __m256i q5_1_block(const pg_block_q5_1 *x, const pg_block_q8_1 *y) {
-    const __m256i hi = _mm256_and_si256(bits_to_bytes(x->qh), _mm256_set1_epi8(0x10));
-    const __m256i q = _mm256_or_si256(unpack_nibbles(x->qs), hi);
+    const __m256i q = PG_X86_ADD_BIT4(unpack_nibbles(x->qs), x->qh);
     const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
     return dot_us(q, a);
 }
