@@ -39,7 +39,7 @@ def cmd_plan(args) -> int:
 def add_commands(sub) -> None:
     p = sub.add_parser("plan", help="dry run: where each tensor goes, memory per device")
     add_model_args(p)
-    add_offload_args(p)
+    add_offload_args(p, planning=True)
     p.add_argument("--per-tensor", action="store_true", help="one row per tensor")
     p.add_argument("--check-fit", action="store_true",
                    help="compare with free device memory; suggest the smallest change that fits")
