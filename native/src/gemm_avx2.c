@@ -220,6 +220,7 @@ AINL void decode_q3_K(const pg_block_q3_K *x, krow *k) {
         }
     }
     k->d = h2f(x->d);
+    k->dmin = 0.0f;
 }
 
 /* Q4_K / Q5_K: chunk c of 32 qs bytes: low nibbles = elements 64c + l (sub-block 2c), high =
@@ -285,6 +286,7 @@ AINL void decode_q6_K(const pg_block_q6_K *x, krow *k) {
             k->sc[4 * h + g] = scale_pair(sc[8 * h + 2 * g], sc[8 * h + 2 * g + 1]);
     }
     k->d = h2f(x->d);
+    k->dmin = 0.0f;
 }
 
 /* SHIFT < 0: format with mins, term d·isum − dmin·summs (d = d_x·d_y, dmin = dmin_x·d_y); else
