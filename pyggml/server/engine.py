@@ -54,18 +54,71 @@ class Slot:
     last_used: float = 0.0
 
 
+class PerSecond:
+    """Counts per wall-clock second over the last `seconds` seconds (a ring buffer; add() from
+    the worker thread, last() from the HTTP side)."""
+
+    def __init__(self, seconds: int = 60, clock=time.monotonic):
+        self.seconds, self.clock = seconds, clock
+        self._counts = [0] * seconds
+        self._now = int(clock())            # the second _counts[_now % seconds] counts
+        self._lock = threading.Lock()
+
+    def _advance(self, now: int) -> None:
+        for t in range(self._now + 1, min(now, self._now + self.seconds) + 1):
+            self._counts[t % self.seconds] = 0
+        self._now = max(self._now, now)
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._advance(int(self.clock()))
+            self._counts[self._now % self.seconds] += n
+
+    def last(self) -> list[int]:
+        """Counts of the last `seconds` seconds, oldest first; the last one is the current
+        (unfinished) second."""
+        with self._lock:
+            self._advance(int(self.clock()))
+            k = self._now + 1
+            return [self._counts[(k + i) % self.seconds] for i in range(self.seconds)]
+
+
 @dataclass
 class Metrics:
     requests_total: dict = field(default_factory=dict)      # endpoint -> count
     requests_rejected_total: int = 0                        # 503: queue full
     requests_cancelled_total: int = 0
-    prompt_tokens_total: int = 0                            # evaluated
     prompt_tokens_reused_total: int = 0                     # kept from a slot's prefix cache
-    generated_tokens_total: int = 0
+    # per-second windows of the two token counters below (the web page's Live view)
+    prompt_per_s: PerSecond = field(default_factory=PerSecond, repr=False)
+    generated_per_s: PerSecond = field(default_factory=PerSecond, repr=False)
+    _prompt: int = 0
+    _generated: int = 0
     decode_steps_total: int = 0
     decode_steps_multi_seq_total: int = 0                   # steps with >= 2 sequences
     max_seqs_per_step: int = 0
     decode_seconds_total: float = 0.0
+
+    # The windows are fed by the counters themselves, so every place that counts tokens (the
+    # decode step, speculative decoding) feeds them without knowing about them.
+    @property
+    def prompt_tokens_total(self) -> int:
+        """Prompt tokens evaluated."""
+        return self._prompt
+
+    @prompt_tokens_total.setter
+    def prompt_tokens_total(self, v: int) -> None:
+        self.prompt_per_s.add(v - self._prompt)
+        self._prompt = v
+
+    @property
+    def generated_tokens_total(self) -> int:
+        return self._generated
+
+    @generated_tokens_total.setter
+    def generated_tokens_total(self, v: int) -> None:
+        self.generated_per_s.add(v - self._generated)
+        self._generated = v
 
 
 class Engine:
