@@ -89,7 +89,8 @@ def start_servers(args, n_slots: int, want_llamacpp: bool, logdir: Path) -> list
     p = free_port()
     out.append(Server("pyggml", [str(REPO / ".venv/bin/pyggml"), "serve", "-m", args.model,
                                  "--port", str(p), "-np", str(n_slots), "-c", str(ctx),
-                                 "-t", str(args.threads)], p, logdir / f"pyggml-np{n_slots}.log"))
+                                 "-t", str(args.threads)] + args.pyggml_arg, p,
+                      logdir / f"pyggml-np{n_slots}.log"))
     if want_llamacpp:
         p = free_port()
         try:
@@ -187,6 +188,9 @@ def main() -> None:
     ap.add_argument("--no-llama-server", action="store_true")
     ap.add_argument("--no-ttft", action="store_true")
     ap.add_argument("--ttft-only", action="store_true", help="skip the aggregate runs")
+    ap.add_argument("--pyggml-arg", action="append", default=[],
+                    help="one more argument for `pyggml serve` (repeatable), e.g. "
+                         "--pyggml-arg=--step-ms=0")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--logdir", type=Path, default=Path("/tmp/pyggml-bench-serve"))
     args = ap.parse_args()
