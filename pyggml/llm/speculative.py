@@ -153,8 +153,7 @@ class PromptLookup:
             # starts s < L - g of earlier windows a[s:s+g] equal to the tail
             ok = a[: L - g] == tail[0]
             for j in range(1, g):
-                ok[: L - g - j] &= a[j: L - g] == tail[j]
-                ok[L - g - j:] = False
+                ok &= a[j: L - g + j] == tail[j]
             hits = np.flatnonzero(ok)
             if hits.size:
                 s = int(hits[-1]) + g
