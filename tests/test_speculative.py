@@ -473,3 +473,26 @@ def test_incompatible_vocab_is_refused(tiny_models):
                                    "smollm2", "gemma")
     with pytest.raises(ModelError, match="draft_model must be"):
         LLM(tm.path, n_ctx=64, draft_model=3.5)
+
+
+# ---- planning --------------------------------------------------------------------------------
+def test_plan_accounts_for_the_draft(tiny_models):
+    """pyggml plan / mem with -md: the draft's weights, KV cache and compute buffer as the runtime
+    allocates them, and the model's compute buffer sized for the verification rows."""
+    from pyggml.planning.memory import Planner
+    tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=2)
+    dm = tiny_models.get(arch="llama", weight_type="q4_0", n_layer=1)
+    with Planner(tm.path) as p:
+        plain = p.plan(n_ctx=256, n_gpu_layers=0)
+        rp = p.plan(n_ctx=256, n_gpu_layers=0, draft_model=dm.path, n_draft=8)
+    assert plain.draft is None and rp.draft is not None and rp.opts.n_draft == 8
+    with LLM(tm.path, n_ctx=256, n_gpu_layers=0, draft_model=DraftModel(dm.path, n_max=8)) as llm:
+        d = llm.speculator.draft.llm
+        real = d.memory_report()
+        assert sum(x.weights for x in rp.draft.devices) == real["weights_bytes"]
+        assert rp.draft.kv_bytes == real["kv_cache_bytes"]
+        assert rp.draft.compute_bytes == real["compute_buffer_bytes"]
+        assert rp.compute_bytes == llm.compute_buffer_size()
+        assert llm.run.worst_case_params().n_outputs == 9          # last + 8 drafted rows
+    assert rp.compute_bytes >= plain.compute_bytes
+    assert "draft model" in rp.draft_summary() and rp.to_dict()["draft"]["kv_layers"]

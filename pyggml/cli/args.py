@@ -161,6 +161,18 @@ def draft_from_args(args):
     return None
 
 
+def draft_plan_options(args) -> dict:
+    """Planner.plan options for the speculative-decoding flags: the draft model and n_draft
+    ({} without a draft)."""
+    d = draft_from_args(args)
+    if d is None:
+        return {}
+    out = {"n_draft": d.n_max}
+    if getattr(args, "model_draft", None):
+        out["draft_model"] = args.model_draft
+    return out
+
+
 def spec_stats_line(stats) -> str:
     """'draft: 120 drafted, 96 accepted (80.0%), 40 rounds' ('' without speculation)."""
     s = stats.spec

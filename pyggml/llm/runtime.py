@@ -152,8 +152,10 @@ class LLM:
                          type_k=type_k, type_v=type_v, logits_all=logits_all,
                          flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, offload=offload,
                          progress=progress, swa_full=swa_full, device=device, verbose=verbose)
+        draft = as_draft(draft_model, draft_max, draft_min)
         opts = RunOptions(n_ctx, n_batch, n_ubatch, n_threads, n_threads_batch, n_seq_max,
-                          type_k, type_v, logits_all, flash_attn, swa_full, n_gpu_layers)
+                          type_k, type_v, logits_all, flash_attn, swa_full, n_gpu_layers,
+                          n_draft=draft.n_max if draft is not None else 0)
         self.file = ModelFile(model_path)
         try:
             self.offload, opts = resolve_offload(self.file, opts, config=config, offload=offload,
@@ -176,9 +178,9 @@ class LLM:
         self._seq_tokens: list[list[int]] = [[] for _ in range(self.n_seq_max)]   # what each holds
         self._chat_templates: dict = {}
         self.speculator: Speculator | None = None
-        if draft_model is not None:
+        if draft is not None:
             try:
-                self.speculator = Speculator(self, as_draft(draft_model, draft_max, draft_min))
+                self.speculator = Speculator(self, draft)
             except BaseException:
                 self.run.close()
                 self.file.close()
