@@ -106,18 +106,21 @@ def test_greedy_identical_tiny(tiny_models, scalar_path, arch):
 
 @pytest.mark.parametrize("model", [GEMMA, SMOLLM2], ids=["gemma", "smollm2"])
 def test_greedy_identical_real_models(model, scalar_path):
+    """Few tokens: the scalar path is slow on these vocabularies (Gemma: 262k logits a row)."""
     path = _need(model)
     with LLM(path, n_ctx=512, n_threads=2) as llm:
         st = llm.stats.spec
-        for prompt in PROMPTS:
-            plain = _greedy(llm, prompt, 24, False)
-            for draft in (PromptLookup(n_max=4), PromptLookup(n_max=12, ngram_max=2)):
-                assert _greedy(llm, prompt, 24, draft) == plain, (prompt, draft.describe())
+        for i, prompt in enumerate((PROMPTS[0], PROMPTS[2])):
+            plain = _greedy(llm, prompt, 16, False)
+            drafts = [PromptLookup(n_max=4)] + ([PromptLookup(n_max=12, ngram_max=2)] if i else [])
+            for draft in drafts:
+                assert _greedy(llm, prompt, 16, draft) == plain, (prompt, draft.describe())
                 _check_cells(llm)
-        d = DraftModel(path, n_max=6, n_threads=2)       # the model as its own draft
-        assert _greedy(llm, PROMPTS[0], 24, d) == _greedy(llm, PROMPTS[0], 24, False)
-        _check_cells(llm)
-        d.close()
+            if i == 0:
+                d = DraftModel(path, n_max=6, n_threads=2)       # the model as its own draft
+                assert _greedy(llm, prompt, 12, d) == plain[:12]
+                _check_cells(llm)
+                d.close()
         assert st.drafted > 0 and 0 < st.accepted <= st.drafted
 
 

@@ -237,6 +237,8 @@ class CompletionRun:
         t0 = time.perf_counter()
         n_keep = llm.reuse_prefix(self.ids, self.seq_id)
         logits = llm.eval(self.ids[n_keep:], self.seq_id)
+        if self.spec is not None:
+            self.spec.prefill(self.seq_id, self.ids)
         st.t_prompt_s += time.perf_counter() - t0
         st.n_prompt_tokens += len(self.ids) - n_keep
         t1 = time.perf_counter()

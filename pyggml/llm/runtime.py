@@ -619,6 +619,8 @@ class LLM:
         if logits is None:      # another sequence took the cells since generate()
             raise ContextOverflowError(f"the prompt's {len(ids)} tokens no longer fit: other "
                                        f"sequences use the KV cache (n_ctx={self.n_ctx})")
+        if spec is not None:
+            spec.prefill(seq_id, ids)
         self.stats.t_prompt_s += time.perf_counter() - t0
         self.stats.n_prompt_tokens += len(ids)
         t1 = time.perf_counter()

@@ -74,7 +74,13 @@ def check_vocab_compatible(target, draft, target_name: str = "target",
     nt, nd = target.n_vocab, draft.n_vocab
     if abs(nt - nd) > VOCAB_MAX_SIZE_DIFFERENCE:
         fail(f"{nd} tokens, the target has {nt} (at most {VOCAB_MAX_SIZE_DIFFERENCE} apart)")
-    for i in range(VOCAB_CHECK_START_TOKEN_ID, min(nt, nd)):
+    n = min(nt, nd)
+    texts_t = getattr(target, "_tokens", None)
+    texts_d = getattr(draft, "_tokens", None)
+    if texts_t is not None and texts_d is not None and \
+            texts_t[VOCAB_CHECK_START_TOKEN_ID:n] == texts_d[VOCAB_CHECK_START_TOKEN_ID:n]:
+        return                  # the fast path: equal lists of texts
+    for i in range(VOCAB_CHECK_START_TOKEN_ID, n):
         if target.token_text(i) != draft.token_text(i):
             fail(f"token {i} is {draft.token_text(i)!r}, the target's is "
                  f"{target.token_text(i)!r}")
@@ -165,6 +171,9 @@ class PromptLookup:
     def forget_after(self, seq_id: int, n_keep: int) -> None:
         pass
 
+    def prefill(self, seq_id: int, tokens: list[int]) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -200,6 +209,8 @@ class DraftModel:
     def bind(self, target) -> None:
         """Open the draft model for `target` (an LLM) and check its vocabulary."""
         from pyggml.llm.runtime import LLM
+        if self.llm is not None and getattr(self, "_bound_to", None) is target:
+            return                          # checked already
         if self.llm is None:
             if isinstance(self.model, LLM):
                 self.llm = self.model
@@ -222,6 +233,7 @@ class DraftModel:
         except BaseException:
             self.close()
             raise
+        self._bound_to = target
 
     def _sampler(self, req: DraftRequest) -> Sampler:
         """The draft's sampler of a sequence: the target's parameters, its own generator
@@ -251,6 +263,15 @@ class DraftModel:
         if n < len(held):
             llm.truncate(req.seq_id, n)
         return ctx[n:]
+
+    def prefill(self, seq_id: int, tokens: list[int]) -> None:
+        """Evaluate a prompt in the draft's sequence (keeping the cells of a common prefix), so
+        the first round evaluates the new token only: prompt time, not generation time."""
+        llm = self.llm
+        with llm.lock:
+            pending = self._sync(DraftRequest(seq_id, list(tokens) + [-1], 0, None))
+            if len(pending) > 1 and len(pending) - 1 <= llm.n_ctx - llm.kv.n_used():
+                llm.decode_batch([(pending[:-1], seq_id)])
 
     def propose(self, reqs: list[DraftRequest]) -> list[Proposal]:
         """Draft for several sequences together: one draft decode_batch per drafted position."""
@@ -306,6 +327,7 @@ class DraftModel:
         if self._owned and self.llm is not None:
             self.llm.close()
         self.llm = None
+        self._bound_to = None
 
 
 def as_draft(spec, n_max: int | None = None, n_min: int | None = None):
@@ -436,6 +458,10 @@ class Speculator:
             else:
                 self.k[seq_id] = max(self.draft.n_min, 1, n_kept + 1)
         return toks
+
+    def prefill(self, seq_id: int, tokens: list[int]) -> None:
+        """The prompt `tokens` (what seq_id holds now) to the draft, before the first round."""
+        self.draft.prefill(seq_id, tokens)
 
     def round(self, seq_id: int, last: int, sampler: Sampler, cap: int, decode):
         """One round on one sequence: [(token, logits row it was chosen from)]; None when the
