@@ -173,13 +173,13 @@ def draft_plan_options(args) -> dict:
     return out
 
 
-def spec_stats_line(stats) -> str:
-    """'draft: 120 drafted, 96 accepted (80.0%), 40 rounds' ('' without speculation)."""
-    s = stats.spec
-    if not s.rounds:
+def spec_stats_line(llm) -> str:
+    """'draft: 120 drafted, 96 accepted (80.0%), 40 rounds' ('' without a draft)."""
+    if llm.speculator is None:
         return ""
-    return (f"draft: {s.drafted} drafted, {s.accepted} accepted "
-            f"({100 * s.acceptance_rate:.1f}%), {s.rounds} rounds")
+    s = llm.stats.spec
+    return (f"draft ({llm.speculator.draft.describe()}): {s.drafted} drafted, {s.accepted} "
+            f"accepted ({100 * s.acceptance_rate:.1f}%), {s.rounds} rounds")
 
 
 def split_ctx(values) -> tuple[int | None, str | None]:

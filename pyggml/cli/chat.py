@@ -94,7 +94,7 @@ def cmd_chat(args) -> int:
                       f"context. /clear starts a new conversation]", flush=True)
             if args.verbose:
                 s = llm.stats
-                spec = spec_stats_line(s)
+                spec = spec_stats_line(llm)
                 print(f"[prompt tokens evaluated {s.n_prompt_tokens}, reused "
                       f"{s.n_prompt_reused}; generated {s.n_gen_tokens}"
                       + (f"; {spec}" if spec else "") + "]", file=sys.stderr, flush=True)

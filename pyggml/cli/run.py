@@ -113,7 +113,7 @@ def cmd_run(args) -> int:
         print(f"\nload time {t_load * 1000:.0f} ms | prompt {s.n_prompt_tokens} tokens, "
               f"{pp:.1f} t/s | generation {s.n_gen_tokens} tokens, {tg:.1f} t/s | graphs "
               f"built {s.graphs_built}, reused {s.graphs_reused}"
-              + (f" | {spec_stats_line(s)}" if spec_stats_line(s) else ""), file=sys.stderr)
+              + (f" | {spec}" if (spec := spec_stats_line(llm)) else ""), file=sys.stderr)
     return 0
 
 
