@@ -256,6 +256,9 @@ class LLM:
                 self._seq_pos[seq_id] = 0
                 self._seq_tokens[seq_id] = []
                 self._seq_epoch[seq_id] += 1
+            if self.speculator is not None:         # the draft's copy goes too
+                for sid in range(self.n_seq_max) if seq_id is None else (seq_id,):
+                    self.speculator.draft.forget_after(sid, 0)
 
     def _check_seq(self, seq_id) -> int:
         if not is_int(seq_id):

@@ -319,6 +319,8 @@ class DraftModel:
     def forget_after(self, seq_id: int, n_keep: int) -> None:
         """Drop the draft's cells from position n_keep on (the target rejected those)."""
         llm = self.llm
+        if llm is None:
+            return
         with llm.lock:
             if len(llm.seq_tokens(seq_id)) > n_keep:
                 llm.truncate(seq_id, n_keep)
@@ -445,7 +447,8 @@ class Speculator:
         toks = accept_tokens(rows, proposal, sampler)
         n_draft, n_kept = len(proposal.tokens), len(toks) - 1
         t = self.target
-        t._truncate_locked(seq_id, n_before + 1 + n_kept)
+        with t.lock:
+            t._truncate_locked(seq_id, n_before + 1 + n_kept)
         if isinstance(self.draft, DraftModel):
             self.draft.forget_after(seq_id, n_before + 1 + n_kept)
         if n_draft:
@@ -468,11 +471,12 @@ class Speculator:
         target has no cell for `last`. decode(tokens) -> float32 [len(tokens), n_vocab] or
         None (no room): the caller's evaluation (it checks its generation is still valid)."""
         prop = self.propose([self.request(seq_id, last, sampler, cap)])[0]
-        n_before = len(self.target._seq_tokens[seq_id])
-        rows = decode([int(last)] + prop.tokens)
-        if rows is None:
-            return None
-        toks = self.finish_round(seq_id, n_before, prop, rows, sampler)
+        with self.target.lock:          # nothing else may change the sequence in between
+            n_before = len(self.target._seq_tokens[seq_id])
+            rows = decode([int(last)] + prop.tokens)
+            if rows is None:
+                return None
+            toks = self.finish_round(seq_id, n_before, prop, rows, sampler)
         return list(zip(toks, rows))
 
     def close(self) -> None:
