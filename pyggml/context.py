@@ -84,6 +84,7 @@ class Context:
         self._charge(TENSOR_OVERHEAD + data_bytes, name)
         if data_bytes:
             t.data = self._arena_addr + self._arena_used
+            t._keepalive = self._arena   # the arena lives as long as any tensor in it
             self._arena_used += data_bytes
         self.tensors.append(t)
         if name:

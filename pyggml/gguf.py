@@ -460,6 +460,9 @@ class GGUFModel:
     """
 
     def __init__(self, parts: list[GGUFPart]):
+        if isinstance(parts, (str, os.PathLike)):
+            raise InvalidArgumentError(f"GGUFModel({str(parts)!r}): takes opened parts; open a "
+                                       f"file with GGUFModel.open(path) or open_gguf(path)")
         self.parts = parts
         self.path = parts[0].path
         self.paths = [p.path for p in parts]
@@ -590,6 +593,24 @@ class GGUFModel:
         if kv.elem_type != GGUFValueType.STRING:
             return kv.value
         return self._strings(key, kv, raw)
+
+    def array_len(self, key: str, default=_REQUIRED):
+        """The element count of an array (no element is read)."""
+        key, kv = self._lookup(key, default, "an array")
+        if kv is None:
+            return default
+        if kv.type != GGUFValueType.ARRAY:
+            raise self._wrong_type(key, kv, "an array")
+        return kv.count
+
+    def string_spans(self, key: str) -> tuple:
+        """(buffer, starts, lengths) of an ARRAY[STRING]: the file's bytes and where each
+        element lies in them (numpy int arrays), for readers that want no object per element."""
+        key, kv = self._lookup(key, _REQUIRED, "ARRAY[STRING]")
+        if kv.type != GGUFValueType.ARRAY or kv.elem_type != GGUFValueType.STRING:
+            raise self._wrong_type(key, kv, "ARRAY[STRING]")
+        starts, lens = kv.value
+        return self.parts[0].buffer.memmap, starts, lens
 
     def _strings(self, key: str, kv: _KV, raw: bool) -> list:
         ck = ("raw:" if raw else "str:") + key

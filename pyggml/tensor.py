@@ -58,7 +58,7 @@ class Tensor:
     """
 
     __slots__ = ("type", "ne", "nb", "op", "op_params", "flags", "src", "view_src", "view_offs",
-                 "buffer", "_data", "name", "extra", "__weakref__")
+                 "buffer", "_data", "name", "extra", "_keepalive", "__weakref__")
 
     def __init__(self, type_: GGMLType, ne, nb=None, op: Op = Op.NONE, src=(), view_src=None,
                  view_offs: int = 0, name: str = ""):
@@ -75,6 +75,7 @@ class Tensor:
         self._data = None           # a new tensor is in no prepared graph: no generation bump
         self.name = name
         self.extra = None
+        self._keepalive = None      # what `data` points into, when nothing else owns it
 
     @property
     def data(self) -> int | None:

@@ -5,7 +5,6 @@ import pty
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,9 +15,7 @@ import pytest
 
 from pyggml.llm.runtime import LLM
 from pyggml.models_pypi import ensure_smollm2
-
-PYGGML = [sys.executable, "-m", "pyggml.cli"]
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+from support.serve_process import ENV, PYGGML, ServeProcess
 
 
 @pytest.fixture(scope="module")
@@ -111,39 +108,13 @@ def test_chat_on_a_terminal_ctrl_c_stops_the_reply_not_the_program(smol):
         os.close(fd)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_process(smol):
-    port = _free_port()
-    p = subprocess.Popen(PYGGML + ["serve", "-m", smol, "--port", str(port), "-np", "2",
-                                   "-c", "1024", "-t", "2", "--api-key", "k"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 120:
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert p.poll() is None, p.stderr.read()
-                time.sleep(0.2)
+    with ServeProcess(["-m", smol, "-np", "2", "-c", "1024", "-t", "2", "--api-key", "k"]) as srv:
         h = {"Authorization": "Bearer k"}
-        assert httpx.get(f"{base}/v1/models", timeout=10).status_code == 401
-        r = httpx.post(f"{base}/v1/chat/completions", headers=h, timeout=60,
+        assert httpx.get(f"{srv.base}/v1/models", timeout=10).status_code == 401
+        r = httpx.post(f"{srv.base}/v1/chat/completions", headers=h, timeout=60,
                        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
                              "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 4
         assert r.json()["model"] == Path(smol).name
-    finally:
-        p.send_signal(signal.SIGINT)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
-    assert "serving" in p.stderr.read()
+    assert "serving" in srv.stderr

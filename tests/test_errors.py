@@ -40,6 +40,8 @@ CASES = [
     ("graph size", lambda: Graph(0), InvalidArgumentError, "graph size must be an integer > 0"),
     ("graph size str", lambda: Graph("big"), InvalidArgumentError, "got 'big'"),
     ("context arena", lambda: Context(no_alloc=False), InvalidArgumentError, "needs a mem_size"),
+    ("gguf model from a path", lambda: __import__("pyggml.gguf").gguf.GGUFModel("m.gguf"),
+     InvalidArgumentError, "GGUFModel('m.gguf'): takes opened parts; open a file with"),
     ("context size", lambda: Context(mem_size=-1, no_alloc=False), InvalidArgumentError,
      "mem_size must be >= 0, got -1"),
     ("ne not ints", lambda: Context().new_tensor("f32", ["a"], name="t"), ShapeError,
@@ -128,3 +130,22 @@ def test_cli_thread_limit_is_a_one_line_error():
     assert "Traceback" not in p.stderr
     assert ("pyggml: error: n_threads must be an integer in 1..256 (the CPU thread pool's "
             "limit), got 300") in p.stderr
+
+
+def test_arena_tensors_keep_their_context_alive():
+    """A tensor of a Context(no_alloc=False) points into the context's arena: dropping the
+    context must not free memory the tensor still reads."""
+    import ctypes
+    import gc
+
+    def make():
+        ctx = Context(mem_size=1 << 20, no_alloc=False)
+        t = ctx.new_tensor("f32", [4096], name="t")
+        np.ctypeslib.as_array((ctypes.c_float * 4096).from_address(t.data))[:] = 7
+        return t
+    t = make()
+    gc.collect()
+    for _ in range(50):                       # reuse the freed pages if they were freed
+        np.ones(1 << 18, dtype=np.float32)
+    got = np.ctypeslib.as_array((ctypes.c_float * 4096).from_address(t.data))
+    assert (got == 7).all()

@@ -168,6 +168,14 @@ def test_getters_types_defaults_and_errors(tmp_path):
     assert m.get_arr("x.bools").tolist() == [True, False, True]
     assert m.get_arr("tokenizer.ggml.tokens", raw=True) == [b"a", b"b", b"c"]
     assert m.get_u32_per_layer("x.ff", 2) == [10, 20]
+    assert m.array_len("tokenizer.ggml.tokens") == 3 and m.array_len("x.ff") == 2
+    assert m.array_len("missing", 0) == 0
+    buf, starts, lens = m.string_spans("tokenizer.ggml.tokens")
+    assert [bytes(buf[a:a + n]) for a, n in zip(starts, lens)] == [b"a", b"b", b"c"]
+    with pytest.raises(GGUFError, match=r"'x.str' has type STRING, expected an array"):
+        m.array_len("x.str")
+    with pytest.raises(GGUFError, match=r"expected ARRAY\[STRING\]"):
+        m.string_spans("x.ff")
     assert m.get_u32_per_layer("{arch}.block_count", 3) == [2, 2, 2]
     assert "x.u8" in m and "{arch}.block_count" in m and "nope" not in m
     with pytest.raises(GGUFError, match=r"required key 'llama.context_length' .* missing"):

@@ -4,6 +4,7 @@ split onto it gives the CPU's greedy tokens."""
 
 import re
 
+import httpx
 import pytest
 
 from pyggml.backend import base
@@ -11,6 +12,7 @@ from pyggml.backend.rpc import rpc_regs, unregister_endpoints
 from pyggml.cli import main
 from pyggml.llm.runtime import LLM
 from support.rpc_server import SERVER_BIN, RpcServer
+from support.serve_process import ServeProcess
 
 pytestmark = pytest.mark.skipif(not SERVER_BIN.is_file(),
                                 reason=f"{SERVER_BIN} missing: make setup builds it")
@@ -62,6 +64,22 @@ def test_run_and_config_over_rpc_give_the_cpus_tokens(server, tiny, capsys):
                  "-p", "hello", "-n", "4", "--temp", "0", "--ignore-eos", "--no-warmup"]) == 0
     assert "generation 4 tokens" in capsys.readouterr().err
     assert [r.endpoint for r in rpc_regs(base.default_registry())] == [server.endpoint]
+
+
+def test_serve_over_rpc_gives_the_cpus_completion(tiny):
+    with LLM(tiny, n_ctx=256, n_ubatch=64, n_threads=1) as cpu:
+        want = cpu.create_completion("the capital of france is", max_tokens=8,
+                                     temperature=0)["choices"][0]["text"]
+    # its own rpc-server: one serves one client at a time, and this process holds `server`
+    with RpcServer.start() as server, ServeProcess([
+            "-m", tiny, "-c", "512", "-np", "2", "-ub", "64", "-t", "1", "--rpc",
+            server.endpoint, "-ngl", "99"]) as srv:
+        r = httpx.post(f"{srv.base}/v1/completions", timeout=60,
+                       json={"prompt": "the capital of france is", "max_tokens": 8,
+                             "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want
+    assert f"devices: RPC[{server.endpoint}]" in srv.stderr, srv.stderr
 
 
 def test_bad_rpc_endpoints_are_clear(tiny, capsys):

@@ -36,9 +36,12 @@ class Parser(argparse.ArgumentParser):
         for tok in argv:
             if tok == "--":
                 break
+            flag = tok.split("=", 1)[0]
+            if tok.startswith("--") and flag not in known and flag in UNSUPPORTED:
+                raise UsageError(f"{self.prog}: error: {flag} is not a flag of this command" +
+                                 UNSUPPORTED[flag])
             if not tok.startswith("-") or tok.startswith("--") or len(tok) <= 2:
                 continue
-            flag = tok.split("=", 1)[0]
             if flag in known or _NUMBER.match(tok) or _NUMBER.match(tok[2:]):
                 continue
             raise UsageError(f"{self.prog}: error: unknown flag {flag!r}" +
@@ -50,6 +53,8 @@ UNSUPPORTED = {
     "-sm": " (llama.cpp's split mode: pyggml splits by layer, as -sm layer)",
     "-mg": " (main GPU: name it first in -dev)",
     "-fa": " (use -fa on|off|auto)",
+    "--virtual-device": " (planning only: pyggml plan or pyggml mem)",
+    "--assume-device": " (planning only: pyggml plan or pyggml mem)",
 }
 
 
@@ -90,8 +95,19 @@ def add_model_args(p, *, config_file: bool = True) -> None:
                    help="logits for every position (llama.cpp's compute-buffer worst case)")
 
 
-def add_offload_args(p) -> None:
-    """llama.cpp's offload flags, --set, and planning-only devices."""
+def positive_int(text: str) -> int:
+    """An integer >= 1 (-np: slots / sequences)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return n
+
+
+def add_offload_args(p, *, planning: bool = False) -> None:
+    """llama.cpp's offload flags, --set, and (planning: plan, mem) devices this machine lacks."""
     p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None,
                    help="the last N layers on the first GPU device (99: all, with the output)")
     p.add_argument("-dev", "--device", default=None, metavar="DEV[,DEV]",
@@ -110,6 +126,8 @@ def add_offload_args(p) -> None:
     p.add_argument("--rpc", default=None, metavar="HOST:PORT[,HOST:PORT]",
                    help="llama.cpp rpc-servers whose devices this run may use (as llama.cpp; "
                         "unauthenticated: loopback or a trusted network only)")
+    if not planning:
+        return
     p.add_argument("--virtual-device", "--assume-device", dest="virtual_device",
                    action="append", default=[], metavar="NAME=SIZE[:igpu]",
                    help="plan for a device this machine lacks (or a real one with another "

@@ -106,7 +106,7 @@ def cmd_mem(args) -> int:
 def add_commands(sub) -> None:
     p = sub.add_parser("mem", help="memory per device: planned, and measured after a warm-up")
     add_model_args(p)
-    add_offload_args(p)
+    add_offload_args(p, planning=True)
     add_draft_args(p)
     p.add_argument("--plan-only", action="store_true", help="no loading, no compute")
     p.add_argument("--warmup", choices=WARMUPS, default="fill")

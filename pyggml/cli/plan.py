@@ -41,7 +41,7 @@ def cmd_plan(args) -> int:
 def add_commands(sub) -> None:
     p = sub.add_parser("plan", help="dry run: where each tensor goes, memory per device")
     add_model_args(p)
-    add_offload_args(p)
+    add_offload_args(p, planning=True)
     add_draft_args(p)
     p.add_argument("--per-tensor", action="store_true", help="one row per tensor")
     p.add_argument("--check-fit", action="store_true",

@@ -6,7 +6,7 @@ import sys
 import time
 
 from pyggml.cli.args import (add_draft_args, add_model_args, add_offload_args, config_from_cli,
-                             draft_from_args, run_options, spec_stats_line)
+                             draft_from_args, positive_int, run_options, spec_stats_line)
 from pyggml.errors import PyggmlError, UsageError
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "0": "\0"}
@@ -131,7 +131,7 @@ def add_commands(sub) -> None:
                    help="tokens to generate (-1: until end of generation or a full context)")
     r.add_argument("-r", "--reverse-prompt", "--stop", action="append", default=[],
                    metavar="TEXT", help="stop when the generated text contains TEXT")
-    r.add_argument("-np", "--parallel", type=int, default=None, help="sequences (n_seq_max)")
+    r.add_argument("-np", "--parallel", type=positive_int, default=None, help="sequences (n_seq_max)")
     r.add_argument("-cnv", "--conversation", action="store_true",
                    help="chat with an instruct model (as `pyggml chat`)")
     r.add_argument("-no-cnv", "--no-conversation", dest="conversation", action="store_false")

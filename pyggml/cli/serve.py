@@ -8,7 +8,7 @@ import os
 import sys
 
 from pyggml.cli.args import (add_draft_args, add_model_args, add_offload_args, config_from_cli,
-                             draft_from_args, run_options)
+                             draft_from_args, positive_int, run_options)
 
 
 def port_number(text: str) -> int:
@@ -48,11 +48,14 @@ def cmd_serve(args) -> int:
     if warn:
         print(f"pyggml: warning: {warn}", file=sys.stderr)
     llm = load_llm(args, n_seq_max=args.parallel)
+    for w in llm.offload.warnings:
+        print(f"pyggml: warning: {w}", file=sys.stderr)
     name = args.alias or os.path.basename(llm.path)
     server = make_server(llm, args.parallel, name, args.chat_template, args.api_key,
                          args.queue_size)
     print(f"pyggml: serving {name} on http://{args.host}:{args.port} ({args.parallel} slots, "
-          f"{server.engine.n_ctx_slot} tokens each)", file=sys.stderr, flush=True)
+          f"{server.engine.n_ctx_slot} tokens each; devices: "
+          f"{', '.join(llm.offload.devices_used())})", file=sys.stderr, flush=True)
     try:
         uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning",
                     lifespan="off", timeout_graceful_shutdown=2)
@@ -67,7 +70,7 @@ def add_commands(sub) -> None:
     add_model_arguments(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=port_number, default=8080)
-    s.add_argument("-np", "--parallel", type=int, default=4,
+    s.add_argument("-np", "--parallel", type=positive_int, default=4,
                    help="slots: requests decoded together (each gets n_ctx / N tokens)")
     s.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
     s.add_argument("--queue-size", type=int, default=64,

@@ -98,8 +98,7 @@ def read_hparams(model, tensor_names) -> HParams:
         raise ModelError(f"{k('attention.key_length')}={hd_k} and {k('attention.value_length')}"
                          f"={hd_v}: head sizes must be > 0")
     n_rot = model.get_u32(k("rope.dimension_count"), hd_k)
-    tokens = model.get_arr("tokenizer.ggml.tokens", None)
-    n_vocab = model.get_u32(k("vocab_size"), len(tokens) if tokens is not None else 0)
+    n_vocab = model.get_u32(k("vocab_size"), model.array_len("tokenizer.ggml.tokens", 0))
     if "token_embd.weight" in tensor_names:
         n_vocab = model.tensor_info("token_embd.weight").ne[1]
     n_ctx_train = model.get_u32(k("context_length"))

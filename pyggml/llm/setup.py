@@ -232,8 +232,9 @@ def _backends(offload: OffloadPlan, opts: RunOptions, catalog: DeviceCatalog | N
     from pyggml.backend.cpu import CpuBackend
     names = [n for n in offload.devices_used() if n != CPU]
     if not planning:
-        # only here: listing devices loads every backend module (Vulkan: its driver)
-        reg = default_registry()
+        # only for a device other than the CPU: listing devices loads every backend module
+        # (Vulkan: its driver, ~50 MB resident for lavapipe's LLVM)
+        reg = default_registry() if names else None
         return [reg.device(n).init_backend() for n in names] + [
             CpuBackend(opts.n_threads, opts.n_threads_batch)]
     catalog = catalog or DeviceCatalog.from_registry()

@@ -33,12 +33,14 @@ import codecs
 import enum
 import heapq
 import os
+from array import array
 from typing import Any, Mapping
 
 import numpy as np
 import regex
 
 from pyggml.errors import ArgumentTypeError, TokenizerError
+from pyggml.llm.vocab import DuplicateTextError, Vocab
 
 SPACE_MARK = "\u2581"   # '▁', SentencePiece's escaped space
 _CACHE_MAX = 1 << 14    # entries kept per word/fragment cache before it is cleared
@@ -320,6 +322,8 @@ def _get(kv: Mapping[str, Any], key: str, kind: str, default=_REQUIRED):
         if _is_int(v) and v >= 0:
             return int(v)
     elif kind == "str[]":
+        if isinstance(v, Vocab):
+            return v
         if isinstance(v, np.ndarray) and v.ndim == 1:
             v = v.tolist()
         if isinstance(v, (list, tuple)):
@@ -364,7 +368,9 @@ def read_gguf_tokenizer_metadata(path: str | os.PathLike) -> dict[str, Any]:
             if not (key.startswith("tokenizer.ggml.") or key in _GENERAL_KEYS):
                 continue
             vtype = gf.value_type(key)
-            if vtype == "ARRAY[STRING]":
+            if key == "tokenizer.ggml.tokens" and vtype == "ARRAY[STRING]":
+                kv[key] = Vocab.from_buffer(*gf.string_spans(key))     # no str per token
+            elif vtype == "ARRAY[STRING]":
                 kv[key] = [b.decode("utf-8", "surrogateescape")
                            for b in gf.get_arr(key, raw=True)]
             elif vtype.startswith("ARRAY["):
@@ -445,20 +451,22 @@ class Tokenizer:
             if arr is not None and len(arr) < n:
                 raise TokenizerError(f"metadata key {key!r} has {len(arr)} entries for {n} "
                                      "tokens (tokenizer.ggml.tokens)")
-        self._scores = ([0.0] * n if scores is None
-                        else np.asarray(scores[:n], dtype=np.float32).tolist())
-        self._attrs = ([_NORMAL] * n if types is None
-                       else [_TYPE_TO_ATTR.get(t, 0) for t in types[:n].tolist()])
-        if "" in tokens:
-            tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        to_id = dict(zip(tokens, range(n)))
-        if len(to_id) != n:
-            seen: dict[str, int] = {}
-            for i, t in enumerate(tokens):
-                if seen.setdefault(t, i) != i:
-                    raise TokenizerError(f"metadata key 'tokenizer.ggml.tokens': duplicate token "
-                                         f"{t!r} at ids {seen[t]} and {i}")
-        self._tokens, self._to_id = tokens, to_id
+        # flat arrays, not lists of Python objects: 4 and 2 bytes per token (Gemma 3: 262k)
+        self._scores = (array("f", bytes(4 * n)) if scores is None
+                        else array("f", np.asarray(scores[:n], dtype=np.float32).tobytes()))
+        self._attrs = (array("H", [_NORMAL]) * n if types is None
+                       else array("H", [_TYPE_TO_ATTR.get(t, 0) for t in types[:n].tolist()]))
+        empty = ([i for i in range(n) if not tokens.text_bytes(i)] if isinstance(tokens, Vocab)
+                 else [i for i, t in enumerate(tokens) if not t])
+        if empty or not isinstance(tokens, Vocab):
+            at = set(empty)
+            tokens = [f"[EMPTY_{i}]" if i in at else tokens[i] for i in range(n)]
+        try:
+            vocab = tokens if isinstance(tokens, Vocab) else Vocab.from_texts(tokens)
+        except DuplicateTextError as e:
+            raise TokenizerError(f"metadata key 'tokenizer.ggml.tokens': duplicate token "
+                                 f"{e.text!r} at ids {e.ids[0]} and {e.ids[1]}") from None
+        self._tokens = self._to_id = vocab      # id -> text (vocab[i]) and text -> id (.get)
 
     def _load_merges(self, kv) -> None:
         merges = _get(kv, "tokenizer.ggml.merges", "str[]")
@@ -496,7 +504,7 @@ class Tokenizer:
             # llama.cpp takes the first match in its hash map's order; here the first in `texts`
             # (so phi-3's <|end|> wins over <|endoftext|>, as it does in llama.cpp)
             if getattr(self, name) is None:
-                found = [to_id[t] for t in texts if t in to_id]
+                found = [to_id.index(t) for t in texts if t in to_id]
                 if found:
                     setattr(self, name, found[0])
                     attrs[found[0]] |= _CONTROL
@@ -511,11 +519,11 @@ class Tokenizer:
         eog = {i for i in (self.fim_pad_id, self.fim_rep_id, self.fim_sep_id) if i is not None}
         for t in _EOG_TEXTS:
             if t in to_id:
-                eog.add(to_id[t])
-                attrs[to_id[t]] |= _CONTROL
+                eog.add(to_id.index(t))
+                attrs[to_id.index(t)] |= _CONTROL
         for t in _ALWAYS_RENDERED:
             if t in to_id:
-                attrs[to_id[t]] = _USER
+                attrs[to_id.index(t)] = _USER
         eog.update(i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None)
         texts = {self._tokens[i]: i for i in eog}
         has_call = "<|call|>" in texts or "<|calls|>" in texts
@@ -549,17 +557,17 @@ class Tokenizer:
         if (any(s in self.pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code"))
                 or arch in ("nomic-bert-moe", "jina-bert-v3")):
             if "<mask>" in to_id:
-                attrs[to_id["<mask>"]] |= _LSTRIP
+                attrs[to_id.index("<mask>")] |= _LSTRIP
         elif "phi-3" in name or "phi3" in name:
             for i in self._specials:
                 attrs[i] |= _RSTRIP
             if "</s>" in to_id:
-                attrs[to_id["</s>"]] |= _RSTRIP
+                attrs[to_id.index("</s>")] |= _RSTRIP
             for t in ("<unk>", "<s>", "<|endoftext|>"):
                 if t in to_id:
-                    attrs[to_id[t]] &= ~_RSTRIP
+                    attrs[to_id.index(t)] &= ~_RSTRIP
         elif "modern-bert" in name and "[MASK]" in to_id:
-            attrs[to_id["[MASK]"]] |= _LSTRIP
+            attrs[to_id.index("[MASK]")] |= _LSTRIP
 
     def _byte_token_id(self, b: int) -> int | None:
         """Id used for byte b when a symbol is not a token (SPM: `<0xXX>`, else the byte)."""
@@ -795,7 +803,7 @@ class Tokenizer:
         adjacent pair of lowest merge rank (ties: leftmost) until none is left."""
         to_id, ranks = self._to_id, self._ranks
         if self.ignore_merges and word in to_id:
-            return [to_id[word]]
+            return [to_id.index(word)]
         syms = list(word)                   # (n,) symbol texts, "" once merged away
         n = len(syms)
         nxt = list(range(1, n + 1))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pyggml.offload import CPU, layer_of, shell_join
 from pyggml.offload.config import Config, format_layers
-from pyggml.planning.memory import Planner, RunPlan
+from pyggml.planning.memory import Planner, RunPlan, kv_type_names
 from pyggml.units import fmt_bytes
 
 
@@ -56,8 +56,8 @@ def _short(name: str) -> str:
 def format_report(r: RunPlan, per_tensor: bool = False) -> str:
     plan, s = r.offload, r.opts
     n_layer = r.facts["n_layer"]
-    types_k = _per_layer(s.type_k, n_layer)
-    types_v = _per_layer(s.type_v, n_layer)
+    types_k = kv_type_names(s.type_k, n_layer)
+    types_v = kv_type_names(s.type_v, n_layer)
     totals = {d.device: d for d in r.devices}
     L = []
     total = sum(r.tensor_bytes.values())
@@ -186,11 +186,6 @@ def _experts_lines(r: RunPlan) -> list[str]:
     return [f"experts: {fmt_bytes(r.expert_bytes)} of the weights ({where}); a decoded token "
             f"reads {k} of {n} routed experts per layer: {fmt_bytes(r.weight_bytes_per_token)} "
             f"of weights per token (decode speed is about memory bandwidth / that)"]
-
-
-def _per_layer(t, n_layer: int) -> list[str]:
-    ts = list(t) if isinstance(t, (list, tuple)) else [t] * n_layer
-    return [x if isinstance(x, str) else x.name.lower() for x in ts]
 
 
 def emit_yaml(cfg: Config, argv=None) -> str:

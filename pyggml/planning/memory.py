@@ -30,9 +30,8 @@ from pyggml.alloc import PlanReport
 from pyggml.backend.cpu import default_n_threads
 from pyggml.llm.setup import ModelFile, RunOptions, build_run, resolve_offload
 from pyggml.offload import CPU, DeviceCatalog, OffloadPlan, VirtualSpec, llama_flags
-from pyggml.offload.rules import is_expert
 from pyggml.offload.config import Config, load_config
-from pyggml.offload.rules import config_from_flags
+from pyggml.offload.rules import config_from_flags, is_expert
 
 
 @dataclass
@@ -197,11 +196,15 @@ class RunPlan:
                 f"of {self.opts.n_draft} + 1 rows per sequence)")
 
 
+def kv_type_names(t, n_layer: int = 1) -> list[str]:
+    """A KV type or per-layer types (GGMLType or names) -> one lower-case name per layer."""
+    ts = list(t) if isinstance(t, (list, tuple)) else [t] * n_layer
+    return [(x if isinstance(x, str) else x.name).lower() for x in ts]
+
+
 def _type_name(t) -> str:
     """A KV type, or per-layer types ("f16", or "f16,q8_0" when layers differ)."""
-    ts = list(t) if isinstance(t, (list, tuple)) else [t]
-    names = [x if isinstance(x, str) else x.name.lower() for x in ts]
-    return ",".join(dict.fromkeys(n.lower() for n in names))
+    return ",".join(dict.fromkeys(kv_type_names(t)))
 
 
 def _kind(dev) -> str:
