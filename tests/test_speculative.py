@@ -499,3 +499,22 @@ def test_plan_accounts_for_the_draft(tiny_models):
         assert llm.run.worst_case_params().n_outputs == 9          # last + 8 drafted rows
     assert rp.compute_bytes >= plain.compute_bytes
     assert "draft model" in rp.draft_summary() and rp.to_dict()["draft"]["kv_layers"]
+
+
+def test_cost_model_picks_k_by_expected_tokens_per_second():
+    from pyggml.llm.speculative import CostModel
+    cm = CostModel()
+    assert cm.best_k(0.9, 1, 16) is None                    # nothing timed yet
+    for n in (1, 2, 5, 9, 17, 3):                           # verification: 20 ms + 6 ms a row
+        cm.add_verify(n, 0.020 + 0.006 * n)
+    assert cm.verify_s(10) == pytest.approx(0.080)
+    cm.add_draft(4, 4 * 0.005)                              # a drafted token: 5 ms
+    k = cm.best_k(0.9, 1, 16)
+    rate = lambda k, a: (1 - a ** (k + 1)) / (1 - a) / (k * 0.005 + 0.020 + 0.006 * (k + 1))
+    assert k == max(range(1, 17), key=lambda j: rate(j, 0.9)) and 2 <= k <= 8
+    assert cm.best_k(0.05, 1, 16) == 1                       # rarely kept: the fewest
+    free = CostModel()
+    for n in (1, 4, 9, 17):
+        free.add_verify(n, 0.030)                           # bandwidth-bound verification
+    free.add_draft(10, 1e-5)                                # prompt lookup: drafts cost ~0
+    assert free.best_k(0.9, 1, 16) == 16

@@ -34,6 +34,7 @@ flag is `--lookup`) and `DraftModel` (a smaller model with a compatible vocabula
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -406,34 +407,108 @@ class SpecStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
+class CostModel:
+    """What a round costs, learnt while decoding (seconds): a drafted token (moving average) and
+    the model's verification of n rows, t(n) = a + b·n, fitted by exponentially weighted least
+    squares (on a CPU, a batch of rows costs about one row while the weights' bandwidth bounds
+    it, then grows with n once the matmuls are bound by arithmetic)."""
+
+    DECAY = 0.95
+
+    def __init__(self):
+        self.draft_s: float | None = None
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self.n_verify = 0
+
+    def add_draft(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens > 0:
+            per = seconds / n_tokens
+            self.draft_s = per if self.draft_s is None else 0.8 * self.draft_s + 0.2 * per
+
+    def add_verify(self, n_rows: int, seconds: float) -> None:
+        d = self.DECAY
+        self._w, self._x, self._y = d * self._w + 1, d * self._x + n_rows, d * self._y + seconds
+        self._xx = d * self._xx + n_rows * n_rows
+        self._xy = d * self._xy + n_rows * seconds
+        self.n_verify += 1
+
+    def verify_s(self, n_rows: int) -> float | None:
+        """Seconds to verify n_rows (None until rows of several sizes were timed)."""
+        if self.n_verify < 4:
+            return None
+        xm, ym = self._x / self._w, self._y / self._w
+        var = self._xx / self._w - xm * xm
+        if var < 0.5:
+            return None
+        b = max(0.0, (self._xy / self._w - xm * ym) / var)
+        a = max(ym - b * xm, 0.0)
+        return a + b * n_rows
+
+    def best_k(self, alpha: float, k_lo: int, k_hi: int) -> int | None:
+        """The k of the most expected tokens per second: a round of k drafts yields
+        (1 - α^(k+1)) / (1 - α) tokens when each draft is kept with probability α, and costs k
+        drafted tokens and a verification of k + 1 rows (None: costs not known yet)."""
+        if self.draft_s is None or self.verify_s(1) is None or k_hi < k_lo:
+            return None
+        best, best_rate = None, -1.0
+        for k in range(k_lo, k_hi + 1):
+            gain = (1.0 - alpha ** (k + 1)) / (1.0 - alpha) if alpha < 1.0 else k + 1.0
+            rate = gain / (k * self.draft_s + self.verify_s(k + 1))
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+
 class Speculator:
     """A target LLM with a draft: the per-sequence draft length k and the rounds.
 
-    k starts at (n_max + n_min) / 2 rounded up (at least 1) and adapts to the acceptance: every
-    draft kept → k grows by half (to n_max); a rejection after a kept drafts → k = a + 1 (down to
-    max(n_min, 1)). A proposal shorter than n_min is not used (a plain step instead), as
+    k adapts to the acceptance within [max(n_min, 1), n_max]. It starts at (n_max + n_min) / 2
+    rounded up; every draft kept → k grows by half; a rejection after a kept drafts →
+    k = a + 1. Once the rounds' costs are known (`CostModel`, timed by `round`), k is the one
+    with the most expected tokens per second at the sequence's acceptance rate (a moving
+    estimate of the chance that a draft is kept): with a draft model whose tokens cost a fair
+    share of the model's, or a CPU whose verification grows with the rows, that is often far
+    below n_max. A proposal shorter than n_min is not used (a plain step instead), as
     llama.cpp's --draft-min."""
+
+    ALPHA_DECAY = 0.9
 
     def __init__(self, target, draft):
         self.target, self.draft = target, draft
         draft.bind(target)
         self.k = [self._k0()] * target.n_seq_max
+        self.costs = CostModel()
+        self._kept = [[0.0, 0.0] for _ in range(target.n_seq_max)]   # (kept, rejected), decayed
+
+    def alpha(self, seq_id: int) -> float:
+        """Estimated chance that a drafted token is kept (a Beta(1, 1) prior, decayed counts)."""
+        a, r = self._kept[seq_id]
+        return (a + 1.0) / (a + r + 2.0)
+
+    def k_for(self, seq_id: int) -> int:
+        lo, hi = max(self.draft.n_min, 1), self.draft.n_max
+        k = self.costs.best_k(min(self.alpha(seq_id), 0.999), lo, hi)
+        return self.k[seq_id] if k is None else k
 
     def _k0(self) -> int:
         return max(1, -(-(self.draft.n_max + self.draft.n_min) // 2))
 
     def reset_seq(self, seq_id: int) -> None:
         self.k[seq_id] = self._k0()
+        self._kept[seq_id] = [0.0, 0.0]
 
     def request(self, seq_id: int, last: int, sampler: Sampler, cap: int) -> DraftRequest:
         """What to draft for seq_id this round: at most min(k, cap) tokens (cap: what max_tokens
         and the free cells allow past `last`)."""
         ctx = self.target._seq_tokens[seq_id] + [int(last)]
-        n = max(0, min(self.k[seq_id], cap, self.target.n_ubatch - 1))
+        n = max(0, min(self.k_for(seq_id), cap, self.target.n_ubatch - 1))
         return DraftRequest(seq_id, ctx, n, sampler)
 
     def propose(self, reqs: list[DraftRequest]) -> list[Proposal]:
+        t0 = time.perf_counter()
         props = self.draft.propose(reqs)
+        self.costs.add_draft(max((len(p.tokens) for p in props), default=0),
+                             time.perf_counter() - t0)
         for p in props:
             if len(p.tokens) < max(self.draft.n_min, 1):
                 p.tokens, p.q = [], []
@@ -455,6 +530,10 @@ class Speculator:
             st.spec.rounds += 1
             st.spec.drafted += n_draft
             st.spec.accepted += n_kept
+            kept = self._kept[seq_id]
+            d = self.ALPHA_DECAY
+            kept[0] = d * kept[0] + n_kept
+            kept[1] = d * kept[1] + (n_kept < n_draft)
             if n_kept == n_draft:
                 self.k[seq_id] = min(self.draft.n_max, self.k[seq_id] + max(1, self.k[seq_id] // 2))
             else:
@@ -472,9 +551,11 @@ class Speculator:
         prop = self.propose([self.request(seq_id, last, sampler, cap)])[0]
         with self.target.lock:          # nothing else may change the sequence in between
             n_before = len(self.target._seq_tokens[seq_id])
+            t0 = time.perf_counter()
             rows = decode([int(last)] + prop.tokens)
             if rows is None:
                 return None
+            self.costs.add_verify(len(prop.tokens) + 1, time.perf_counter() - t0)
             toks = self.finish_round(seq_id, n_before, prop, rows, sampler)
         return list(zip(toks, rows))
 
