@@ -10,7 +10,8 @@ the median generation tokens/s over the repetitions, the ratio to plain in the s
 acceptance rate, and whether the text equals plain greedy's. With `--llamacpp-bin` (a folder
 holding llama.cpp's llama-speculative), llama.cpp's speculative decoding of the same pair and
 prompts runs interleaved with ours (its "decoded N tokens ... speed" line; -nr: no weight
-repacking, whose AMX path faults on this VM).
+repacking, whose AMX path faults on this VM; --poll 0: its threads sleep instead of spinning
+while they wait, which on a shared, oversubscribed machine otherwise slows it tenfold).
 """
 
 from __future__ import annotations
@@ -84,12 +85,14 @@ MODES = ("plain", "draft", "lookup")
 
 def run_pyggml(llm, prompt: str, n: int, draft) -> dict:
     st = llm.stats
-    g0, t0, d0, a0 = st.n_gen_tokens, st.t_gen_s, st.spec.drafted, st.spec.accepted
+    g0, t0, d0, a0, r0 = (st.n_gen_tokens, st.t_gen_s, st.spec.drafted, st.spec.accepted,
+                          st.spec.rounds)
     out = llm.create_completion(prompt, max_tokens=n, temperature=0, draft=draft)
     ng, tg = st.n_gen_tokens - g0, st.t_gen_s - t0
-    drafted, acc = st.spec.drafted - d0, st.spec.accepted - a0
+    drafted, acc, rounds = st.spec.drafted - d0, st.spec.accepted - a0, st.spec.rounds - r0
     return {"tps": ng / tg if tg else 0.0, "n": ng, "text": out["choices"][0]["text"],
-            "accept": acc / drafted if drafted else None}
+            "accept": acc / drafted if drafted else None,
+            "k": drafted / rounds if rounds else None}
 
 
 def run_llamacpp(bindir: Path, target: str, draft: str, prompt: str, n: int, threads: int,
@@ -100,7 +103,7 @@ def run_llamacpp(bindir: Path, target: str, draft: str, prompt: str, n: int, thr
         return None
     cmd = [str(exe), "-m", target, "-md", draft, "-p", prompt, "-n", str(n), "--temp", "0",
            "-t", str(threads), "-td", str(threads), "-c", "4096", "--draft-max",
-           str(draft_max), "-nr", "--no-warmup", "-s", "1"]
+           str(draft_max), "-nr", "--poll", "0", "--poll-draft", "0", "-s", "1"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     log = r.stdout + r.stderr
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", log)
@@ -141,8 +144,9 @@ def main() -> int:
                 r = run_pyggml(llm, PROMPTS[p], args.n, drafts[mode])
                 res.setdefault((p, mode), []).append(r)
                 acc = "-" if r["accept"] is None else f"{100 * r['accept']:.0f}%"
+                k = "-" if r["k"] is None else f"{r['k']:.1f}"
                 print(f"rep {rep} {p:8s} {mode:6s} {r['tps']:6.2f} t/s  n={r['n']}  "
-                      f"accept={acc}", flush=True)
+                      f"accept={acc}  drafted/round={k}", flush=True)
             if args.llamacpp_bin is not None and "draft" in modes:
                 r = run_llamacpp(args.llamacpp_bin, target, draft_path, PROMPTS[p], args.n,
                                  args.threads, args.draft_max)

@@ -86,6 +86,11 @@ def check_vocab_compatible(target, draft, target_name: str = "target",
                  f"{target.token_text(i)!r}")
 
 
+def _is_llm(x) -> bool:
+    """An LLM (pyggml.llm.runtime imports this module: no import back)."""
+    return hasattr(x, "decode_batch") and hasattr(x, "tokenizer")
+
+
 def _check_bounds(n_max, n_min) -> tuple[int, int]:
     for name, v in (("draft_max", n_max), ("draft_min", n_min)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
@@ -208,11 +213,10 @@ class DraftModel:
 
     def bind(self, target) -> None:
         """Open the draft model for `target` (an LLM) and check its vocabulary."""
-        from pyggml.llm.runtime import LLM
         if self.llm is not None and getattr(self, "_bound_to", None) is target:
             return                          # checked already
         if self.llm is None:
-            if isinstance(self.model, LLM):
+            if _is_llm(self.model):
                 self.llm = self.model
             else:
                 kw = dict(n_ctx=target.n_ctx, n_seq_max=target.n_seq_max,
@@ -220,7 +224,7 @@ class DraftModel:
                           n_threads=target.backend.n_threads,
                           n_threads_batch=target.backend.n_threads_batch, swa_full=True)
                 kw.update(self.llm_kwargs)
-                self.llm = LLM(self.model, **kw)
+                self.llm = type(target)(self.model, **kw)     # an LLM (no import cycle)
                 self._owned = True
         try:
             check_vocab_compatible(target.tokenizer, self.llm.tokenizer,
@@ -340,8 +344,7 @@ def as_draft(spec, n_max: int | None = None, n_min: int | None = None):
     kw = {k: v for k, v in (("n_max", n_max), ("n_min", n_min)) if v is not None}
     if isinstance(spec, str) and spec == "lookup":
         return PromptLookup(**kw)
-    from pyggml.llm.runtime import LLM
-    if isinstance(spec, (str, os.PathLike, LLM)):
+    if isinstance(spec, (str, os.PathLike)) or _is_llm(spec):
         return DraftModel(spec, **kw)
     raise ModelError(f"draft_model must be a PromptLookup, a DraftModel, a GGUF path, an LLM "
                      f"or 'lookup', got {type(spec).__name__} {spec!r:.60}")
