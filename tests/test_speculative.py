@@ -393,9 +393,10 @@ def _first_tokens(llm, prompt, n_seeds, seed0, draft, n_tok=3, **sampling):
 
 def test_sampling_distribution_equals_plain(tiny_models, monkeypatch):
     """The first 4 tokens (token 1 from the prompt; 2, 3 and 4 from one speculative round of
-    2 drafts: kept or drawn from the residual, then the bonus token) over many seeds: plain sampling and speculative sampling with another model as the draft are
-    the same distribution (chi-square homogeneity, p = 0.001); the same test on a broken rule
-    fails (negative control), so the threshold can fail."""
+    2 drafts: kept or drawn from the residual, then the bonus token) over many seeds: plain
+    sampling and speculative sampling with another model as the draft are the same
+    distribution (chi-square homogeneity, p = 0.001); the same test on a broken rule fails
+    (negative control), so the threshold can fail."""
     tm = tiny_models.get(arch="llama", weight_type="f16", n_layer=2)
     # the draft: the same random weights in 4 bits, so close to the target but not equal
     other = tiny_models.get(arch="llama", weight_type="q4_0", n_layer=2)

@@ -460,7 +460,8 @@ class LLM:
 
     def create_completion(self, prompt, max_tokens: int | None = 16, **kw):
         """As llama-cpp-python's: temperature, top_p, top_k, min_p, repeat_penalty, seed,
-        stop, logprobs, echo, stream, seq_id, draft (see pyggml.llm.completion.create_completion)."""
+        stop, logprobs, echo, stream, seq_id, draft (see
+        pyggml.llm.completion.create_completion)."""
         from pyggml.llm.completion import create_completion
         return create_completion(self, prompt, max_tokens=max_tokens, **kw)
 
