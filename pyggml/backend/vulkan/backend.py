@@ -159,6 +159,9 @@ def _selection(n: int) -> list[int] | None:
 
 
 def _discover() -> tuple[list["VulkanDevice"], str | None]:
+    if settings.current().vulkan_devices == ():
+        # before the loader: an instance loads every driver (lavapipe: LLVM, ~50 MB resident)
+        return [], "PYGGML_VULKAN_DEVICES disables Vulkan"
     if vk_module() is None:
         return [], loader_error()
     why = _check_shaders()
