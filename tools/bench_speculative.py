@@ -102,7 +102,7 @@ def run_llamacpp(bindir: Path, target: str, draft: str, prompt: str, n: int, thr
     if exe is None:
         return None
     cmd = [str(exe), "-m", target, "-md", draft, "-p", prompt, "-n", str(n), "--temp", "0",
-           "-t", str(threads), "-td", str(threads), "-c", "4096", "--draft-max",
+           "-t", str(threads), "-td", str(threads), "-c", "4096", "--spec-draft-n-max",
            str(draft_max), "-nr", "--poll", "0", "--poll-draft", "0", "-s", "1"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     log = r.stdout + r.stderr
@@ -154,8 +154,14 @@ def main() -> int:
                     res.setdefault((p, "llama.cpp draft"), []).append(r)
                     print(f"rep {rep} {p:8s} llama.cpp draft {r['tps']:6.2f} t/s  n={r['n']}  "
                           f"accept={100 * (r['accept'] or 0):.0f}%", flush=True)
+        print_table(res, prompts, modes)
     dm.close()
     llm.close()
+    return 0
+
+
+def print_table(res: dict, prompts: list[str], modes: list[str]) -> None:
+    """Medians so far (printed after every repetition: an interrupted run still has one)."""
     print()
     print("| prompt | mode | gen t/s (median) | × plain | acceptance | text = plain greedy |")
     print("|---|---|---|---|---|---|")
@@ -174,8 +180,6 @@ def main() -> int:
                 same = "yes" if rs[0]["text"] == res[(p, "plain")][0]["text"] else "no"
             ratio = f"{tps / base:.2f}" if base else "-"
             print(f"| {p} | {mode} | {tps:.2f} | {ratio} | {acc} | {same} |")
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
