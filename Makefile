@@ -19,7 +19,7 @@ SPV       := $(foreach v,$(VK_VARIANTS),$(BUILD)/shaders/$(call vk_field,$(v),1)
 PYTEST_ARGS ?=
 
 .PHONY: setup sysdeps venv native native-asan native-aarch64 shaders model models rpc-server \
-        test test-native test-asan test-neon test-python run fuzz bench clean
+        llamacpp-tools test test-native test-asan test-neon test-python run fuzz bench clean
 
 setup: sysdeps venv native shaders model rpc-server
 
@@ -59,6 +59,12 @@ $(foreach v,$(VK_VARIANTS),$(eval $(call VK_SHADER_RULE,$(call vk_field,$(v),1),
 # ggml's CPU backend and the ggml-rpc-server target only, built once into build/rpc-server/.
 rpc-server: venv
 	@tools/build_rpc_server.sh $(VPY)
+
+# Benchmarks only (not part of setup or test): llama.cpp's command-line tools (llama-server,
+# llama-bench, llama-speculative(-simple), llama-cli, rpc-server) from the same sdist, built once
+# in build/llamacpp-tools/ and kept in ~/.cache/pyggml/llamacpp-0.3.36/bin/.
+llamacpp-tools:
+	@tools/build_llamacpp_tools.sh $(VPY)
 
 # The default model (Gemma 3 270M Q4_K_M, assembled into its package's cache folder) and the
 # chat test model (SmolLM2-135M-Instruct Q4_1, out of a wheel: pyggml/models_pypi.py).

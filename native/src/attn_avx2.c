@@ -23,11 +23,9 @@ AI __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-static inline float hsum1(__m256 a) {
-    const __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    const __m128 y = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
-}
+/* Σa in hsum4's tree, so a score does not depend on whether its key sits in a pair (R = 4, C = 2)
+ * or in a tail: a key's score is the same wherever the block puts it (batch invariance) */
+static inline float hsum1(__m256 a) { return _mm_cvtss_f32(hsum4(a, a, a, a)); }
 
 AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const float *k,
                 int64_t ldk, float *s, int64_t lds) {

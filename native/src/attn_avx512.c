@@ -63,7 +63,8 @@ AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const floa
             _mm_storeu_ps(s + i * lds, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
         } else {
             PG_UNROLL
-            for (int j = 0; j < C; j++) s[i * lds + j] = _mm512_reduce_add_ps(acc[i][j]);
+            for (int j = 0; j < C; j++)   /* hsum4's tree: a score is the same in a tail */
+                s[i * lds + j] = _mm_cvtss_f32(hsum4(acc[i][j], acc[i][j], acc[i][j], acc[i][j]));
         }
     }
 }

@@ -9,7 +9,8 @@
  * quants_kquants.c; formulas of formats-and-models.md §2.4): the same exact int32 block sums and
  * the same fp32 expression per block, accumulated in the same order, so the results equal the
  * scalar vec_dot bit for bit (tests/test_gemm.c checks it). The SIMD gemms (gemm_avx2.c,
- * gemm_avx512.c, gemm_neon.c) are tested against these and against the scalar vec_dot. */
+ * gemm_avx512.c, gemm_neon_body.h) repeat these fp32 operations lane by lane and give the same
+ * bits. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

@@ -1,10 +1,14 @@
 /* Multi-row dot kernels (pg_type_traits.gemm) with AVX2 + FMA + F16C.
  *
- * Every call computes a 4 × 4 block (gemm.h). With 16 vector registers the 16 dots cannot each
- * own an accumulator, so per weight row the four activation rows' 8-lane integer sums are folded
- * with two levels of hadd into one vector [c0 c1 c2 c3 | c0 c1 c2 c3] (integer adds: exact),
- * converted once and accumulated with the scales [d_x·d_y0 .. d_x·d_y3 | same]: four fp32
- * accumulators, one per weight row; dot (i, j) = lane j + lane j + 4 of row i's at the end.
+ * Every call computes a 4 × 4 block (gemm.h), and every dot in it has the bits of the vec_dot
+ * of its two rows (which are the scalar reference's, quants_legacy_x86.h, quants_kquants_avx2.c):
+ * the same exact integer block sums, then the block's fp32 term in the reference's operations,
+ * added to the dot's running sum in block order. Only the loads and the weight decoding are
+ * shared between the dots of the block; the fp32 work is elementwise over dots (a lane per dot),
+ * so a token's result never depends on the batch it is computed in.
+ *   - integer sums: per weight row the four activation rows' 8-lane sums are folded with two
+ *     levels of hadd into [c0 c1 c2 c3 | c0 c1 c2 c3] (halves of each dot), and the halves of two
+ *     weight rows added into [row i: c0..c3 | row i+1: c0..c3] (integer adds: exact);
  *   - legacy formats, per block: each weight block is decoded once (unsigned levels; Q8_0 keeps
  *     its signed bytes and uses the sign trick), each activation block loaded once; the offset
  *     c·Σa of Q4_0/Q5_0 (levels q − c) is folded once per block for the four columns;
@@ -12,8 +16,7 @@
  *     their int16 scales; per pair and 32 elements one maddubs, one madd, one add; mins (or the
  *     −4 / −32 offsets) through the activation's bsums, folded the same way.
  * maddubs never saturates: unsigned levels <= 63 (or |q| <= 128 with |a| <= 127) times
- * activations in −128..127, two products per int16. Integer sums exact; fp32 scaling per lane,
- * an order different from vec_dot's (same tolerance; tests/test_gemm.c). */
+ * activations in −128..127, two products per int16. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -48,14 +51,21 @@ AINL __m256 fp16x4x2(const void *p0, const void *p1, const void *p2, const void 
     return _mm256_cvtph_ps(hi ? _mm_unpacklo_epi64(v, v) : v);
 }
 
-/* acc[i] lanes j and j + 4 summed -> out[j][i] */
-AINL void store_acc(float *s, size_t bs, const __m256 acc[PG_GR], int nr, int nc) {
-    float rows[PG_GR][4], out[PG_GC][PG_GR];
-    PG_UNROLL for (int i = 0; i < PG_GR; i++)
-        _mm_storeu_ps(rows[i], _mm_add_ps(_mm256_castps256_ps128(acc[i]),
-                                          _mm256_extractf128_ps(acc[i], 1)));
+/* [Σ of dot (i, j) for j < 4 | Σ of dot (i + 1, j)] from the two rows' fold4 results */
+AINL __m256i rows2(__m256i f0, __m256i f1) {
+    return _mm256_add_epi32(_mm256_permute2x128_si256(f0, f1, 0x20),
+                            _mm256_permute2x128_si256(f0, f1, 0x31));
+}
+
+/* [a × 4 | b × 4] */
+AINL __m256 pair_ps(float a, float b) { return _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a)); }
+
+/* acc[g] lane 4h + j = dot (2g + h, j) -> out[j][i] */
+AINL void store_acc(float *s, size_t bs, const __m256 acc[PG_GR / 2], int nr, int nc) {
+    float rows[PG_GR / 2][8], out[PG_GC][PG_GR];
+    PG_UNROLL for (int g = 0; g < PG_GR / 2; g++) _mm256_storeu_ps(rows[g], acc[g]);
     for (int j = 0; j < PG_GC; j++)
-        for (int i = 0; i < PG_GR; i++) out[j][i] = rows[i][j];
+        for (int i = 0; i < PG_GR; i++) out[j][i] = rows[i / 2][4 * (i % 2) + j];
     pg_gemm_store(s, bs, out, nr, nc);
 }
 
@@ -88,15 +98,22 @@ AINL __m256i w_levels(const char *blk, int kind, int has_m) {
     return q;
 }
 
+AINL float fp16_at(const char *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h2f(h);
+}
+
 /* STRIDE: weight block bytes; KIND: as w_levels; OFF: offset c of the levels (Q4_0: 8, Q5_0:
- * 16, else 0); HAS_M: Q4_1/Q5_1 with Q8_1 activations. */
+ * 16, else 0); HAS_M: Q4_1/Q5_1 with Q8_1 activations. Block terms as the scalar kernels:
+ * Q4_0/Q5_0 isum·d_x·d_y, Q8_0 isum·(d_x·d_y), Q4_1/Q5_1 (d_x·d_y)·isum + m_x·s_y. */
 #define PG_GEMM_LEGACY_AVX2(name, STRIDE, KIND, OFF, HAS_M)                                        \
     static void name##_4(int64_t n, float *restrict s, size_t bs, const void *restrict vx,         \
                      size_t bx, const void *restrict vy, size_t by, int nr, int nc) {              \
         const pg_gemm_rows r = pg_gemm_rows_of(vx, bx, vy, by, nr, nc);                            \
         const int ys = HAS_M ? 36 : 34, yq = HAS_M ? 4 : 2;                                        \
-        __m256 acc[PG_GR];                                                                         \
-        PG_UNROLL for (int i = 0; i < PG_GR; i++) acc[i] = _mm256_setzero_ps();                    \
+        __m256 acc[PG_GR / 2];                                                                     \
+        PG_UNROLL for (int g = 0; g < PG_GR / 2; g++) acc[g] = _mm256_setzero_ps();                \
         for (int64_t b = 0; b < n / PG_QK32; b++) {                                                \
             const char *y0 = r.y[0] + b * ys, *y1 = r.y[1] + b * ys, *y2 = r.y[2] + b * ys,        \
                        *y3 = r.y[3] + b * ys;                                                      \
@@ -113,25 +130,32 @@ AINL __m256i w_levels(const char *blk, int kind, int has_m) {
                             madd1(_mm256_maddubs_epi16(c, a[2])),                                  \
                             madd1(_mm256_maddubs_epi16(c, a[3])));                                 \
             }                                                                                      \
-            const __m256 sy = HAS_M ? fp16x4x2(y0 + 2, y1 + 2, y2 + 2, y3 + 2, 0)                  \
+            const __m256 sy = HAS_M ? fp16x4x2(y0 + 2, y1 + 2, y2 + 2, y3 + 2, 1)                  \
                                     : _mm256_setzero_ps();                                         \
-            PG_UNROLL for (int i = 0; i < PG_GR; i++) {                                            \
-                const char *xb = r.x[i] + b * STRIDE;                                              \
-                const __m256i q = w_levels(xb, KIND, HAS_M);                                       \
-                __m256i p[4];                                                                      \
-                PG_UNROLL for (int j = 0; j < 4; j++)                                              \
-                    p[j] = KIND == 2 ? madd1(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q),          \
-                                                                  _mm256_sign_epi8(a[j], q)))      \
-                                     : madd1(_mm256_maddubs_epi16(q, a[j]));                       \
-                const __m256i f = _mm256_sub_epi32(fold4(p[0], p[1], p[2], p[3]), off);            \
-                uint16_t h;                                                                        \
-                memcpy(&h, xb, 2);                                                                 \
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(f),                                    \
-                                         _mm256_mul_ps(_mm256_set1_ps(h2f(h)), dy), acc[i]);       \
-                if (HAS_M) {                                                                       \
-                    memcpy(&h, xb + 2, 2);                                                         \
-                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(h)), sy, acc[i]);                  \
+            PG_UNROLL for (int g = 0; g < PG_GR / 2; g++) {                                        \
+                __m256i f[2];                                                                      \
+                PG_UNROLL for (int h = 0; h < 2; h++) {                                            \
+                    const __m256i q = w_levels(r.x[2 * g + h] + b * STRIDE, KIND, HAS_M);          \
+                    __m256i p[4];                                                                  \
+                    PG_UNROLL for (int j = 0; j < 4; j++)                                          \
+                        p[j] = KIND == 2 ? madd1(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q),      \
+                                                                      _mm256_sign_epi8(a[j], q)))  \
+                                         : madd1(_mm256_maddubs_epi16(q, a[j]));                   \
+                    f[h] = _mm256_sub_epi32(fold4(p[0], p[1], p[2], p[3]), off);                   \
                 }                                                                                  \
+                const __m256 isum = _mm256_cvtepi32_ps(rows2(f[0], f[1]));                         \
+                const char *x0 = r.x[2 * g] + b * STRIDE, *x1 = r.x[2 * g + 1] + b * STRIDE;       \
+                const __m256 dx = pair_ps(fp16_at(x0), fp16_at(x1));                               \
+                __m256 t;                                                                          \
+                if (HAS_M)                                                                         \
+                    t = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(dx, dy), isum),                  \
+                                      _mm256_mul_ps(pair_ps(fp16_at(x0 + 2), fp16_at(x1 + 2)),     \
+                                                    sy));                                          \
+                else if (KIND == 2)                                                                \
+                    t = _mm256_mul_ps(isum, _mm256_mul_ps(dx, dy));                                \
+                else                                                                               \
+                    t = _mm256_mul_ps(_mm256_mul_ps(isum, dx), dy);                                \
+                acc[g] = _mm256_add_ps(acc[g], t);                                                 \
             }                                                                                      \
         }                                                                                          \
         store_acc(s, bs, acc, nr, nc);                                                             \
@@ -196,6 +220,7 @@ AINL void decode_q3_K(const pg_block_q3_K *x, krow *k) {
         }
     }
     k->d = h2f(x->d);
+    k->dmin = 0.0f;
 }
 
 /* Q4_K / Q5_K: chunk c of 32 qs bytes: low nibbles = elements 64c + l (sub-block 2c), high =
@@ -261,48 +286,59 @@ AINL void decode_q6_K(const pg_block_q6_K *x, krow *k) {
             k->sc[4 * h + g] = scale_pair(sc[8 * h + 2 * g], sc[8 * h + 2 * g + 1]);
     }
     k->d = h2f(x->d);
+    k->dmin = 0.0f;
 }
 
-/* SHIFT < 0: format with mins (acc += d·dy·Σ − dmin·dy·mins); else levels offset by 2^SHIFT
- * (acc += d·dy·(Σ − 2^SHIFT·Σ sc·bsums)). */
+/* SHIFT < 0: format with mins, term d·isum − dmin·summs (d = d_x·d_y, dmin = dmin_x·d_y); else
+ * levels offset by 2^SHIFT (isum − 2^SHIFT·Σ sc·bsums exact), term (d_x·d_y)·isum: the scalar
+ * kernels' operations (quants_kquants.c). */
 #define PG_GEMM_KQUANT_AVX2(name, XT, DECODE, SHIFT)                                               \
     static void name##_4(int64_t n, float *restrict s, size_t bs, const void *restrict vx,         \
                      size_t bx, const void *restrict vy, size_t by, int nr, int nc) {              \
         const pg_gemm_rows r = pg_gemm_rows_of(vx, bx, vy, by, nr, nc);                            \
-        __m256 acc[PG_GR];                                                                         \
-        PG_UNROLL for (int i = 0; i < PG_GR; i++) acc[i] = _mm256_setzero_ps();                    \
+        __m256 acc[PG_GR / 2];                                                                     \
+        PG_UNROLL for (int g = 0; g < PG_GR / 2; g++) acc[g] = _mm256_setzero_ps();                \
         for (int64_t b = 0; b < n / PG_QK_K; b++) {                                                \
             const pg_block_q8_K *y[4];                                                             \
             PG_UNROLL for (int j = 0; j < 4; j++) y[j] = (const pg_block_q8_K *)r.y[j] + b;        \
             const __m128 d4 = _mm_setr_ps(y[0]->d, y[1]->d, y[2]->d, y[3]->d);                     \
             const __m256 dy = _mm256_set_m128(d4, d4);                                             \
-            PG_UNROLL for (int i = 0; i < PG_GR; i++) {                                            \
-                krow k;                                                                            \
-                DECODE((const XT *)r.x[i] + b, &k);                                                \
-                __m256i p[4], o[4];                                                                \
-                PG_UNROLL for (int j = 0; j < 4; j++) {                                            \
-                    p[j] = _mm256_setzero_si256();                                                 \
-                    o[j] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[j]->bsums),     \
-                                             k.w16);                                               \
-                }                                                                                  \
-                PG_UNROLL for (int c = 0; c < 8; c++)                                              \
+            PG_UNROLL for (int g = 0; g < PG_GR / 2; g++) {                                        \
+                __m256i f[2], fm[2];                                                               \
+                float d[2], dmin[2];                                                               \
+                PG_UNROLL for (int h = 0; h < 2; h++) {                                            \
+                    krow k;                                                                        \
+                    DECODE((const XT *)r.x[2 * g + h] + b, &k);                                    \
+                    d[h] = k.d;                                                                    \
+                    dmin[h] = k.dmin;                                                              \
+                    __m256i p[4], o[4];                                                            \
                     PG_UNROLL for (int j = 0; j < 4; j++) {                                        \
-                        const __m256i a =                                                          \
-                            _mm256_loadu_si256((const __m256i *)(y[j]->qs + 32 * c));              \
-                        p[j] = _mm256_add_epi32(p[j], _mm256_madd_epi16(                           \
-                                                          _mm256_maddubs_epi16(k.q[c], a),         \
-                                                          k.sc[c]));                               \
+                        p[j] = _mm256_setzero_si256();                                             \
+                        o[j] = _mm256_madd_epi16(                                                  \
+                            _mm256_loadu_si256((const __m256i *)y[j]->bsums), k.w16);              \
                     }                                                                              \
-                __m256i f = fold4(p[0], p[1], p[2], p[3]);                                         \
-                const __m256i fo = fold4(o[0], o[1], o[2], o[3]);                                  \
-                if (SHIFT >= 0)                                                                    \
-                    f = _mm256_sub_epi32(f, _mm256_slli_epi32(fo, SHIFT >= 0 ? SHIFT : 0));        \
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(f),                                    \
-                                         _mm256_mul_ps(_mm256_set1_ps(k.d), dy), acc[i]);          \
+                    PG_UNROLL for (int c = 0; c < 8; c++)                                          \
+                        PG_UNROLL for (int j = 0; j < 4; j++) {                                    \
+                            const __m256i a =                                                      \
+                                _mm256_loadu_si256((const __m256i *)(y[j]->qs + 32 * c));          \
+                            p[j] = _mm256_add_epi32(p[j], _mm256_madd_epi16(                       \
+                                                              _mm256_maddubs_epi16(k.q[c], a),     \
+                                                              k.sc[c]));                           \
+                        }                                                                          \
+                    f[h] = fold4(p[0], p[1], p[2], p[3]);                                          \
+                    fm[h] = fold4(o[0], o[1], o[2], o[3]);                                         \
+                    if (SHIFT >= 0)                                                                \
+                        f[h] = _mm256_sub_epi32(f[h],                                              \
+                                                _mm256_slli_epi32(fm[h], SHIFT >= 0 ? SHIFT : 0)); \
+                }                                                                                  \
+                const __m256 isum = _mm256_cvtepi32_ps(rows2(f[0], f[1]));                         \
+                const __m256 dd = _mm256_mul_ps(pair_ps(d[0], d[1]), dy);                          \
+                __m256 t = _mm256_mul_ps(dd, isum);                                                \
                 if (SHIFT < 0)                                                                     \
-                    acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fo),                              \
-                                              _mm256_mul_ps(_mm256_set1_ps(k.dmin), dy),           \
-                                              acc[i]);                                             \
+                    t = _mm256_sub_ps(t, _mm256_mul_ps(_mm256_mul_ps(pair_ps(dmin[0], dmin[1]),    \
+                                                                     dy),                          \
+                                                       _mm256_cvtepi32_ps(rows2(fm[0], fm[1]))));  \
+                acc[g] = _mm256_add_ps(acc[g], t);                                                 \
             }                                                                                      \
         }                                                                                          \
         store_acc(s, bs, acc, nr, nc);                                                             \

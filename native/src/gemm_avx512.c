@@ -14,8 +14,10 @@
  *     one VPDPWSSD (with the weight rows' sub-block scales, one per lane) per activation row and
  *     group; mins (or the −4 / −32 offsets) through madd with the activation rows' bsums; a
  *     transpose-add and one conversion and FMA per group and super-block.
- * Integer sums are exact; the fp32 scaling is accumulated per lane and summed at the end, an
- * order different from vec_dot's (same tolerance as the vec_dot kernels; tests/test_gemm.c). */
+ * Integer sums are exact; each dot's fp32 work is the scalar kernel's block term added to its
+ * running sum in block order (one lane per dot), so every dot has the bits of the vec_dot of its
+ * two rows on this path (the scalar reference's): a token's result never depends on its batch
+ * (tests/test_gemm.c). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -154,11 +156,19 @@ AINL void legacy_512(int64_t n, float *s, size_t bs, const char *const *xr, cons
             PG_UNROLL for (int g = 0; g < G; g++) {
                 const char *const *xg = x + 4 * g;
                 const __m512i dots = transpose_add4(p[g][0], p[g][1], p[g][2], p[g][3]);
-                acc[g][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(dx[g], dy),
-                                            acc[g][h]);
+                /* the scalar kernels' block terms (quants_legacy.c), one lane per dot */
+                const __m512 isum = _mm512_cvtepi32_ps(dots);
+                __m512 t;
                 if (M)
-                    acc[g][h] = _mm512_fmadd_ps(
-                        fp16_grid(xg[0] + M, xg[1] + M, xg[2] + M, xg[3] + M, 1), sy, acc[g][h]);
+                    t = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(dx[g], dy), isum),
+                                      _mm512_mul_ps(fp16_grid(xg[0] + M, xg[1] + M, xg[2] + M,
+                                                              xg[3] + M, 1),
+                                                    sy));
+                else if (Q8)
+                    t = _mm512_mul_ps(isum, _mm512_mul_ps(dx[g], dy));
+                else
+                    t = _mm512_mul_ps(_mm512_mul_ps(isum, dx[g]), dy);
+                acc[g][h] = _mm512_add_ps(acc[g][h], t);
             }
         }
     }
@@ -406,14 +416,15 @@ AINL void kquant_512(int64_t n, float *s, size_t bs, const char *const *xr, cons
             PG_UNROLL for (int g = 0; g < G; g++) {
                 const __m512i *ph = p[g] + 4 * h;
                 const __m512i dots = transpose_add4(ph[0], ph[1], ph[2], ph[3]);
-                acc[g][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(k[g].d, dy),
-                                            acc[g][h]);
+                /* the scalar kernels' super-block terms (quants_kquants.c), one lane per dot */
+                __m512 t = _mm512_mul_ps(_mm512_mul_ps(k[g].d, dy), _mm512_cvtepi32_ps(dots));
                 if (has_min) {
                     const __m512i *mh = mins[g] + 4 * h;
                     const __m512i mm = transpose_add4(mh[0], mh[1], mh[2], mh[3]);
-                    acc[g][h] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mm),
-                                                 _mm512_mul_ps(k[g].dmin, dy), acc[g][h]);
+                    t = _mm512_sub_ps(t, _mm512_mul_ps(_mm512_mul_ps(k[g].dmin, dy),
+                                                       _mm512_cvtepi32_ps(mm)));
                 }
+                acc[g][h] = _mm512_add_ps(acc[g][h], t);
             }
         }
     }

@@ -15,7 +15,9 @@
  *     Q3_K/Q6_K applied) and its scales; per pair, one gn_dot16 and one multiply-add per group
  *     of 16 (per 32 for Q4_K/Q5_K); mins through the activation's bsums.
  * fp16 fields are converted in vectors of four by the hardware (exact). Integer sums exact;
- * fp32 scaling per lane, an order different from vec_dot's (same tolerance, tests/test_gemm.c). */
+ * each dot's block terms are the scalar kernel's fp32 operations, added to its running sum in
+ * block order (a lane per dot): every dot has the bits of the vec_dot of its two rows (the
+ * scalar reference's), so batching never changes a token's result (tests/test_gemm.c). */
 #include <arm_neon.h>
 #include <string.h>
 
@@ -55,8 +57,9 @@ static inline void gn_store(float *s, size_t bs, const float32x4_t acc[PG_GR], i
 /* ---- legacy formats ----------------------------------------------------------------------- */
 
 /* XT: weight block; VALUES: its signed levels (quants_legacy_neon.h); HAS_M: Q4_1/Q5_1 with
- * Q8_1 activations (acc += m_x·s_y per block). */
-#define GN_GEMM_LEGACY(name, XT, VALUES, HAS_M)                                                    \
+ * Q8_1 activations; XY: the block term is isum·(d_x·d_y) (Q8_0), else isum·d_x·d_y or, with
+ * HAS_M, (d_x·d_y)·isum + m_x·s_y: the scalar kernels' operations (quants_legacy.c). */
+#define GN_GEMM_LEGACY(name, XT, VALUES, HAS_M, XY)                                                  \
     static void GN_FN(name##_4)(int64_t n, float *restrict s, size_t bs, const void *restrict vx,  \
                             size_t bx, const void *restrict vy, size_t by, int nr, int nc) {       \
         const pg_gemm_rows r = pg_gemm_rows_of(vx, bx, vy, by, nr, nc);                            \
@@ -89,19 +92,26 @@ static inline void gn_store(float *s, size_t bs, const float32x4_t acc[PG_GR], i
                 GN_UNROLL for (int j = 0; j < 4; j++)                                              \
                     p[j] = gn_dot16(gn_dot16(vdupq_n_s32(0), q0, a0[j]), q1, a1[j]);               \
                 const float32x4_t f = vcvtq_f32_s32(gn_fold4(p[0], p[1], p[2], p[3]));             \
-                acc[i] = vfmaq_f32(acc[i], f, vmulq_laneq_f32(dy, dx, i));                         \
-                if (HAS_M) acc[i] = vfmaq_laneq_f32(acc[i], sy, mx, i);                            \
+                float32x4_t t;                                                                     \
+                if (HAS_M)                                                                         \
+                    t = vaddq_f32(vmulq_f32(vmulq_laneq_f32(dy, dx, i), f),                        \
+                                  vmulq_laneq_f32(sy, mx, i));                                     \
+                else if (XY)                                                                       \
+                    t = vmulq_f32(f, vmulq_laneq_f32(dy, dx, i));                                  \
+                else                                                                               \
+                    t = vmulq_f32(vmulq_laneq_f32(f, dx, i), dy);                                  \
+                acc[i] = vaddq_f32(acc[i], t);                                                     \
             }                                                                                      \
         }                                                                                          \
         gn_store(s, bs, acc, nr, nc);                                                              \
     }                                                                                              \
     PG_GEMM_BY4(GN_FN(name), GN_FN(name##_4))
 
-GN_GEMM_LEGACY(gemm_q4_0, pg_block_q4_0, q4_0_values, 0)
-GN_GEMM_LEGACY(gemm_q5_0, pg_block_q5_0, q5_0_values, 0)
-GN_GEMM_LEGACY(gemm_q8_0, pg_block_q8_0, q8_0_values, 0)
-GN_GEMM_LEGACY(gemm_q4_1, pg_block_q4_1, q4_1_values, 1)
-GN_GEMM_LEGACY(gemm_q5_1, pg_block_q5_1, q5_1_values, 1)
+GN_GEMM_LEGACY(gemm_q4_0, pg_block_q4_0, q4_0_values, 0, 0)
+GN_GEMM_LEGACY(gemm_q5_0, pg_block_q5_0, q5_0_values, 0, 0)
+GN_GEMM_LEGACY(gemm_q8_0, pg_block_q8_0, q8_0_values, 0, 1)
+GN_GEMM_LEGACY(gemm_q4_1, pg_block_q4_1, q4_1_values, 1, 0)
+GN_GEMM_LEGACY(gemm_q5_1, pg_block_q5_1, q5_1_values, 1, 0)
 
 /* ---- K-quants × Q8_K ------------------------------------------------------------------------- */
 
@@ -262,14 +272,15 @@ static inline int32x4_t gn_mins(const int16_t *mn, const int16_t *bsums) {
                     }                                                                              \
                 }                                                                                  \
                 const float32x4_t f = vcvtq_f32_s32(gn_fold4(p[0], p[1], p[2], p[3]));             \
-                acc[i] = vfmaq_f32(acc[i], f, vmulq_n_f32(dy, k.d));                               \
+                float32x4_t t = vmulq_f32(vmulq_n_f32(dy, k.d), f);                                \
                 if (MINS) {                                                                        \
                     const int32x4_t m = gn_fold4(gn_mins(k.mn, y[0]->bsums),                       \
                                                  gn_mins(k.mn, y[1]->bsums),                       \
                                                  gn_mins(k.mn, y[2]->bsums),                       \
                                                  gn_mins(k.mn, y[3]->bsums));                      \
-                    acc[i] = vfmsq_f32(acc[i], vcvtq_f32_s32(m), vmulq_n_f32(dy, k.dmin));         \
+                    t = vsubq_f32(t, vmulq_f32(vmulq_n_f32(dy, k.dmin), vcvtq_f32_s32(m)));        \
                 }                                                                                  \
+                acc[i] = vaddq_f32(acc[i], t);                                                     \
             }                                                                                      \
         }                                                                                          \
         gn_store(s, bs, acc, nr, nc);                                                              \

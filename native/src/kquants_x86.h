@@ -19,6 +19,88 @@ static inline float hsum_ps(__m256 v) {
 
 static inline __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
+static inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* The dot of a row, super-block by super-block, with the scalar kernel's fp32 operations
+ * (quants_kquants.c): each super-block's term d·isum − dmin·summs (or d·isum) from its exact
+ * integer sums, added to one fp32 sum in block order, so every path gives the scalar kernel's
+ * bits. The integer reductions are done four super-blocks at a time: each block leaves its
+ * 8-lane partial sums (kq_blk), and one fold gives the four blocks' exact sums. */
+/* what a kernel's block function leaves for one super-block */
+typedef struct {
+    __m256i is, ms;      /* 8-lane partials of isum and summs (ms: zero without mins) */
+    float d, dmin;       /* d = d_x·d_y, dmin = dmin_x·d_y */
+} kq_blk;
+
+static inline __m256i kq_fold4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+}
+
+/* the exact [Σp0 Σp1 Σp2 Σp3] as floats */
+static inline __m128 kq_sums4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    const __m256i f = kq_fold4(p0, p1, p2, p3);
+    return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(f),
+                                         _mm256_extracti128_si256(f, 1)));
+}
+
+/* sum + the terms of the first `n` of four super-blocks, in order. With mins, one fold gives
+ * [isum_0..3 | summs_0..3] and one multiply by [d_0..3 | dmin_0..3] both products. */
+static inline float kq_add4(float sum, const kq_blk *b, int n, int has_min) {
+    __m128 t;
+    if (has_min) {
+        const __m256i lo = kq_fold4(b[0].is, b[1].is, b[2].is, b[3].is);
+        const __m256i hi = kq_fold4(b[0].ms, b[1].ms, b[2].ms, b[3].ms);
+        /* [Σ is | Σ ms]: the 128-bit halves of each fold added */
+        const __m256i f = _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20),
+                                           _mm256_permute2x128_si256(lo, hi, 0x31));
+        const __m256 dd = _mm256_setr_ps(b[0].d, b[1].d, b[2].d, b[3].d, b[0].dmin, b[1].dmin,
+                                         b[2].dmin, b[3].dmin);
+        const __m256 pr = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(f));
+        t = _mm_sub_ps(_mm256_castps256_ps128(pr), _mm256_extractf128_ps(pr, 1));
+    } else {
+        t = _mm_mul_ps(_mm_setr_ps(b[0].d, b[1].d, b[2].d, b[3].d),
+                       kq_sums4(b[0].is, b[1].is, b[2].is, b[3].is));
+    }
+    float v[4];
+    _mm_storeu_ps(v, t);
+    for (int k = 0; k < n; k++) sum += v[k];
+    return sum;
+}
+
+/* *s = the dot over nb super-blocks, BLK(x, y, i, &kq_blk) computing block i */
+#define KQ_DOT_LOOP(BLK, nb, HAS_MIN)                                                           \
+    do {                                                                                        \
+        float sum_ = 0.0f;                                                                      \
+        int64_t i_ = 0;                                                                         \
+        kq_blk b_[4];                                                                           \
+        for (; i_ + 4 <= (nb); i_ += 4) {                                                       \
+            BLK(x, y, i_, &b_[0]);                                                              \
+            BLK(x, y, i_ + 1, &b_[1]);                                                          \
+            BLK(x, y, i_ + 2, &b_[2]);                                                          \
+            BLK(x, y, i_ + 3, &b_[3]);                                                          \
+            sum_ = kq_add4(sum_, b_, 4, HAS_MIN);                                               \
+        }                                                                                       \
+        if (i_ < (nb)) {                                                                        \
+            const int left_ = (int)((nb) - i_);                                                 \
+            for (int k_ = 0; k_ < 4; k_++) {                                                    \
+                b_[k_].is = b_[k_].ms = _mm256_setzero_si256();                                 \
+                b_[k_].d = b_[k_].dmin = 0.0f;                                                  \
+            }                                                                                   \
+            for (int k_ = 0; k_ < left_; k_++) BLK(x, y, i_ + k_, &b_[k_]);                     \
+            sum_ = kq_add4(sum_, b_, left_, HAS_MIN);                                           \
+        }                                                                                       \
+        *s = sum_;                                                                              \
+    } while (0)
+
+/* dd = k4_dmin(...): d in lane 0, dmin in lane 1 */
+static inline float dd_d(__m128 dd) { return _mm_cvtss_f32(dd); }
+static inline float dd_dmin(__m128 dd) { return _mm_cvtss_f32(_mm_movehdup_ps(dd)); }
+
 /* [d·dy, dmin·dy, 0, 0] from the two fp16 fields at p (d, then dmin) and the activation scale */
 static inline __m128 k4_dmin(const uint16_t *p, float dy) {
     uint32_t u;

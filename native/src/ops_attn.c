@@ -11,7 +11,18 @@
  *
  * Tiles are dealt to threads round-robin (tile i to thread i % nth): with a causal mask the
  * later query tiles see more keys, and a contiguous split left one thread three quarters of the
- * work. Each thread owns whole output rows, so results do not depend on the thread count. */
+ * work. Each thread owns whole output rows, so results do not depend on the thread count.
+ *
+ * Batch invariance: a row's result depends only on the keys it sees, in cell order, never on
+ * the other rows of the batch or on cells it does not see (other sequences' KV cells). So
+ *   - a tile only groups consecutive query rows whose visible key sets are nested (each row sees
+ *     everything the previous one sees: the causal rows of one sequence), never rows of two
+ *     sequences; its kept keys are then the last row's, and each row's keys a prefix of them;
+ *   - a block is the next PG_FA_KB kept keys (not a range of cells), so a row's blocks, its
+ *     online-softmax rescale points and each key's place in its block are those of the row
+ *     alone; hidden keys after a row's prefix add exact zeros;
+ *   - the kernels compute each score, weight and output lane the same wherever the key or row
+ *     sits in the block (attn_avx2.c, attn_avx512.c: one reduction tree for every score). */
 #include <math.h>
 #include <string.h>
 
@@ -46,10 +57,11 @@ static fa_dims dims_of(const pg_tensor *all, const pg_tensor *t) {
 }
 
 /* Per-thread scratch, in floats: acc[rows·Dv], qf[rows·D], s[rows·KB], kf[KB·D], vf[KB·Dv],
- * vmax[rows], sum[rows], ms[rows], mblk[KB]; then one q row in K's vec_dot_type. */
+ * vmax[rows], sum[rows], ms[rows], mblk[KB], the tile starts (n_q + 1 int32); then one q row in
+ * K's vec_dot_type. */
 static size_t float_count(const fa_dims *d) {
     return (size_t)(d->rows * d->Dv + d->rows * d->D + d->rows * PG_FA_KB + PG_FA_KB * d->D +
-                    PG_FA_KB * d->Dv + 3 * d->rows + PG_FA_KB);
+                    PG_FA_KB * d->Dv + 3 * d->rows + PG_FA_KB + d->n_q + 1);
 }
 
 static size_t per_thread_bytes(const fa_dims *d) {
@@ -65,6 +77,36 @@ size_t pg_flash_attn_work_size(const pg_tensor *all, const pg_tensor *t, int nth
 static int mask_hides(const pg_tensor *m, const uint8_t *mrow, int64_t j) {
     return m->type == PG_TYPE_F16 ? ((const pg_fp16 *)mrow)[j] == 0xfc00
                                   : ((const float *)mrow)[j] == -INFINITY;
+}
+
+/* the mask value of key j as fp32 */
+static float mask_at(const pg_tensor *m, const uint8_t *mrow, int64_t j) {
+    return m->type == PG_TYPE_F16 ? pg_fp16_to_fp32(((const pg_fp16 *)mrow)[j])
+                                  : ((const float *)mrow)[j];
+}
+
+/* whether query row iq sees (in every mask head) every key that row iq − 1 sees */
+static int sees_all_of_previous(const pg_tensor *m, int64_t iq, int64_t ib, int64_t n_kv) {
+    for (int64_t h = 0; h < m->ne[2]; h++) {
+        const uint8_t *a = pg_ptr(m, 0, iq - 1, h, ib % m->ne[3]);
+        const uint8_t *b = pg_ptr(m, 0, iq, h, ib % m->ne[3]);
+        for (int64_t j = 0; j < n_kv; j++)
+            if (mask_hides(m, b, j) && !mask_hides(m, a, j)) return 0;
+    }
+    return 1;
+}
+
+/* Query rows [starts[i], starts[i + 1]) form tile group i of batch ib: at most qb rows, cut
+ * where a row does not see every key its predecessor sees. Returns the number of groups. */
+static int64_t tile_groups(const pg_tensor *m, const fa_dims *d, int64_t ib, int32_t *starts) {
+    const int64_t qb = d->rows / d->G;
+    int64_t n = 0;
+    starts[n++] = 0;
+    for (int64_t iq = 1; iq < d->n_q; iq++)
+        if (iq - starts[n - 1] == qb || (m && !sees_all_of_previous(m, iq, ib, d->n_kv)))
+            starts[n++] = (int32_t)iq;
+    starts[n] = (int32_t)d->n_q;
+    return n;
 }
 
 /* one row of K or V as fp32 */
@@ -100,6 +142,7 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     float *sum = vmax + d.rows;
     float *ms = sum + d.rows;
     float *mblk = ms + d.rows;
+    int32_t *starts = (int32_t *)(mblk + PG_FA_KB);
     uint8_t *qconv = scratch + (float_count(&d) * sizeof(float) + 63) / 64 * 64;
 
     /* row r of a tile: query iq = q0 + r / G, head h = ik2 * G + r % G */
@@ -108,88 +151,92 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     int64_t keys[PG_FA_KB];
     const int64_t max_rows = (int64_t)(sizeof(slopes) / sizeof(slopes[0]));
 
-    const int64_t n_tiles = d.B * d.Hkv * d.n_qb;
-    for (int64_t tile = p->ith; tile < n_tiles; tile += p->nth) {
-        const int64_t iqb = tile % d.n_qb, ik2 = (tile / d.n_qb) % d.Hkv, ib = tile / (d.n_qb * d.Hkv);
-        const int64_t q0 = iqb * (d.rows / d.G);
-        const int64_t q1 = q0 + d.rows / d.G < d.n_q ? q0 + d.rows / d.G : d.n_q;
-        const int64_t nr = (q1 - q0) * d.G;
-        if (nr > max_rows) { pg_report_bad_data(p); return; }   /* G > 64: validator limit */
-        for (int64_t r = 0; r < nr; r++) {
-            const int64_t iq = q0 + r / d.G, ih = ik2 * d.G + r % d.G;
-            const float *qr = pg_ptr(q, 0, iq, ih, ib);
-            float *qd = qf + r * d.D;
-            if (tk->vec_dot_type == PG_TYPE_F32) {
-                memcpy(qd, qr, (size_t)d.D * sizeof(float));
-            } else if (tk->vec_dot_type == PG_TYPE_F16) {
-                kern->round_f16(qr, qd, d.D);
-            } else {
-                tq->from_float(qr, qconv, d.D);
-                tq->to_float(qconv, qd, d.D);
-            }
-            mrows[r] = m ? pg_ptr(m, 0, iq, ih % m->ne[2], ib % m->ne[3]) : NULL;
-            slopes[r] = max_bias > 0.0f
-                ? ((uint32_t)ih < n_head_log2 ? powf(m0, (float)(ih + 1))
-                                              : powf(m1, (float)(2 * ((uint32_t)ih - n_head_log2) + 1)))
-                : 1.0f;
-            vmax[r] = -INFINITY;
-            sum[r] = 0.0f;
-        }
-        memset(acc, 0, (size_t)nr * (size_t)d.Dv * sizeof(float));
-        for (int64_t j0 = 0; j0 < d.n_kv; j0 += PG_FA_KB) {
-            const int64_t j1 = j0 + PG_FA_KB < d.n_kv ? j0 + PG_FA_KB : d.n_kv;
-            int64_t nk = 0;
-            for (int64_t j = j0; j < j1; j++) {
-                int any = !m;
-                if (m) {
-                    for (int64_t r = 0; r < nr; r += d.G)   /* heads of one query share a mask row */
-                        if (!mask_hides(m, mrows[r], j)) { any = 1; break; }
-                    if (!any && m->ne[2] > 1)
-                        for (int64_t r = 0; r < nr && !any; r++) any = !mask_hides(m, mrows[r], j);
-                }
-                if (any) keys[nk++] = j;
-            }
-            if (!nk) continue;
-            for (int64_t c = 0; c < nk; c++) {
-                row_to_f32(kern, tk, k->type, pg_ptr(k, 0, keys[c], ik2, ib), kf + c * d.D, d.D);
-                row_to_f32(kern, tv, v->type, pg_ptr(v, 0, keys[c], ik2, ib), vf + c * d.Dv, d.Dv);
-            }
-            kern->qk(d.D, nr, nk, qf, d.D, kf, d.D, s, PG_FA_KB);
-            const uint8_t *mlast = NULL;
+    int64_t tile = -1;
+    for (int64_t ib = 0; ib < d.B; ib++) {
+        const int64_t n_groups = tile_groups(m, &d, ib, starts);
+        for (int64_t tl = 0; tl < n_groups * d.Hkv; tl++) {
+            if (++tile % p->nth != p->ith) continue;
+            const int64_t ig = tl / d.Hkv, ik2 = tl % d.Hkv;
+            const int64_t q0 = starts[ig], q1 = starts[ig + 1];
+            const int64_t nr = (q1 - q0) * d.G;
+            if (nr > max_rows) { pg_report_bad_data(p); return; }   /* G > 64: validator limit */
             for (int64_t r = 0; r < nr; r++) {
-                float *sr = s + r * PG_FA_KB;
-                if (m && mrows[r] != mlast) {   /* the block's mask values of the kept keys */
-                    mlast = mrows[r];
-                    if (m->type == PG_TYPE_F16)
-                        kern->f16_to_f32((const uint16_t *)mlast + j0, mblk, j1 - j0);
-                    else memcpy(mblk, (const float *)mlast + j0, (size_t)(j1 - j0) * sizeof(float));
-                    if (nk < j1 - j0)
-                        for (int64_t c = 0; c < nk; c++) mblk[c] = mblk[keys[c] - j0];
+                const int64_t iq = q0 + r / d.G, ih = ik2 * d.G + r % d.G;
+                const float *qr = pg_ptr(q, 0, iq, ih, ib);
+                float *qd = qf + r * d.D;
+                if (tk->vec_dot_type == PG_TYPE_F32) {
+                    memcpy(qd, qr, (size_t)d.D * sizeof(float));
+                } else if (tk->vec_dot_type == PG_TYPE_F16) {
+                    kern->round_f16(qr, qd, d.D);
+                } else {
+                    tq->from_float(qr, qconv, d.D);
+                    tq->to_float(qconv, qd, d.D);
                 }
-                float sc = scale;
-                if (softcap != 0.0f) {
-                    for (int64_t c = 0; c < nk; c++) sr[c] = softcap * tanhf(sr[c] * scale);
-                    sc = 1.0f;
-                }
-                const float bmax = kern->scale_max(sr, nk, sc, m ? mblk : NULL, slopes[r]);
-                if (bmax == -INFINITY) {   /* every key of the block hidden from this row */
-                    memset(sr, 0, (size_t)nk * sizeof(float));
-                    ms[r] = 1.0f;
-                    continue;
-                }
-                const float mnew = bmax > vmax[r] ? bmax : vmax[r];
-                ms[r] = expf(vmax[r] - mnew);   /* rescale what the old max weighed (0 at first) */
-                vmax[r] = mnew;
-                sum[r] = sum[r] * ms[r] + kern->exp_sum(sr, nk, mnew);
+                mrows[r] = m ? pg_ptr(m, 0, iq, ih % m->ne[2], ib % m->ne[3]) : NULL;
+                slopes[r] = max_bias > 0.0f
+                    ? ((uint32_t)ih < n_head_log2
+                           ? powf(m0, (float)(ih + 1))
+                           : powf(m1, (float)(2 * ((uint32_t)ih - n_head_log2) + 1)))
+                    : 1.0f;
+                vmax[r] = -INFINITY;
+                sum[r] = 0.0f;
             }
-            kern->pv(d.Dv, nr, nk, s, PG_FA_KB, vf, d.Dv, ms, acc, d.Dv);
-        }
-        for (int64_t r = 0; r < nr; r++) {
-            const int64_t iq = q0 + r / d.G, ih = ik2 * d.G + r % d.G;
-            float *out = pg_ptr(t, 0, ih, iq, ib);
-            const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
-            const float *a = acc + r * d.Dv;
-            for (int64_t x = 0; x < d.Dv; x++) out[x] = a[x] * inv;
+            memset(acc, 0, (size_t)nr * (size_t)d.Dv * sizeof(float));
+            for (int64_t jn = 0; jn < d.n_kv;) {   /* blocks of up to PG_FA_KB kept keys */
+                int64_t nk = 0;
+                for (; jn < d.n_kv && nk < PG_FA_KB; jn++) {
+                    int any = !m;
+                    if (m) {
+                        /* heads of one query share a mask row */
+                        for (int64_t r = 0; r < nr; r += d.G)
+                            if (!mask_hides(m, mrows[r], jn)) { any = 1; break; }
+                        if (!any && m->ne[2] > 1)
+                            for (int64_t r = 0; r < nr && !any; r++)
+                                any = !mask_hides(m, mrows[r], jn);
+                    }
+                    if (any) keys[nk++] = jn;
+                }
+                if (!nk) break;
+                for (int64_t c = 0; c < nk; c++) {
+                    row_to_f32(kern, tk, k->type, pg_ptr(k, 0, keys[c], ik2, ib), kf + c * d.D,
+                               d.D);
+                    row_to_f32(kern, tv, v->type, pg_ptr(v, 0, keys[c], ik2, ib), vf + c * d.Dv,
+                               d.Dv);
+                }
+                kern->qk(d.D, nr, nk, qf, d.D, kf, d.D, s, PG_FA_KB);
+                const uint8_t *mlast = NULL;
+                for (int64_t r = 0; r < nr; r++) {
+                    float *sr = s + r * PG_FA_KB;
+                    if (m && mrows[r] != mlast) {   /* the block's mask values of the kept keys */
+                        mlast = mrows[r];
+                        for (int64_t c = 0; c < nk; c++) mblk[c] = mask_at(m, mlast, keys[c]);
+                    }
+                    float sc = scale;
+                    if (softcap != 0.0f) {
+                        for (int64_t c = 0; c < nk; c++) sr[c] = softcap * tanhf(sr[c] * scale);
+                        sc = 1.0f;
+                    }
+                    const float bmax = kern->scale_max(sr, nk, sc, m ? mblk : NULL, slopes[r]);
+                    if (bmax == -INFINITY) {   /* every key of the block hidden from this row */
+                        memset(sr, 0, (size_t)nk * sizeof(float));
+                        ms[r] = 1.0f;
+                        continue;
+                    }
+                    const float mnew = bmax > vmax[r] ? bmax : vmax[r];
+                    /* rescale what the old max weighed (0 at first) */
+                    ms[r] = expf(vmax[r] - mnew);
+                    vmax[r] = mnew;
+                    sum[r] = sum[r] * ms[r] + kern->exp_sum(sr, nk, mnew);
+                }
+                kern->pv(d.Dv, nr, nk, s, PG_FA_KB, vf, d.Dv, ms, acc, d.Dv);
+            }
+            for (int64_t r = 0; r < nr; r++) {
+                const int64_t iq = q0 + r / d.G, ih = ik2 * d.G + r % d.G;
+                float *out = pg_ptr(t, 0, ih, iq, ib);
+                const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+                const float *a = acc + r * d.Dv;
+                for (int64_t x = 0; x < d.Dv; x++) out[x] = a[x] * inv;
+            }
         }
     }
 }

@@ -9,7 +9,8 @@
  * computed in blocks of up to PG_GEMM_MAX_NR weight rows × PG_GEMM_MAX_NC activation rows (each
  * block one gemm call, which decodes every weight block once for all its activation rows); the
  * threads' ranges are cut at multiples of the block size. A gemm computes each dot the same way
- * whatever block it falls in, so results do not depend on the thread count. */
+ * whatever block it falls in, and with the bits of the type's vec_dot (quants.h), so results
+ * depend neither on the thread count nor on how many activation rows (tokens) there are. */
 #include <string.h>
 
 #include "ops.h"

@@ -27,9 +27,10 @@ typedef void (*pg_vec_dot_fn)(int64_t n, float *restrict s, const void *restrict
  *     ((float *)((char *)s + j·bs))[i] = dot(x row i, y row j),
  * with 1 <= nr <= PG_GEMM_MAX_NR and 1 <= nc <= PG_GEMM_MAX_NC. Each dot is computed by the
  * same operations in the same order whatever nr, nc and the position in the block, so a
- * MUL_MAT's result does not depend on how it was tiled (or on the thread count). Same tolerance
- * against the scalar vec_dot as the path's vec_dot (integer block sums exact); the scalar
- * gemms equal the scalar vec_dot bit for bit. */
+ * MUL_MAT's result does not depend on how it was tiled (or on the thread count). Every gemm
+ * and every vec_dot of every path equals the scalar vec_dot bit for bit (exact integer block
+ * sums, the scalar kernel's fp32 block terms added in block order): a token's MUL_MAT row is
+ * the same bits whether it is computed alone (decode, vec_dot) or in a batch (gemm). */
 typedef void (*pg_gemm_fn)(int64_t n, float *restrict s, size_t bs, const void *restrict x,
                            size_t bx, const void *restrict y, size_t by, int nr, int nc);
 #define PG_GEMM_MAX_NR 8

@@ -3,9 +3,10 @@
  * Exactness contract with the scalar reference (quants_kquants.c), checked by
  * tests/test_quants_kquants.c:
  *   - Q8_K from_float: bit-exact (same amax scan result, same nearest_int bit trick);
- *   - vec_dot: the integer sums are exact; they are converted to fp32 per 8-lane partial and
- *     scaled per super-block, so float results agree with the scalar kernel to a few ulps of
- *     the sum of |terms| (and exactly when every partial is an integer below 2^24).
+ *   - vec_dot: bit-exact. The integer sums of a super-block are exact; its fp32 term is the
+ *     scalar kernel's (d·isum − dmin·summs, or d·isum), added to one running sum in block
+ *     order (kquants_x86.h), so a dot has the same bits on every path and in every gemm block
+ *     (tests/test_gemm.c).
  *
  * The dot kernels share one plan: weights become unsigned levels (0..2^b-1) so that
  * _mm256_maddubs_epi16 multiplies them with the signed Q8_K activations into int16 pairs (no
@@ -116,39 +117,41 @@ static void quantize_row_q8_K_avx2(const float *restrict x, void *restrict vy, i
 
 /* ---- Q2_K -------------------------------------------------------------------------------- */
 
-static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
-                                   const void *restrict vy) {
-    const pg_block_q2_K *x = vx;
-    const pg_block_q8_K *y = vy;
+static inline void vec_dot_q2_K_q8_K_avx2_blk(const pg_block_q2_K *x, const pg_block_q8_K *y, int64_t i,
+        kq_blk *o) {
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
-        const __m128i s8 = _mm_loadu_si128((const __m128i *)x[i].scales);
-        const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
-        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
-        const __m256i prodm = _mm256_madd_epi16(loadu(y[i].bsums), mn16);
-        accm = _mm256_fnmadd_ps(bcast_dmin(dd), _mm256_cvtepi32_ps(prodm), accm);
-        __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+    const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
+    const __m128i s8 = _mm_loadu_si128((const __m128i *)x[i].scales);
+    const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
+    const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
+    const __m256i summs = _mm256_madd_epi16(loadu(y[i].bsums), mn16);
+    __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m256i sc = h ? _mm256_permute4x64_epi64(sc16, 0xEE)
-                                 : _mm256_permute4x64_epi64(sc16, 0x44);
-            const __m256i qs = loadu(x[i].qs + 32 * h);
-            const int8_t *a = y[i].qs + 128 * h;
-            sum0 = _mm256_add_epi32(sum0, dot32(_mm256_and_si256(qs, m3), a, sc, pair16_mask(0)));
-            sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3),
-                                                a + 32, sc, pair16_mask(1)));
-            sum0 = _mm256_add_epi32(sum0, dot32(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3),
-                                                a + 64, sc, pair16_mask(2)));
-            sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3),
-                                                a + 96, sc, pair16_mask(3)));
-        }
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd),
-                              _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
+    for (int h = 0; h < 2; h++) {
+        const __m256i sc = h ? _mm256_permute4x64_epi64(sc16, 0xEE)
+                             : _mm256_permute4x64_epi64(sc16, 0x44);
+        const __m256i qs = loadu(x[i].qs + 32 * h);
+        const int8_t *a = y[i].qs + 128 * h;
+        sum0 = _mm256_add_epi32(sum0, dot32(_mm256_and_si256(qs, m3), a, sc, pair16_mask(0)));
+        sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3),
+                                            a + 32, sc, pair16_mask(1)));
+        sum0 = _mm256_add_epi32(sum0, dot32(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3),
+                                            a + 64, sc, pair16_mask(2)));
+        sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3),
+                                            a + 96, sc, pair16_mask(3)));
     }
-    *s = hsum_ps(_mm256_add_ps(acc, accm));
+    o->is = _mm256_add_epi32(sum0, sum1);
+    o->ms = summs;
+    o->d = dd_d(dd);
+    o->dmin = dd_dmin(dd);
+}
+
+static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
+        const void *restrict vy) {
+    const pg_block_q2_K *x = vx;
+    const pg_block_q8_K *y = vy;
+    KQ_DOT_LOOP(vec_dot_q2_K_q8_K_avx2_blk, n / PG_QK_K, 1);
 }
 
 /* ---- Q3_K -------------------------------------------------------------------------------- */
@@ -158,163 +161,173 @@ static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
     ((b) >= 2 ? _mm256_and_si256(_mm256_srli_epi16(hm, (b) - 2), m4b) \
               : _mm256_and_si256(_mm256_slli_epi16(hm, 2 - (b)), m4b))
 
+static inline void vec_dot_q3_K_q8_K_avx2_blk(const pg_block_q3_K *x, const pg_block_q8_K *y, int64_t i,
+        kq_blk *o) {
+    const __m256i m3 = _mm256_set1_epi8(3), m4b = _mm256_set1_epi8(4);
+    const float d = h2f(x[i].d) * y[i].d;
+    const __m256i sc16 = _mm256_cvtepi8_epi16(k3_scales(x[i].qs + 62));
+    /* level q = u - 4: Σ S_k Σ q·a = Σ S_k Σ u·a - 4 Σ S_k bsum_k */
+    __m256i sum0 = _mm256_slli_epi32(_mm256_madd_epi16(loadu(y[i].bsums), sc16), 2);
+    sum0 = _mm256_sub_epi32(_mm256_setzero_si256(), sum0);
+    __m256i sum1 = _mm256_setzero_si256();
+    const __m256i hm = loadu(x[i].hmask);
+    {
+        const __m256i sc = _mm256_permute4x64_epi64(sc16, 0x44);
+        const __m256i qs = loadu(x[i].qs);
+        const int8_t *a = y[i].qs;
+        const __m256i u0 = _mm256_or_si256(_mm256_and_si256(qs, m3), Q3_HBIT(hm, 0));
+        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3),
+                                           Q3_HBIT(hm, 1));
+        const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3),
+                                           Q3_HBIT(hm, 2));
+        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3),
+                                           Q3_HBIT(hm, 3));
+        sum0 = _mm256_add_epi32(sum0, dot32(u0, a, sc, pair16_mask(0)));
+        sum1 = _mm256_add_epi32(sum1, dot32(u1, a + 32, sc, pair16_mask(1)));
+        sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
+        sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
+    }
+    {
+        const __m256i sc = _mm256_permute4x64_epi64(sc16, 0xEE);
+        const __m256i qs = loadu(x[i].qs + 32);
+        const int8_t *a = y[i].qs + 128;
+        const __m256i u0 = _mm256_or_si256(_mm256_and_si256(qs, m3), Q3_HBIT(hm, 4));
+        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3),
+                                           Q3_HBIT(hm, 5));
+        const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3),
+                                           Q3_HBIT(hm, 6));
+        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3),
+                                           Q3_HBIT(hm, 7));
+        sum0 = _mm256_add_epi32(sum0, dot32(u0, a, sc, pair16_mask(0)));
+        sum1 = _mm256_add_epi32(sum1, dot32(u1, a + 32, sc, pair16_mask(1)));
+        sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
+        sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
+    }
+    o->is = _mm256_add_epi32(sum0, sum1);
+    o->ms = _mm256_setzero_si256();
+    o->d = d;
+    o->dmin = 0.0f;
+}
+
 static void vec_dot_q3_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
-                                   const void *restrict vy) {
+        const void *restrict vy) {
     const pg_block_q3_K *x = vx;
     const pg_block_q8_K *y = vy;
-    const __m256i m3 = _mm256_set1_epi8(3), m4b = _mm256_set1_epi8(4);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const float d = y[i].d * h2f(x[i].d);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(k3_scales(x[i].qs + 62));
-        /* level q = u - 4: Σ S_k Σ q·a = Σ S_k Σ u·a - 4 Σ S_k bsum_k */
-        __m256i sum0 = _mm256_slli_epi32(_mm256_madd_epi16(loadu(y[i].bsums), sc16), 2);
-        sum0 = _mm256_sub_epi32(_mm256_setzero_si256(), sum0);
-        __m256i sum1 = _mm256_setzero_si256();
-        const __m256i hm = loadu(x[i].hmask);
-        {
-            const __m256i sc = _mm256_permute4x64_epi64(sc16, 0x44);
-            const __m256i qs = loadu(x[i].qs);
-            const int8_t *a = y[i].qs;
-            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(qs, m3), Q3_HBIT(hm, 0));
-            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3),
-                                               Q3_HBIT(hm, 1));
-            const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3),
-                                               Q3_HBIT(hm, 2));
-            const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3),
-                                               Q3_HBIT(hm, 3));
-            sum0 = _mm256_add_epi32(sum0, dot32(u0, a, sc, pair16_mask(0)));
-            sum1 = _mm256_add_epi32(sum1, dot32(u1, a + 32, sc, pair16_mask(1)));
-            sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
-            sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
-        }
-        {
-            const __m256i sc = _mm256_permute4x64_epi64(sc16, 0xEE);
-            const __m256i qs = loadu(x[i].qs + 32);
-            const int8_t *a = y[i].qs + 128;
-            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(qs, m3), Q3_HBIT(hm, 4));
-            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3),
-                                               Q3_HBIT(hm, 5));
-            const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3),
-                                               Q3_HBIT(hm, 6));
-            const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3),
-                                               Q3_HBIT(hm, 7));
-            sum0 = _mm256_add_epi32(sum0, dot32(u0, a, sc, pair16_mask(0)));
-            sum1 = _mm256_add_epi32(sum1, dot32(u1, a + 32, sc, pair16_mask(1)));
-            sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
-            sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
-                              acc);
-    }
-    *s = hsum_ps(acc);
+    KQ_DOT_LOOP(vec_dot_q3_K_q8_K_avx2_blk, n / PG_QK_K, 0);
 }
 
 /* ---- Q4_K / Q5_K ------------------------------------------------------------------------- */
 
+static inline void vec_dot_q4_K_q8_K_avx2_blk(const pg_block_q4_K *x, const pg_block_q8_K *y, int64_t i,
+        kq_blk *o) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
+    const __m128i sm = k4_scales(x[i].scales);
+    const __m256i summs = k4_mins(sm, y[i].bsums);
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    const uint8_t *q = x[i].qs;
+    const int8_t *a = y[i].qs;
+    __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i b = loadu(q + 32 * c);
+        sum0 = _mm256_add_epi32(sum0, dot32(_mm256_and_si256(b, m4), a + 64 * c, sc,
+                                            bcast16_mask(2 * c)));
+        sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
+                                            a + 64 * c + 32, sc, bcast16_mask(2 * c + 1)));
+    }
+    o->is = _mm256_add_epi32(sum0, sum1);
+    o->ms = summs;
+    o->d = dd_d(dd);
+    o->dmin = dd_dmin(dd);
+}
+
 static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
-                                   const void *restrict vy) {
+        const void *restrict vy) {
     const pg_block_q4_K *x = vx;
     const pg_block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
-        const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
-                                _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)), accm);
-        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-        const uint8_t *q = x[i].qs;
-        const int8_t *a = y[i].qs;
-        __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
+    KQ_DOT_LOOP(vec_dot_q4_K_q8_K_avx2_blk, n / PG_QK_K, 1);
+}
+
+static inline void vec_dot_q5_K_q8_K_avx2_blk(const pg_block_q5_K *x, const pg_block_q8_K *y, int64_t i,
+        kq_blk *o) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m16 = _mm256_set1_epi8(0x10);
+    const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
+    const __m128i sm = k4_scales(x[i].scales);
+    const __m256i summs = k4_mins(sm, y[i].bsums);
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    const uint8_t *q = x[i].qs;
+    const int8_t *a = y[i].qs;
+    /* bit 2c of qh[l] is the 5th bit of sub-block 2c, bit 2c+1 of 2c+1: shift right by 2 per
+     * chunk (bits crossing into a byte from its neighbour only reach bits 6..7, never used) */
+    __m256i h = loadu(x[i].qh);
+    __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            const __m256i b = loadu(q + 32 * c);
-            sum0 = _mm256_add_epi32(sum0, dot32(_mm256_and_si256(b, m4), a + 64 * c, sc,
-                                                bcast16_mask(2 * c)));
-            sum1 = _mm256_add_epi32(sum1, dot32(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
-                                                a + 64 * c + 32, sc, bcast16_mask(2 * c + 1)));
-        }
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd),
-                              _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
+    for (int c = 0; c < 4; c++) {
+        const __m256i b = loadu(q + 32 * c);
+        const __m256i lo = _mm256_or_si256(_mm256_and_si256(b, m4),
+                                           _mm256_and_si256(_mm256_slli_epi16(h, 4), m16));
+        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
+                                           _mm256_and_si256(_mm256_slli_epi16(h, 3), m16));
+        h = _mm256_srli_epi16(h, 2);
+        sum0 = _mm256_add_epi32(sum0, dot32(lo, a + 64 * c, sc, bcast16_mask(2 * c)));
+        sum1 = _mm256_add_epi32(sum1, dot32(hi, a + 64 * c + 32, sc, bcast16_mask(2 * c + 1)));
     }
-    *s = hsum_ps(_mm256_add_ps(acc, accm));
+    o->is = _mm256_add_epi32(sum0, sum1);
+    o->ms = summs;
+    o->d = dd_d(dd);
+    o->dmin = dd_dmin(dd);
 }
 
 static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
-                                   const void *restrict vy) {
+        const void *restrict vy) {
     const pg_block_q5_K *x = vx;
     const pg_block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0xF), m16 = _mm256_set1_epi8(0x10);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const __m128 dd = k4_dmin(&x[i].d, y[i].d);   /* d, dmin */
-        const __m128i sm = k4_scales(x[i].scales);
-        accm = _mm256_fnmadd_ps(bcast_dmin(dd), _mm256_cvtepi32_ps(k4_mins(sm, y[i].bsums)),
-                                accm);
-        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-        const uint8_t *q = x[i].qs;
-        const int8_t *a = y[i].qs;
-        /* bit 2c of qh[l] is the 5th bit of sub-block 2c, bit 2c+1 of 2c+1: shift right by 2 per
-         * chunk (bits crossing into a byte from its neighbour only reach bits 6..7, never used) */
-        __m256i h = loadu(x[i].qh);
-        __m256i sum0 = _mm256_setzero_si256(), sum1 = sum0;
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            const __m256i b = loadu(q + 32 * c);
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(b, m4),
-                                               _mm256_and_si256(_mm256_slli_epi16(h, 4), m16));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
-                                               _mm256_and_si256(_mm256_slli_epi16(h, 3), m16));
-            h = _mm256_srli_epi16(h, 2);
-            sum0 = _mm256_add_epi32(sum0, dot32(lo, a + 64 * c, sc, bcast16_mask(2 * c)));
-            sum1 = _mm256_add_epi32(sum1, dot32(hi, a + 64 * c + 32, sc, bcast16_mask(2 * c + 1)));
-        }
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd),
-                              _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
-    }
-    *s = hsum_ps(_mm256_add_ps(acc, accm));
+    KQ_DOT_LOOP(vec_dot_q5_K_q8_K_avx2_blk, n / PG_QK_K, 1);
 }
 
 /* ---- Q6_K -------------------------------------------------------------------------------- */
 
+static inline void vec_dot_q6_K_q8_K_avx2_blk(const pg_block_q6_K *x, const pg_block_q8_K *y, int64_t i,
+        kq_blk *o) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+    const float d = h2f(x[i].d) * y[i].d;
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+    /* level q = u - 32 with u = lo4 | hi2 << 4 in 0..63: subtract 32 Σ_k sc_k bsum_k */
+    __m256i sum0 = _mm256_slli_epi32(_mm256_madd_epi16(loadu(y[i].bsums), sc16), 5);
+    sum0 = _mm256_sub_epi32(_mm256_setzero_si256(), sum0);
+    __m256i sum1 = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i sc = h ? _mm256_permute4x64_epi64(sc16, 0xEE)
+                             : _mm256_permute4x64_epi64(sc16, 0x44);
+        const __m256i l0 = loadu(x[i].ql + 64 * h), l1 = loadu(x[i].ql + 64 * h + 32);
+        const __m256i qh = loadu(x[i].qh + 32 * h);
+        const int8_t *a = y[i].qs + 128 * h;
+        const __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                           _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                           _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+        const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                           _mm256_and_si256(qh, m30));
+        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+        sum0 = _mm256_add_epi32(sum0, dot32(u0, a, sc, pair16_mask(0)));
+        sum1 = _mm256_add_epi32(sum1, dot32(u1, a + 32, sc, pair16_mask(1)));
+        sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
+        sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
+    }
+    o->is = _mm256_add_epi32(sum0, sum1);
+    o->ms = _mm256_setzero_si256();
+    o->d = d;
+    o->dmin = 0.0f;
+}
+
 static void vec_dot_q6_K_q8_K_avx2(int64_t n, float *restrict s, const void *restrict vx,
-                                   const void *restrict vy) {
+        const void *restrict vy) {
     const pg_block_q6_K *x = vx;
     const pg_block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / PG_QK_K; i++) {
-        const float d = y[i].d * h2f(x[i].d);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        /* level q = u - 32 with u = lo4 | hi2 << 4 in 0..63: subtract 32 Σ_k sc_k bsum_k */
-        __m256i sum0 = _mm256_slli_epi32(_mm256_madd_epi16(loadu(y[i].bsums), sc16), 5);
-        sum0 = _mm256_sub_epi32(_mm256_setzero_si256(), sum0);
-        __m256i sum1 = _mm256_setzero_si256();
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m256i sc = h ? _mm256_permute4x64_epi64(sc16, 0xEE)
-                                 : _mm256_permute4x64_epi64(sc16, 0x44);
-            const __m256i l0 = loadu(x[i].ql + 64 * h), l1 = loadu(x[i].ql + 64 * h + 32);
-            const __m256i qh = loadu(x[i].qh + 32 * h);
-            const int8_t *a = y[i].qs + 128 * h;
-            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                               _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                               _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-            const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                               _mm256_and_si256(qh, m30));
-            const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-            sum0 = _mm256_add_epi32(sum0, dot32(u0, a, sc, pair16_mask(0)));
-            sum1 = _mm256_add_epi32(sum1, dot32(u1, a + 32, sc, pair16_mask(1)));
-            sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
-            sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)),
-                              acc);
-    }
-    *s = hsum_ps(acc);
+    KQ_DOT_LOOP(vec_dot_q6_K_q8_K_avx2_blk, n / PG_QK_K, 0);
 }
 
 /* ---- traits ------------------------------------------------------------------------------ */

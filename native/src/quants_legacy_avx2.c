@@ -6,12 +6,13 @@
  *   - from_float (Q8_0, Q8_1, F16, BF16): bit-exact for finite input. Unlike ggml's x86 path
  *     (id = 127/amax, round-half-even; formats-and-models.md §2.5) we keep the reference's
  *     id = 1/d and round half away from zero, so activations never depend on the path;
- *   - vec_dot: integer block sums exact; the per-block float scaling is accumulated in 8 lanes
- *     and several accumulators (a different order from the scalar loop), so float results agree
- *     to a few ulps of the sum of |block terms|.
- * Weight rows are streamed once per dot: the loops do four blocks per step with independent
- * accumulators so the loads of the next blocks overlap the arithmetic, and the four blocks' fp16
- * scales go through one conversion. */
+ *   - vec_dot of the quantized formats: bit-exact. Integer block sums are exact, then each
+ *     block's fp32 term is computed with the reference's operations in its order and added to
+ *     one running sum in block order (quants_legacy_x86.h), so a dot has the same bits on every
+ *     path and inside any gemm block: batching tokens never changes a token's result. Eight
+ *     blocks per step share one integer fold, one fp16 conversion and one term computation.
+ *   - float vec_dot (F32/F16/BF16): four 8-lane FMA chains (not the scalar order; those types
+ *     have no gemm, so every MUL_MAT row is this same kernel whatever the batch). */
 #include <immintrin.h>
 #include <math.h>
 

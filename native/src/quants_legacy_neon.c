@@ -7,69 +7,31 @@
  *   - from_float (Q8_0, Q8_1, F16): bit-exact for finite input. FCVTAS rounds to nearest with
  *     ties away from zero — exactly roundf — and id = 1/d as in the reference (ggml's NEON path
  *     rounds ties to even instead; formats-and-models.md §2.5);
- *   - vec_dot: integer block sums exact; float scaling accumulated in 4 lanes × 2 chains, so
- *     results agree with the scalar order to a few ulps of Σ|block terms|. F16 dots convert to
- *     fp32 and accumulate in fp32 (ggml uses fp16 FMA on CPUs with FP16 arithmetic). */
+ *   - vec_dot of the quantized formats: bit-exact (exact integer block sums, the reference's
+ *     fp32 block terms added in block order; quants_legacy_neon.h), so a dot has the same bits
+ *     on every path and in every gemm block. F16 dots convert to fp32 and accumulate in fp32
+ *     (ggml uses fp16 FMA on CPUs with FP16 arithmetic). */
 #include <arm_neon.h>
 
 #include "quants.h"
 #include "quants_legacy.h"
 #include "quants_legacy_neon.h"
 
-/* Σ a_i·b_i over 32 int8 pairs as 4 int32 lanes, without the dot-product extension: every
- * product fits int16 (|−128·−128| = 16384), pairs are widened before adding. */
-static inline int32x4_t dot32(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1) {
-    int32x4_t s = vpaddlq_s16(vmull_s8(vget_low_s8(a0), vget_low_s8(b0)));
-    s = vpadalq_s16(s, vmull_high_s8(a0, b0));
-    s = vpadalq_s16(s, vmull_s8(vget_low_s8(a1), vget_low_s8(b1)));
-    return vpadalq_s16(s, vmull_high_s8(a1, b1));
+/* Σ q_i·a_i over one block's 32 int8 pairs as 4 int32 lanes, without the dot-product
+ * extension: every product fits int16 (|−128·−128| = 16384), pairs are widened before adding. */
+static inline int32x4_t dot32(int8x16_t q0, int8x16_t q1, const int8_t *a) {
+    const int8x16_t b0 = vld1q_s8(a), b1 = vld1q_s8(a + 16);
+    int32x4_t s = vpaddlq_s16(vmull_s8(vget_low_s8(q0), vget_low_s8(b0)));
+    s = vpadalq_s16(s, vmull_high_s8(q0, b0));
+    s = vpadalq_s16(s, vmull_s8(vget_low_s8(q1), vget_low_s8(b1)));
+    return vpadalq_s16(s, vmull_high_s8(q1, b1));
 }
 
-/* Two blocks per step, one float chain each: acc += (d_x·d_y) · float(Σ q·a). */
-#define PG_NEON_DOT_Q8_0(name, XT, VALUES)                                                      \
-    static void name(int64_t n, float *restrict s, const void *restrict vx,                     \
-                     const void *restrict vy) {                                                 \
-        const XT *x = vx;                                                                       \
-        const pg_block_q8_0 *y = vy;                                                            \
-        const int64_t nb = n / PG_QK32;                                                         \
-        float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);                         \
-        int64_t b = 0;                                                                          \
-        for (; b < nb; b++) {                                                                   \
-            int8x16_t q0, q1;                                                                   \
-            VALUES(&x[b], &q0, &q1);                                                            \
-            const int32x4_t p = dot32(q0, q1, vld1q_s8(y[b].qs), vld1q_s8(y[b].qs + 16));       \
-            const float d = h2f(x[b].d) * h2f(y[b].d);                                          \
-            if (b & 1) acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(p), d);                           \
-            else acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(p), d);                                 \
-        }                                                                                       \
-        *s = vaddvq_f32(vaddq_f32(acc0, acc1));                                                 \
-    }
-
-#define PG_NEON_DOT_Q8_1(name, XT, VALUES)                                                      \
-    static void name(int64_t n, float *restrict s, const void *restrict vx,                     \
-                     const void *restrict vy) {                                                 \
-        const XT *x = vx;                                                                       \
-        const pg_block_q8_1 *y = vy;                                                            \
-        const int64_t nb = n / PG_QK32;                                                         \
-        float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);                         \
-        float summs = 0.0f;                                                                     \
-        for (int64_t b = 0; b < nb; b++) {                                                      \
-            int8x16_t q0, q1;                                                                   \
-            VALUES(&x[b], &q0, &q1);                                                            \
-            const int32x4_t p = dot32(q0, q1, vld1q_s8(y[b].qs), vld1q_s8(y[b].qs + 16));       \
-            const float d = h2f(x[b].d) * h2f(y[b].d);                                          \
-            if (b & 1) acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(p), d);                           \
-            else acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(p), d);                                 \
-            summs += h2f(x[b].m) * h2f(y[b].s);                                                 \
-        }                                                                                       \
-        *s = vaddvq_f32(vaddq_f32(acc0, acc1)) + summs;                                         \
-    }
-
-PG_NEON_DOT_Q8_0(vec_dot_q4_0_q8_0, pg_block_q4_0, q4_0_values)
-PG_NEON_DOT_Q8_0(vec_dot_q5_0_q8_0, pg_block_q5_0, q5_0_values)
-PG_NEON_DOT_Q8_0(vec_dot_q8_0_q8_0, pg_block_q8_0, q8_0_values)
-PG_NEON_DOT_Q8_1(vec_dot_q4_1_q8_1, pg_block_q4_1, q4_1_values)
-PG_NEON_DOT_Q8_1(vec_dot_q5_1_q8_1, pg_block_q5_1, q5_1_values)
+PG_NEON_DOT_Q8_0(vec_dot_q4_0_q8_0, pg_block_q4_0, q4_0_values, dot32, 0)
+PG_NEON_DOT_Q8_0(vec_dot_q5_0_q8_0, pg_block_q5_0, q5_0_values, dot32, 0)
+PG_NEON_DOT_Q8_0(vec_dot_q8_0_q8_0, pg_block_q8_0, q8_0_values, dot32, 1)
+PG_NEON_DOT_Q8_1(vec_dot_q4_1_q8_1, pg_block_q4_1, q4_1_values, dot32)
+PG_NEON_DOT_Q8_1(vec_dot_q5_1_q8_1, pg_block_q5_1, q5_1_values, dot32)
 
 /* ---- float types --------------------------------------------------------------------------- */
 

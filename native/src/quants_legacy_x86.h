@@ -2,8 +2,10 @@
  * quants_legacy_avx512.c (VNNI dpbusd). The includer defines
  *   PG_X86_DOT_US(u, s)   8 int32 partial sums of Σ u_i·s_i over 32 bytes (u unsigned, s signed)
  *   PG_X86_DOT_Q4_0(q, a) 8 int32 partial sums of Σ (q_i − 8)·a_i (q the nibbles 0..15)
+ * and may define PG_X86_ADD_BIT4 (5th bits into the levels) and PG_X86_DOT_OFF16 (Σ (q − 16)·a)
  * and gets static vec_dot_{q4_0,q5_0,q8_0}_q8_0 and vec_dot_{q4_1,q5_1}_q8_1 plus the helpers.
- * Integer block sums are exact; see quants_legacy_avx2.c for the contract with the scalar code. */
+ * The dots give the scalar reference's bits (exact integer block sums, the reference's fp32
+ * operations in its order; see below). */
 #ifndef PG_QUANTS_LEGACY_X86_H
 #define PG_QUANTS_LEGACY_X86_H
 
@@ -28,8 +30,6 @@ static inline int hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* d_x·d_y of four consecutive blocks (fp16 `d` first in both block types): the eight fp16
- * values go through one conversion. */
 /* The 16-bit words at p, p + S, p + 2S, p + 3S (the fp16 field of four consecutive blocks of
  * stride S) as words 0..3: load k starts at p + k·(S − 2), so its word k is the wanted one, and
  * three word blends merge them. Loads stay inside the four blocks (reads end at p + 3S + 10).
@@ -41,17 +41,6 @@ static inline __m128i fp16x4(const uint8_t *p, size_t stride) {
     v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 2 * step)), 0x04);
     return _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 3 * step)), 0x08);
 }
-
-/* Products of the fp16 fields at x (stride xstride) and y (ystride) of four consecutive blocks:
- * d_x·d_y (or m_x·s_y when pointed at the second field); one conversion for all eight. */
-static inline __m128 scales4(const void *x, size_t xstride, const void *y, size_t ystride) {
-    const __m128i h = _mm_unpacklo_epi64(fp16x4(x, xstride), fp16x4(y, ystride));
-    const __m256 f = _mm256_cvtph_ps(h);
-    return _mm_mul_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
-}
-
-/* Lane k of v in all eight lanes. */
-#define PG_LANE(v, k) _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_set1_epi32(k))
 
 /* 16 packed bytes -> 32 bytes: low nibbles (elements 0..15) in the low lane, high nibbles
  * (elements 16..31) in the high lane, each 0..15. */
@@ -72,6 +61,18 @@ static inline __m256i bits_to_bytes(const uint8_t *qh4) {
 
 static inline __m256i dot_us(__m256i u, __m256i s) { return PG_X86_DOT_US(u, s); }
 
+#ifndef PG_X86_ADD_BIT4
+/* q | 0x10 in byte j where bit j of the 32-bit qh at qh4 is set (the nibbles have bit 4 clear) */
+#define PG_X86_ADD_BIT4(q, qh4) \
+    _mm256_or_si256(q, _mm256_and_si256(bits_to_bytes(qh4), _mm256_set1_epi8(0x10)))
+/* Σ (q − 16)·a for unsigned q <= 31: Σ q·a − 16·Σ a through maddubs, the int16 difference fits
+ * (|31·127·2| + |16·128·2| < 32768) */
+#define PG_X86_DOT_OFF16(q, a)                                                                  \
+    _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q, a),                              \
+                                       _mm256_maddubs_epi16(_mm256_set1_epi8(16), a)),          \
+                      _mm256_set1_epi16(1))
+#endif
+
 /* Σ a_i·b_i for signed a, b (a != -128): |a| times b with a's sign moved onto b. */
 static inline __m256i dot_ss(__m256i a, __m256i b) {
     return dot_us(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
@@ -85,48 +86,74 @@ static inline __m256i q4_0_block(const pg_block_q4_0 *x, const pg_block_q8_0 *y)
     return PG_X86_DOT_Q4_0(q, a);
 }
 
-/* Four blocks per step, one FMA chain each; the scales of the four come from one conversion. */
-/* Four blocks per step: their 8-lane integer sums are folded with two levels of hadd into one
- * vector [b0 b1 b2 b3 | b0 b1 b2 b3], converted once and scaled by [d0 d1 d2 d3 | d0 .. d3]. */
-static inline __m256i fold4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
-    return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+/* The dots follow the scalar reference (quants_legacy.c) operation for operation, so every
+ * path gives its bits: per block the exact int32 sum, then the block's fp32 term in the
+ * reference's order, added to one running fp32 sum in block order. Eight blocks per step: their
+ * integer sums in one vector (fold8), the terms of the eight in one vector (elementwise IEEE
+ * multiplies and adds are the scalar ones), then eight scalar adds in order. */
+
+/* [Σp0 .. Σp7]: the full sums of eight 8-lane vectors, in order */
+static inline __m256i fold8(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m256i p4,
+                            __m256i p5, __m256i p6, __m256i p7) {
+    /* per 128-bit half: [Σlo p0 .. Σlo p3 | Σhi p0 .. Σhi p3] */
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p4, p5), _mm256_hadd_epi32(p6, p7));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                            _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-#define PG_DOT_Q8_0_KERNEL(name, XT, BLOCK)                                                     \
+/* The fp16 fields at p + k·stride, k = 0..7, as floats (fp16x4 reads stay inside the blocks). */
+static inline __m256 fp16x8(const void *p, size_t stride) {
+    const uint8_t *c = p;
+    return _mm256_cvtph_ps(_mm_unpacklo_epi64(fp16x4(c, stride), fp16x4(c + 4 * stride, stride)));
+}
+
+/* sum + t0 + t1 + ... + t7, left to right (the scalar loop's order) */
+static inline float add_in_order(float sum, __m256 t) {
+    float v[8];
+    _mm256_storeu_ps(v, t);
+    for (int k = 0; k < 8; k++) sum += v[k];
+    return sum;
+}
+
+/* Block terms of the Q8_0-activation formats: TERM(isum, dx, dy) as in the scalar kernel,
+ *   Q4_0, Q5_0: (float)isum · d_x · d_y          Q8_0: (float)isum · (d_x · d_y) */
+#define PG_TERM_X_Y(f, dx, dy) _mm256_mul_ps(_mm256_mul_ps(f, dx), dy)
+#define PG_TERM_XY(f, dx, dy) _mm256_mul_ps(f, _mm256_mul_ps(dx, dy))
+#define PG_STERM_X_Y(f, dx, dy) ((f) * (dx) * (dy))
+#define PG_STERM_XY(f, dx, dy) ((f) * ((dx) * (dy)))
+
+#define PG_DOT_Q8_0_KERNEL(name, XT, BLOCK, TERM, STERM)                                        \
     static void name(int64_t n, float *restrict s, const void *restrict vx,                     \
                      const void *restrict vy) {                                                 \
         const XT *x = vx;                                                                       \
         const pg_block_q8_0 *y = vy;                                                            \
         const int64_t nb = n / PG_QK32;                                                         \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0;                                               \
+        float sum = 0.0f;                                                                       \
         int64_t b = 0;                                                                          \
         for (; b + 8 <= nb; b += 8) {                                                           \
-            const __m128 d0 = scales4(&x[b], sizeof(XT), &y[b], sizeof(pg_block_q8_0));        \
-            const __m128 d1 = scales4(&x[b + 4], sizeof(XT), &y[b + 4], sizeof(pg_block_q8_0)); \
-            const __m256i p0 = fold4(BLOCK(&x[b], &y[b]), BLOCK(&x[b + 1], &y[b + 1]),          \
-                                     BLOCK(&x[b + 2], &y[b + 2]), BLOCK(&x[b + 3], &y[b + 3])); \
-            const __m256i p1 = fold4(BLOCK(&x[b + 4], &y[b + 4]), BLOCK(&x[b + 5], &y[b + 5]),  \
-                                     BLOCK(&x[b + 6], &y[b + 6]), BLOCK(&x[b + 7], &y[b + 7])); \
-            a0 = _mm256_fmadd_ps(_mm256_set_m128(d0, d0), _mm256_cvtepi32_ps(p0), a0);          \
-            a1 = _mm256_fmadd_ps(_mm256_set_m128(d1, d1), _mm256_cvtepi32_ps(p1), a1);          \
+            const __m256i p = fold8(BLOCK(&x[b], &y[b]), BLOCK(&x[b + 1], &y[b + 1]),           \
+                                    BLOCK(&x[b + 2], &y[b + 2]), BLOCK(&x[b + 3], &y[b + 3]),   \
+                                    BLOCK(&x[b + 4], &y[b + 4]), BLOCK(&x[b + 5], &y[b + 5]),   \
+                                    BLOCK(&x[b + 6], &y[b + 6]), BLOCK(&x[b + 7], &y[b + 7]));  \
+            const __m256 dx = fp16x8(&x[b], sizeof(XT)), dy = fp16x8(&y[b], sizeof(*y));        \
+            sum = add_in_order(sum, TERM(_mm256_cvtepi32_ps(p), dx, dy));                       \
         }                                                                                       \
         for (; b < nb; b++)                                                                     \
-            a0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[b].d) * h2f(y[b].d)),                     \
-                                 _mm256_cvtepi32_ps(BLOCK(&x[b], &y[b])), a0);                  \
-        *s = hsum_ps(_mm256_add_ps(a0, a1));                                                    \
+            sum += STERM((float)hsum_epi32(BLOCK(&x[b], &y[b])), h2f(x[b].d), h2f(y[b].d));     \
+        *s = sum;                                                                               \
     }
 
-PG_DOT_Q8_0_KERNEL(vec_dot_q4_0_q8_0, pg_block_q4_0, q4_0_block)
+PG_DOT_Q8_0_KERNEL(vec_dot_q4_0_q8_0, pg_block_q4_0, q4_0_block, PG_TERM_X_Y, PG_STERM_X_Y)
 
-/* Q5_0: q − 16 as a signed byte = nibble | (bit4 ? 0 : 0xF0). */
+/* Q5_0: unsigned levels q = nibble | bit4 << 4 (0..31), Σ (q − 16)·a. */
 static inline __m256i q5_0_block(const pg_block_q5_0 *x, const pg_block_q8_0 *y) {
-    const __m256i hi = _mm256_andnot_si256(bits_to_bytes(x->qh), _mm256_set1_epi8((char)0xF0));
-    const __m256i q = _mm256_or_si256(unpack_nibbles(x->qs), hi);
+    const __m256i q = PG_X86_ADD_BIT4(unpack_nibbles(x->qs), x->qh);
     const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
-    return dot_ss(q, a);
+    return PG_X86_DOT_OFF16(q, a);
 }
 
-PG_DOT_Q8_0_KERNEL(vec_dot_q5_0_q8_0, pg_block_q5_0, q5_0_block)
+PG_DOT_Q8_0_KERNEL(vec_dot_q5_0_q8_0, pg_block_q5_0, q5_0_block, PG_TERM_X_Y, PG_STERM_X_Y)
 
 static inline __m256i q8_0_block(const pg_block_q8_0 *x, const pg_block_q8_0 *y) {
     const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
@@ -136,20 +163,18 @@ static inline __m256i q8_0_block(const pg_block_q8_0 *x, const pg_block_q8_0 *y)
 
 /* dot_ss is exact for any weight byte (|−128| reads as 128 through maddubs's unsigned side) and
  * activations in −127..127, which is all any Q8 quantizer produces for finite input. */
-PG_DOT_Q8_0_KERNEL(vec_dot_q8_0_q8_0, pg_block_q8_0, q8_0_block)
+PG_DOT_Q8_0_KERNEL(vec_dot_q8_0_q8_0, pg_block_q8_0, q8_0_block, PG_TERM_XY, PG_STERM_XY)
 
-/* Q4_1 / Q5_1 · Q8_1: unsigned q straight into maddubs; the m·s terms of four blocks at a time
- * in one 4-lane vector. */
-static inline __m256 q4_1_block(const pg_block_q4_1 *x, const pg_block_q8_1 *y) {
+/* Q4_1 / Q5_1 · Q8_1: unsigned q straight into maddubs; block term (d_x·d_y)·isum + m_x·s_y. */
+static inline __m256i q4_1_block(const pg_block_q4_1 *x, const pg_block_q8_1 *y) {
     const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
-    return _mm256_cvtepi32_ps(dot_us(unpack_nibbles(x->qs), a));
+    return dot_us(unpack_nibbles(x->qs), a);
 }
 
-static inline __m256 q5_1_block(const pg_block_q5_1 *x, const pg_block_q8_1 *y) {
-    const __m256i hi = _mm256_and_si256(bits_to_bytes(x->qh), _mm256_set1_epi8(0x10));
-    const __m256i q = _mm256_or_si256(unpack_nibbles(x->qs), hi);
+static inline __m256i q5_1_block(const pg_block_q5_1 *x, const pg_block_q8_1 *y) {
+    const __m256i q = PG_X86_ADD_BIT4(unpack_nibbles(x->qs), x->qh);
     const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
-    return _mm256_cvtepi32_ps(dot_us(q, a));
+    return dot_us(q, a);
 }
 
 #define PG_DOT_Q8_1_KERNEL(name, XT, BLOCK)                                                       \
@@ -158,28 +183,23 @@ static inline __m256 q5_1_block(const pg_block_q5_1 *x, const pg_block_q8_1 *y) 
         const XT *x = vx;                                                                       \
         const pg_block_q8_1 *y = vy;                                                            \
         const int64_t nb = n / PG_QK32;                                                         \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                             \
-        __m128 ms = _mm_setzero_ps();                                                           \
+        float sum = 0.0f;                                                                       \
         int64_t b = 0;                                                                          \
-        for (; b + 4 <= nb; b += 4) {                                                           \
-            const __m128 d = scales4(&x[b], sizeof(XT), &y[b], sizeof(pg_block_q8_1));          \
-            ms = _mm_add_ps(ms, scales4((const char *)&x[b] + 2, sizeof(XT),                    \
-                                        (const char *)&y[b] + 2, sizeof(pg_block_q8_1)));       \
-            a0 = _mm256_fmadd_ps(PG_LANE(d, 0), BLOCK(&x[b], &y[b]), a0);                       \
-            a1 = _mm256_fmadd_ps(PG_LANE(d, 1), BLOCK(&x[b + 1], &y[b + 1]), a1);               \
-            a2 = _mm256_fmadd_ps(PG_LANE(d, 2), BLOCK(&x[b + 2], &y[b + 2]), a2);               \
-            a3 = _mm256_fmadd_ps(PG_LANE(d, 3), BLOCK(&x[b + 3], &y[b + 3]), a3);               \
+        for (; b + 8 <= nb; b += 8) {                                                           \
+            const __m256i p = fold8(BLOCK(&x[b], &y[b]), BLOCK(&x[b + 1], &y[b + 1]),           \
+                                    BLOCK(&x[b + 2], &y[b + 2]), BLOCK(&x[b + 3], &y[b + 3]),   \
+                                    BLOCK(&x[b + 4], &y[b + 4]), BLOCK(&x[b + 5], &y[b + 5]),   \
+                                    BLOCK(&x[b + 6], &y[b + 6]), BLOCK(&x[b + 7], &y[b + 7]));  \
+            const __m256 dd = _mm256_mul_ps(fp16x8(&x[b], sizeof(XT)), fp16x8(&y[b], sizeof(*y))); \
+            const __m256 ms = _mm256_mul_ps(fp16x8((const char *)&x[b] + 2, sizeof(XT)),        \
+                                            fp16x8((const char *)&y[b] + 2, sizeof(*y)));       \
+            sum = add_in_order(sum, _mm256_add_ps(_mm256_mul_ps(dd, _mm256_cvtepi32_ps(p)), ms)); \
         }                                                                                       \
-        float summs = 0.0f;                                                                     \
         for (; b < nb; b++) {                                                                   \
-            a0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[b].d) * h2f(y[b].d)),                     \
-                                 BLOCK(&x[b], &y[b]), a0);                                      \
-            summs += h2f(x[b].m) * h2f(y[b].s);                                                 \
+            const float dd = h2f(x[b].d) * h2f(y[b].d);                                         \
+            sum += dd * (float)hsum_epi32(BLOCK(&x[b], &y[b])) + h2f(x[b].m) * h2f(y[b].s);     \
         }                                                                                       \
-        ms = _mm_add_ps(ms, _mm_movehl_ps(ms, ms));                                             \
-        ms = _mm_add_ss(ms, _mm_movehdup_ps(ms));                                               \
-        *s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) +             \
-             (_mm_cvtss_f32(ms) + summs);                                                       \
+        *s = sum;                                                                               \
     }
 
 PG_DOT_Q8_1_KERNEL(vec_dot_q4_1_q8_1, pg_block_q4_1, q4_1_block)

@@ -224,3 +224,106 @@ PG_TEST(test_flash_attn_paths_against_reference) {
     }
     pg_threadpool_free(tp);
 }
+
+/* ---- batch invariance ------------------------------------------------------------------------ */
+
+enum { BD = 64, BH = 4, BHKV = 2, BKV = 200, BQA = 7, BQB = 5 };
+
+/* out[Dv = BD, BH, n_q] of q [BD, n_q, BH], k / v [BD, n_kv, BHKV] F16, mask [n_kv, n_q] F16 */
+static void fa_any(pg_threadpool *tp, int nth, int64_t n_q, int64_t n_kv, const float *q,
+                   const pg_fp16 *k, const pg_fp16 *v, const pg_fp16 *m, float *out) {
+    pg_tensor t[5];
+    const int64_t nq[4] = {BD, n_q, BH, 1}, nk[4] = {BD, n_kv, BHKV, 1};
+    const int64_t nm[4] = {n_kv, n_q, 1, 1}, no[4] = {BD, BH, n_q, 1};
+    set_t(&t[0], PG_TYPE_F32, PG_OP_NONE, nq, (void *)q);
+    set_t(&t[1], PG_TYPE_F16, PG_OP_NONE, nk, (void *)k);
+    set_t(&t[2], PG_TYPE_F16, PG_OP_NONE, nk, (void *)v);
+    set_t(&t[3], PG_TYPE_F16, PG_OP_NONE, nm, (void *)m);
+    set_t(&t[4], PG_TYPE_F32, PG_OP_FLASH_ATTN_EXT, no, out);
+    for (int i = 0; i < 4; i++) t[4].src[i] = i;
+    const float scale = 0.125f, zero = 0.0f;
+    memcpy(&t[4].op_params[0], &scale, 4);
+    memcpy(&t[4].op_params[1], &zero, 4);
+    memcpy(&t[4].op_params[2], &zero, 4);
+    const int32_t order[1] = {4};
+    size_t ws = 0;
+    int32_t bad = -1;
+    CHECK(pg_graph_work_size(t, 5, order, 1, 2, &ws) == PG_OK, "work size");
+    void *work = calloc(1, ws + 64);
+    CHECK(pg_graph_compute(t, 5, order, 1, tp, nth, work, ws, NULL, NULL, &bad) == PG_OK,
+          "flash attention computes (bad node %d)", bad);
+    free(work);
+}
+
+/* Two sequences A and B share one KV cache, their cells interleaved irregularly (as a unified
+ * cache places a batch); a batch of query rows [B0, A0..A6, B1..B4] (causal within each
+ * sequence) gives every A row exactly the bits of (1) A's rows computed alone over a cache of
+ * only A's cells, in order, and (2) each A row alone (n_q = 1, decode): other sequences' cells
+ * and rows never change a sequence's result. Every path, 1 and 2 threads. */
+PG_TEST(test_flash_attn_row_independent_of_batch) {
+    static float q[BD * (BQA + BQB) * BH], qa[BD * BQA * BH], q1[BD * BH];
+    static pg_fp16 k[BD * BKV * BHKV], v[BD * BKV * BHKV], ka[BD * BKV * BHKV],
+        va[BD * BKV * BHKV];
+    static pg_fp16 m[BKV * (BQA + BQB)], ma[BKV * BQA], m1[BKV];
+    static float out[BD * BH * (BQA + BQB)], outa[BD * BH * BQA], out1[BD * BH];
+    enum { NQ = BQA + BQB };
+    srand(17);
+    int seq[BKV], pos[BKV], na = 0, nb = 0, acell[BKV];
+    for (int j = 0; j < BKV; j++) {   /* A owns ~2/3 of the cells, in runs of varying length */
+        seq[j] = (rand() % 3 == 0) ? 1 : 0;
+        if (seq[j] == 0) { acell[na] = j; pos[j] = na++; }
+        else pos[j] = nb++;
+    }
+    for (int i = 0; i < BD * BKV * BHKV; i++) {
+        k[i] = pg_fp32_to_fp16(frand());
+        v[i] = pg_fp32_to_fp16(frand());
+    }
+    /* batch rows: row 0 = B at position nb - BQB, rows 1..7 = A at na - 7 .. na - 1, rows
+     * 8..11 = B at nb - 4 .. nb - 1 */
+    int rseq[NQ], rpos[NQ], arow[BQA];
+    rseq[0] = 1; rpos[0] = nb - BQB;
+    for (int i = 0; i < BQA; i++) { rseq[1 + i] = 0; rpos[1 + i] = na - BQA + i; arow[i] = 1 + i; }
+    for (int i = 0; i < BQB - 1; i++) { rseq[8 + i] = 1; rpos[8 + i] = nb - BQB + 1 + i; }
+    for (int r = 0; r < NQ; r++)
+        for (int j = 0; j < BKV; j++)
+            m[r * BKV + j] = pg_fp32_to_fp16(seq[j] == rseq[r] && pos[j] <= rpos[r] ? 0.0f
+                                                                                    : -INFINITY);
+    for (int i = 0; i < BD * NQ * BH; i++) q[i] = frand();
+    /* A alone: its cells compacted in order, its rows, causal */
+    for (int h = 0; h < BHKV; h++)
+        for (int c = 0; c < na; c++) {
+            memcpy(&ka[(h * na + c) * BD], &k[(h * BKV + acell[c]) * BD], BD * 2);
+            memcpy(&va[(h * na + c) * BD], &v[(h * BKV + acell[c]) * BD], BD * 2);
+        }
+    for (int h = 0; h < BH; h++)
+        for (int i = 0; i < BQA; i++)
+            memcpy(&qa[(h * BQA + i) * BD], &q[(h * NQ + arow[i]) * BD], BD * 4);
+    for (int i = 0; i < BQA; i++)
+        for (int c = 0; c < na; c++)
+            ma[i * na + c] = pg_fp32_to_fp16(c <= rpos[arow[i]] ? 0.0f : -INFINITY);
+    pg_threadpool *tp = pg_threadpool_new(2);
+    const int32_t was = pg_cpu_path();
+    for (int32_t path = 0; path < 4; path++) {
+        if (!path_usable(path)) continue;
+        pg_set_cpu_path(path);
+        for (int nth = 1; nth <= 2; nth++) {
+            fa_any(tp, nth, NQ, BKV, q, k, v, m, out);
+            fa_any(tp, nth, BQA, na, qa, ka, va, ma, outa);
+            int same = 1, same1 = 1;
+            for (int i = 0; i < BQA; i++) {
+                same &= memcmp(&out[arow[i] * BH * BD], &outa[i * BH * BD], BH * BD * 4) == 0;
+                for (int h = 0; h < BH; h++)
+                    memcpy(&q1[h * BD], &qa[(h * BQA + i) * BD], BD * 4);
+                memcpy(m1, &ma[i * na], (size_t)na * 2);
+                fa_any(tp, nth, 1, na, q1, ka, va, m1, out1);
+                same1 &= memcmp(out1, &outa[i * BH * BD], BH * BD * 4) == 0;
+            }
+            CHECK(same, "path %d, %d threads: an A row in the batch differs from A alone", path,
+                  nth);
+            CHECK(same1, "path %d, %d threads: an A row alone (decode) differs from A's rows",
+                  path, nth);
+        }
+    }
+    pg_set_cpu_path(was);
+    pg_threadpool_free(tp);
+}

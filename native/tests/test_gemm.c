@@ -4,13 +4,16 @@
  * rows of 1, 2, 7 blocks (legacy formats also 4, 5, 8 and 33: the SIMD kernels step 4 blocks at
  * a time), strided rows and outputs.
  *
- * Tolerances (as for the vec_dot kernels, tests/test_quants_legacy.c and _kquants.c):
- *   - scalar gemm: equal to the scalar vec_dot bit for bit;
- *   - with every scale 1 (and integer mins / sums), all block terms are exact integers: every
- *     gemm equals the scalar vec_dot exactly, which pins the integer sums;
- *   - random data: |gemm − scalar vec_dot| <= 1e-5 · S, S = Σ|block terms| (legacy) or
- *     Σ_e (|scale part_e| + |min part_e|)·|a_e| (K-quants);
- *   - a dot does not depend on the block it is computed in (shape, position): bit for bit;
+ * What batching must not change (a token's MUL_MAT row computed among other tokens' rows, by a
+ * gemm, has the bits of the same row computed alone, by vec_dot), all bit for bit (memcmp):
+ *   - every gemm of every path equals the scalar vec_dot, and every vec_dot of every path the
+ *     scalar vec_dot (the kernels repeat the scalar reference's fp32 operations in its order on
+ *     exact integer block sums), on random data of every shape, odd ones included;
+ *   - with every scale 1 (and integer mins / sums), all block terms are exact integers, which
+ *     pins the integer sums;
+ *   - a dot does not depend on the block it is computed in (shape, position);
+ *   - MUL_MAT with n activation rows, 1 or 2 threads, odd sizes: every output equals the
+ *     single-row (n = 1) MUL_MAT of that row;
  *   - nothing is written outside the nr × nc outputs, nothing read past the rows. */
 #include <math.h>
 #include <stdlib.h>
@@ -20,6 +23,7 @@
 
 #include "fp16.h"
 #include "kquants.h"
+#include "ops.h"
 #include "pg_test.h"
 #include "pyggml.h"
 #include "quants.h"
@@ -336,17 +340,11 @@ PG_TEST(test_gemm_matches_vec_dot) {
                         for (int j = 0; j < nc; j++)
                             for (int i = 0; i < nr; i++) {
                                 const float a = want[j0 + j][i0 + i], b = got[j][i];
-                                if (iv == 0) {
-                                    CHECK(memcmp(&a, &b, 4) == 0, "scalar %s %d blocks %dx%d "
-                                          "(%d,%d): %.9g vs vec_dot %.9g", tname(type), r.nb,
-                                          nr, nc, i, j, (double)b, (double)a);
-                                    continue;
-                                }
-                                const double tol = 1e-5 * magnitude(type, r.w + (i0 + i) * r.bx,
-                                                                    r.y + (j0 + j) * r.by, r.nb);
-                                CHECK(fabs((double)a - b) <= tol, "%s %s %d blocks %dx%d (%d,%d)"
-                                      ": %.9g vs vec_dot %.9g (tol %g)", v[iv].name, tname(type),
-                                      r.nb, nr, nc, i, j, (double)b, (double)a, tol);
+                                /* the scalar vec_dot's bits, and so the path's own vec_dot's
+                                 * (test_vec_dot_bits_on_every_path) */
+                                CHECK(memcmp(&a, &b, 4) == 0, "%s %s %d blocks %dx%d (%d,%d): "
+                                      "%.9g vs vec_dot %.9g", v[iv].name, tname(type), r.nb, nr,
+                                      nc, i, j, (double)b, (double)a);
                             }
                     }
                 }
@@ -469,4 +467,127 @@ PG_TEST(test_gemm_stays_inside_rows) {
             }
         }
     }
+}
+
+/* Every vec_dot of every path equals the scalar vec_dot bit for bit, so decode (n = 1) gives the
+ * same bits as the gemm of a batch on every path (and across paths). */
+PG_TEST(test_vec_dot_bits_on_every_path) {
+    variant v[8];
+    const int nv = variants(v);
+    static rowset r;
+    static const int counts[] = {1, 2, 3, 7, 8, 9, 16, 17, 33};
+    for (int iv = 0; iv < nv; iv++) {
+        for (int it = 0; it < N_TYPES; it++) {
+            const int32_t type = k_types[it];
+            for (int ic = 0; ic < (int)(sizeof(counts) / sizeof(counts[0])); ic++) {
+                const int nb = is_k(type) ? (counts[ic] + 1) / 2 : counts[ic];
+                if ((size_t)nb * scalar_tr(scalar_tr(type)->vec_dot_type)->type_size > ROWMAX)
+                    continue;
+                rowset_init(&r, type, nb, 0);
+                weight_row(type, r.w, r.nb);
+                act_row(type, r.y, r.nb);
+                float want, got;
+                scalar_tr(type)->vec_dot(rowset_n(&r), &want, r.w, r.y);
+                v[iv].tbl[type].vec_dot(rowset_n(&r), &got, r.w, r.y);
+                CHECK(memcmp(&want, &got, 4) == 0, "%s %s vec_dot, %d blocks: %.9g vs scalar "
+                      "%.9g", v[iv].name, tname(type), nb, (double)got, (double)want);
+            }
+        }
+    }
+}
+
+/* ---- MUL_MAT: a row among others = the row alone ------------------------------------------ */
+
+static void mm_tensor(pg_tensor *t, int32_t type, int32_t op, int64_t ne0, int64_t ne1,
+                      void *data) {
+    memset(t, 0, sizeof(*t));
+    const pg_type_traits *tr = scalar_tr(type);
+    t->type = type;
+    t->op = op;
+    t->ne[0] = ne0; t->ne[1] = ne1; t->ne[2] = 1; t->ne[3] = 1;
+    t->nb[0] = tr->type_size;
+    t->nb[1] = (int64_t)pg_type_row_size(type, ne0);
+    t->nb[2] = t->nb[1] * ne1; t->nb[3] = t->nb[2];
+    for (int k = 0; k < PG_MAX_SRC; k++) t->src[k] = -1;
+    t->data = data;
+}
+
+/* dst [N, M] = MUL_MAT(w [K, N] of `type`, x [K, M] F32) with n_threads threads of tp */
+static int mul_mat(pg_threadpool *tp, int n_threads, int32_t type, int64_t K, int64_t N,
+                   int64_t M, void *w, float *x, float *dst) {
+    pg_tensor t[3];
+    mm_tensor(&t[0], type, PG_OP_NONE, K, N, w);
+    mm_tensor(&t[1], PG_TYPE_F32, PG_OP_NONE, K, M, x);
+    mm_tensor(&t[2], PG_TYPE_F32, PG_OP_MUL_MAT, N, M, dst);
+    t[2].src[0] = 0;
+    t[2].src[1] = 1;
+    const int32_t order[1] = {2};
+    size_t ws = 0;
+    int32_t bad = 0;
+    if (pg_graph_work_size(t, 3, order, 1, n_threads, &ws) != PG_OK) return 0;
+    void *work = malloc(ws + 64);
+    const int ok = pg_graph_compute(t, 3, order, 1, tp, n_threads, work, ws, NULL, NULL, &bad) ==
+                   PG_OK;
+    free(work);
+    return ok;
+}
+
+/* On every path this CPU runs, for every weight type with a dot kernel (the quantized ones go
+ * through the gemm when M > 1, the float ones through vec_dot): a batch of M activation rows,
+ * with 1 and 2 threads, gives each row exactly the bits of that row alone (M = 1, 1 thread).
+ * Odd N and M (partial gemm blocks, uneven thread splits), M on both sides of the decode
+ * threshold where each thread converts the activations itself. */
+PG_TEST(test_mul_mat_row_independent_of_batch) {
+    static const int32_t types[] = {PG_TYPE_Q4_0, PG_TYPE_Q4_1, PG_TYPE_Q5_0, PG_TYPE_Q5_1,
+                                    PG_TYPE_Q8_0, PG_TYPE_Q2_K, PG_TYPE_Q3_K, PG_TYPE_Q4_K,
+                                    PG_TYPE_Q5_K, PG_TYPE_Q6_K, PG_TYPE_F16, PG_TYPE_F32};
+    static const int64_t Ms[] = {2, 3, 5, 9, 19};
+    enum { K = 768, N = 37, MMAX = 19 };
+    const int32_t cur = pg_cpu_path();
+    pg_threadpool *tp = pg_threadpool_new(2);
+    CHECK(tp != NULL, "thread pool");
+    float *x = malloc(sizeof(float) * K * MMAX);
+    float *batch = malloc(sizeof(float) * N * MMAX), *alone = malloc(sizeof(float) * N);
+    uint8_t *w = malloc((size_t)N * pg_type_row_size(PG_TYPE_F32, K));
+    for (int32_t path = PG_PATH_SCALAR; path <= PG_PATH_NEON; path++) {
+        if (!pg_path_compiled(path) || pg_set_cpu_path(path) != PG_OK) continue;
+        for (int it = 0; it < (int)(sizeof(types) / sizeof(types[0])); it++) {
+            const int32_t type = types[it];
+            const size_t rb = pg_type_row_size(type, K);
+            if (type == PG_TYPE_F32 || type == PG_TYPE_F16) {
+                for (int i = 0; i < N * K; i++) {
+                    const float v = rndf();
+                    if (type == PG_TYPE_F32) memcpy(w + 4 * (size_t)i, &v, 4);
+                    else {
+                        const pg_fp16 h = pg_fp32_to_fp16(v);
+                        memcpy(w + 2 * (size_t)i, &h, 2);
+                    }
+                }
+            } else {
+                for (int i = 0; i < N; i++)
+                    weight_row(type, w + (size_t)i * rb, K / scalar_tr(type)->block_size);
+            }
+            for (int i = 0; i < K * MMAX; i++) x[i] = rnd() % 16 == 0 ? 0.0f : rndf() * 3.0f;
+            for (int im = 0; im < (int)(sizeof(Ms) / sizeof(Ms[0])); im++) {
+                const int64_t M = Ms[im];
+                for (int nth = 1; nth <= 2; nth++) {
+                    CHECK(mul_mat(tp, nth, type, K, N, M, w, x, batch), "mul_mat");
+                    int same = 1;
+                    for (int64_t m = 0; m < M; m++) {
+                        CHECK(mul_mat(tp, 1, type, K, N, 1, w, x + m * K, alone), "mul_mat 1");
+                        same &= memcmp(alone, batch + m * N, sizeof(float) * N) == 0;
+                    }
+                    CHECK(same, "path %d %s M=%d %d threads: a row differs from the row alone",
+                          (int)path, scalar_tr(type)->block_size == 1 ? "float" : tname(type),
+                          (int)M, nth);
+                }
+            }
+        }
+    }
+    pg_set_cpu_path(cur);
+    pg_threadpool_free(tp);
+    free(x);
+    free(batch);
+    free(alone);
+    free(w);
 }

@@ -22,6 +22,16 @@ def port_number(text: str) -> int:
     return n
 
 
+def nonnegative_ms(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0, got {text!r}")
+    return v
+
+
 def add_model_arguments(p) -> None:
     """The model, run-size, offload and speculative-decoding flags (cli/args.py, the shared
     ones) and the chat template: what `serve` and `chat` share."""
@@ -52,7 +62,7 @@ def cmd_serve(args) -> int:
         print(f"pyggml: warning: {w}", file=sys.stderr)
     name = args.alias or os.path.basename(llm.path)
     server = make_server(llm, args.parallel, name, args.chat_template, args.api_key,
-                         args.queue_size)
+                         args.queue_size, args.step_ms / 1000)
     print(f"pyggml: serving {name} on http://{args.host}:{args.port} ({args.parallel} slots, "
           f"{server.engine.n_ctx_slot} tokens each; devices: "
           f"{', '.join(llm.offload.devices_used())})", file=sys.stderr, flush=True)
@@ -75,5 +85,9 @@ def add_commands(sub) -> None:
     s.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
     s.add_argument("--queue-size", type=int, default=64,
                    help="requests that may wait for a slot (beyond: 503)")
+    s.add_argument("--step-ms", type=nonnegative_ms, default=250, metavar="MS",
+                   help="prompt tokens per decode step are cut so that a step takes about MS "
+                        "milliseconds: a new request waits at most about that long behind "
+                        "another's long prompt (0: n_ubatch tokens per step; default 250)")
     s.add_argument("-a", "--alias", default=None, help="model name in the API")
     s.set_defaults(func=cmd_serve)

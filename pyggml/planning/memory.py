@@ -23,6 +23,7 @@ backend allocates for transfers when the host cannot map its memory (the device 
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -31,7 +32,8 @@ from pyggml.backend.cpu import default_n_threads
 from pyggml.llm.setup import ModelFile, RunOptions, build_run, resolve_offload
 from pyggml.offload import CPU, DeviceCatalog, OffloadPlan, VirtualSpec, llama_flags
 from pyggml.offload.config import Config, load_config
-from pyggml.offload.rules import config_from_flags, is_expert
+from pyggml.offload.rules import config_from_flags, is_expert, layer_of, pin_phase_ops
+from pyggml.types import VIEW_OPS
 
 
 @dataclass
@@ -83,6 +85,51 @@ class KVLayer:
 
 
 @dataclass
+class NodePlacement:
+    """Where one node of the worst-case graph runs and why. cause: the scheduler's tag (see
+    pyggml.sched: 1.wgt0, 1.off, 2.gd, ...); layer: the transformer layer it belongs to (-1:
+    before the first layer, the embedding; n_layer: after the last, the output head): from a
+    name's -N suffix or a blk.N weight it reads, else the layer of the node before it."""
+    name: str
+    op: str
+    device: str
+    cause: str
+    layer: int
+    view: bool              # a view op (no compute, no memory of its own)
+
+
+_NODE_LAYER = re.compile(r"-(\d+)$")
+
+
+def node_placements(run, phase: str, sched) -> list[NodePlacement]:
+    """Every node of `run`'s worst-case graph as `sched` assigns it (split again, then reset:
+    the reserved buffers are not touched)."""
+    g, _, _ = run.build_graph(run.worst_case_params())
+    pin_phase_ops(sched, g, run.offload, phase, run.weights)
+    weight_names = {id(t): n for n, t in run.weights.items()}
+    n_layer = run.model.hparams.n_layer
+    out, cur = [], -1
+    try:
+        sched.split_graph(g)
+        for t in g.nodes:
+            m = _NODE_LAYER.search(t.name or "")
+            il = int(m.group(1)) if m else None
+            for s in t.src:
+                w = weight_names.get(id(s)) if s is not None else None
+                if w is not None and il is None:
+                    il = layer_of(w)
+                    if il is None and cur >= 0:
+                        il = n_layer            # a global weight after the layers: the head
+            cur = cur if il is None else il
+            a = sched.get_assignment(t)
+            out.append(NodePlacement(t.name, t.op.name, a.backend_name if a else "",
+                                     a.cause if a else "", cur, t.op in VIEW_OPS))
+    finally:
+        sched.reset()
+    return out
+
+
+@dataclass
 class FitChange:
     what: str              # 'KV cache on the CPU', 'gpu_layers: 12 (was 19)', ...
     sets: list[str]        # --set items that make it
@@ -113,6 +160,7 @@ class RunPlan:
     plan_seconds: float = 0.0
     fit_changes: list[FitChange] | None = None
     weight_bytes_per_token: int = 0     # weight bytes a decoded token reads (MoE: top-k experts)
+    nodes: dict[str, list[NodePlacement]] = field(default_factory=dict, repr=False)  # with_nodes
     draft: "RunPlan | None" = None      # speculative decoding: the draft model's plan (CPU)
 
     @property
@@ -249,11 +297,12 @@ class Planner:
     def plan(self, config=None, *, sets=(), opts: RunOptions | None = None,
              offload: OffloadPlan | None = None, with_no_inplace: bool = True,
              n_gpu_layers: int | None = None, gpu_device: str | None = None, overrides=(),
-             draft_model=None, **options) -> RunPlan:
+             with_nodes: bool = False, draft_model=None, **options) -> RunPlan:
         """Plan `config` (a path, Config or dict, amended by `sets`; its sizes, threads and KV
         types replace the options, as in the runtime), or n_gpu_layers on gpu_device, or an
         OffloadPlan as given; overrides: -ot rules [(regex, device)]. options: RunOptions fields
-        (n_ctx, n_ubatch, logits_all, n_draft, ...). draft_model: a draft model's GGUF path
+        (n_ctx, n_ubatch, logits_all, n_draft, ...). with_nodes: also where every node of the
+        worst-case graph runs and why (RunPlan.nodes). draft_model: a draft model's GGUF path
         (speculative decoding): planned as the runtime opens it (CPU, the model's n_ctx,
         n_seq_max, n_ubatch, sliding-window layers over all cells) into RunPlan.draft, and
         n_draft (default 16, llama.cpp's --draft-max) rows per sequence in the worst case."""
@@ -274,6 +323,8 @@ class Planner:
         run = build_run(mf, plan, opts, catalog=catalog, planning=True)
         try:
             rp = self._report(run, cfg, catalog, with_no_inplace, t0)
+            if with_nodes:
+                rp.nodes = {ph: node_placements(run, ph, s) for ph, s in run.scheds()}
         finally:
             run.close()
         if draft_model is not None:

@@ -45,12 +45,13 @@ class RunningServer:
 
 
 def make_server(llm, n_slots: int, model_name: str, chat_template=None,
-                api_key: str | None = None, queue_size: int = 64):
+                api_key: str | None = None, queue_size: int = 64, step_target_s: float = 0.25):
     from pyggml.server.app import Server
     from pyggml.server.engine import Engine
     if chat_template is not None:
         llm.get_chat_template(chat_template)        # a bad template fails at start, not later
-    return Server(llm, Engine(llm, n_slots, queue_size), model_name, chat_template, api_key)
+    return Server(llm, Engine(llm, n_slots, queue_size, step_target_s), model_name,
+                  chat_template, api_key)
 
 
 def start_in_thread(server, host: str = "127.0.0.1", port: int = 0,

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API (Starlette): /v1/chat/completions, /v1/completions (both with
 server-sent events when `stream` is true, ending in `data: [DONE]`), /v1/embeddings, /v1/models,
-/health, /tokenize, /detokenize, /metrics (Prometheus text).
+/health, /tokenize, /detokenize, /metrics (Prometheus text); the web page (GET /, its assets
+under /web/) and the JSON it reads: /v1/pyggml/plan, /v1/pyggml/live (pyggml.server.webapi).
 
 Requests are checked field by field (wrong type or range: 400 naming the field; unknown fields
 are ignored, as OpenAI clients expect); sampling defaults are llama-server's. Errors are
@@ -22,11 +23,18 @@ from starlette.routing import Route
 from pyggml.errors import ChatTemplateError, ModelError, PyggmlError
 from pyggml.llm.completion import (Generation, chat_logprobs, chat_prompt_ids, completion_logprobs,
                                    normalize_stop, sampling_params, token_budget)
+from pyggml.server import webapi
 from pyggml.server.engine import Engine, Job, QueueFullError
 
 # llama-server's sampling defaults
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
 WAIT_POLL_S = 0.25          # how often a waiting non-streamed request checks for a disconnect
+WEB_ASSETS = {"index.html": "text/html; charset=utf-8",
+              "app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
+# the page talks to this server only (a second line of defence behind its own code)
+WEB_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+           "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+PUBLIC_PATHS = ("/", "/health", "/v1/health")       # served without the API key (and /web/*)
 
 
 class BadRequest(Exception):
@@ -131,7 +139,13 @@ class Server:
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/", self.web_page, methods=["GET"]),
+            Route("/web/{name}", self.web_asset, methods=["GET"]),
+            Route("/v1/pyggml/plan", self.plan, methods=["GET", "POST"]),
+            Route("/v1/pyggml/live", self.live, methods=["GET"]),
         ]
+        self.plans = webapi.PlanCache(llm)
+        self.web = _web_assets()
         self.app = Starlette(routes=routes, exception_handlers={
             404: self._not_found, 405: self._not_allowed, BadRequest: self._bad_request,
             PyggmlError: self._pyggml_error, Exception: self._internal_error})
@@ -233,6 +247,37 @@ class Server:
         metric("kv_cells_total", "gauge", "KV cache cells.", self.llm.n_ctx)
         return PlainTextResponse("\n".join(lines) + "\n",
                                  media_type="text/plain; version=0.0.4")
+
+    # ---- the web page and its JSON ---------------------------------------------------------
+    async def web_page(self, request):
+        return self._asset("index.html")
+
+    async def web_asset(self, request):
+        name = request.path_params["name"]
+        if name not in self.web or name == "index.html":
+            return error_response(404, f"no such file: /web/{name}", kind="not_found")
+        return self._asset(name)
+
+    def _asset(self, name: str) -> Response:
+        return Response(self.web[name], media_type=WEB_ASSETS[name],
+                        headers={"Cache-Control": "no-cache", "Content-Security-Policy": WEB_CSP,
+                                 "X-Content-Type-Options": "nosniff"})
+
+    async def plan(self, request):
+        self._count("plan")
+        if request.method == "GET":
+            return JSONResponse(await asyncio.to_thread(self.plans.running))
+        body = await _json_body(request)
+        try:
+            return JSONResponse(await asyncio.to_thread(self.plans.what_if, body))
+        except webapi.PlanRequestError as e:
+            raise BadRequest(str(e), e.param) from None
+        except webapi.PlannerBusy as e:
+            raise BadRequest(f"planner busy: {e}", status=503, kind="server_busy",
+                             headers={"Retry-After": "1"}) from None
+
+    async def live(self, request):
+        return JSONResponse(webapi.live_json(self))
 
     # ---- generation ------------------------------------------------------------------------
     def _generation(self, ids, body, max_default, n_logprobs) -> tuple[Generation, bool]:
@@ -449,6 +494,13 @@ class Server:
         return Response(status_code=499)
 
 
+def _web_assets() -> dict[str, bytes]:
+    """The page's files, shipped in the package (pyggml/server/web/), read once."""
+    from importlib.resources import files
+    root = files("pyggml.server") / "web"
+    return {name: (root / name).read_bytes() for name in WEB_ASSETS}
+
+
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
@@ -468,15 +520,18 @@ def _event_stream(events) -> StreamingResponse:
 
 
 class _Auth:
-    """ASGI middleware: with an API key, every endpoint but /health needs
-    `Authorization: Bearer KEY` (401 otherwise)."""
+    """ASGI middleware: with an API key, every endpoint but /health and the web page's files
+    (which hold no data: the page asks for the key) needs `Authorization: Bearer KEY` (401
+    otherwise)."""
 
     def __init__(self, app, server: Server):
         self.app, self.server = app, server
 
     async def __call__(self, scope, receive, send):
         key = self.server.api_key
-        if scope["type"] == "http" and key and scope["path"] not in ("/health", "/v1/health"):
+        path = scope.get("path", "")
+        if (scope["type"] == "http" and key and path not in PUBLIC_PATHS
+                and not path.startswith("/web/")):
             auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
             if auth != f"Bearer {key}":
                 resp = error_response(401, "invalid or missing API key (Authorization: Bearer KEY)",

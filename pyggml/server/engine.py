@@ -3,7 +3,10 @@
 Each step builds ONE `decode_batch`: the next token of every slot that is generating, plus
 prompt tokens of slots being admitted, at most n_ubatch tokens in all (shortest remaining
 prompt first, so a short request is not stuck behind a long one), then samples every slot whose
-logits came out. A new request goes to the free slot holding the longest prefix of its prompt
+logits came out. Prompt chunks are cut so that a step lasts about `step_target_s` (from the
+measured seconds per batch row), and a step that admits a new request's first chunk carries no
+chunk of a prompt admitted earlier: a request arriving while a long prompt is evaluated waits
+for at most one short step, then gets a step of its own size (time to first token). A new request goes to the free slot holding the longest prefix of its prompt
 (those cells are kept, LLM.reuse_prefix); requests beyond the free slots wait in a bounded queue
 (full: `QueueFullError`, the server answers 503). A cancelled request frees its slot before the
 next step. Events go back to the asyncio side through `loop.call_soon_threadsafe`.
@@ -60,8 +63,38 @@ class Slot:
     seq_id: int
     job: Job | None = None
     todo: list[int] = field(default_factory=list)     # prompt tokens still to evaluate
+    started: bool = False                             # a chunk of this job's prompt ran
     last_used: float = 0.0
     drafting: bool = False          # speculative rounds started for this job (k was reset)
+
+
+class PerSecond:
+    """Counts per wall-clock second over the last `seconds` seconds (a ring buffer; add() from
+    the worker thread, last() from the HTTP side)."""
+
+    def __init__(self, seconds: int = 60, clock=time.monotonic):
+        self.seconds, self.clock = seconds, clock
+        self._counts = [0] * seconds
+        self._now = int(clock())            # the second _counts[_now % seconds] counts
+        self._lock = threading.Lock()
+
+    def _advance(self, now: int) -> None:
+        for t in range(self._now + 1, min(now, self._now + self.seconds) + 1):
+            self._counts[t % self.seconds] = 0
+        self._now = max(self._now, now)
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._advance(int(self.clock()))
+            self._counts[self._now % self.seconds] += n
+
+    def last(self) -> list[int]:
+        """Counts of the last `seconds` seconds, oldest first; the last one is the current
+        (unfinished) second."""
+        with self._lock:
+            self._advance(int(self.clock()))
+            k = self._now + 1
+            return [self._counts[(k + i) % self.seconds] for i in range(self.seconds)]
 
 
 @dataclass
@@ -69,9 +102,12 @@ class Metrics:
     requests_total: dict = field(default_factory=dict)      # endpoint -> count
     requests_rejected_total: int = 0                        # 503: queue full
     requests_cancelled_total: int = 0
-    prompt_tokens_total: int = 0                            # evaluated
     prompt_tokens_reused_total: int = 0                     # kept from a slot's prefix cache
-    generated_tokens_total: int = 0
+    # per-second windows of the two token counters below (the web page's Live view)
+    prompt_per_s: PerSecond = field(default_factory=PerSecond, repr=False)
+    generated_per_s: PerSecond = field(default_factory=PerSecond, repr=False)
+    _prompt: int = 0
+    _generated: int = 0
     decode_steps_total: int = 0
     decode_steps_multi_seq_total: int = 0                   # steps with >= 2 sequences
     max_seqs_per_step: int = 0
@@ -79,14 +115,40 @@ class Metrics:
     draft_tokens_total: int = 0                             # speculative decoding: drafted
     draft_accepted_total: int = 0                           # ... and accepted by the model
 
+    # The windows are fed by the counters themselves, so every place that counts tokens (the
+    # decode step, speculative decoding) feeds them without knowing about them.
+    @property
+    def prompt_tokens_total(self) -> int:
+        """Prompt tokens evaluated."""
+        return self._prompt
+
+    @prompt_tokens_total.setter
+    def prompt_tokens_total(self, v: int) -> None:
+        self.prompt_per_s.add(v - self._prompt)
+        self._prompt = v
+
+    @property
+    def generated_tokens_total(self) -> int:
+        return self._generated
+
+    @generated_tokens_total.setter
+    def generated_tokens_total(self, v: int) -> None:
+        self.generated_per_s.add(v - self._generated)
+        self._generated = v
+
 
 class Engine:
     """The worker thread that owns the LLM. submit() from any thread; stop() to end."""
 
-    def __init__(self, llm, n_slots: int, queue_size: int = 64):
+    def __init__(self, llm, n_slots: int, queue_size: int = 64, step_target_s: float = 0.25):
         if not 1 <= n_slots <= llm.n_seq_max:
             raise PyggmlError(f"n_slots {n_slots} must be in 1..n_seq_max ({llm.n_seq_max})")
+        if not step_target_s >= 0:
+            raise PyggmlError(f"step_target_s must be >= 0 (0: n_ubatch prompt tokens per "
+                              f"step), got {step_target_s!r}")
         self.llm = llm
+        self.step_target_s = step_target_s
+        self.s_per_row: float | None = None     # measured seconds per batch row (moving mean)
         self.slots = [Slot(i) for i in range(n_slots)]
         self.n_ctx_slot = llm.n_ctx // n_slots
         self.queue_size = queue_size
@@ -175,6 +237,17 @@ class Engine:
             self.metrics.prompt_tokens_reused_total += n
             slot.todo = list(job.ids[n:])
 
+    def _prompt_budget(self, n_decoding: int) -> int:
+        """Prompt tokens this step may take besides `n_decoding` generating slots' tokens: what
+        keeps the step near step_target_s at the measured seconds per row (64 rows before a
+        measurement; at least 16 prompt tokens, so a long prompt always advances), at most
+        n_ubatch rows in all."""
+        room = self.llm.n_ubatch - n_decoding
+        if self.step_target_s == 0:
+            return room
+        rows = 64 if self.s_per_row is None else int(self.step_target_s / self.s_per_row)
+        return max(0, min(room, max(16, rows - n_decoding)))
+
     def _drop_cancelled(self) -> None:
         for s in self.slots:
             if s.job is not None and s.job.cancelled.is_set():
@@ -182,7 +255,8 @@ class Engine:
                 self._release(s)
 
     def _release(self, s: Slot) -> None:
-        s.job, s.todo, s.last_used, s.drafting = None, [], time.perf_counter(), False
+        s.job, s.todo, s.last_used = None, [], time.perf_counter()
+        s.started = s.drafting = False
 
     def _fail(self, s: Slot, status: int, message: str) -> None:
         s.job.emit("error", status, message)
@@ -214,13 +288,17 @@ class Engine:
             batch.append(([s.job.gen.last_token] + props.get(s.seq_id, _NONE).tokens, s.seq_id))
             n_before[s.seq_id] = len(llm.seq_tokens(s.seq_id))
             sampled.append(s)
-        budget = llm.n_ubatch - sum(len(t) for t, _ in batch)
-        for s in sorted((s for s in self.slots if s.job is not None and s.todo),
-                        key=lambda s: len(s.todo)):
+        budget = self._prompt_budget(sum(len(t) for t, _ in batch))
+        waiting = sorted((s for s in self.slots if s.job is not None and s.todo),
+                         key=lambda s: len(s.todo))
+        if any(not s.started for s in waiting):      # new requests first, in a short step
+            waiting = [s for s in waiting if not s.started]
+        for s in waiting:
             if budget <= 0:
                 break
             chunk = s.todo[:budget]
             s.todo = s.todo[len(chunk):]
+            s.started = True
             budget -= len(chunk)
             batch.append((chunk, s.seq_id))
             m.prompt_tokens_total += len(chunk)
@@ -236,6 +314,10 @@ class Engine:
                 self._fail(self.slots[sid], 400 if "context" in str(e) else 500, str(e))
             return
         dt = time.perf_counter() - t0
+        n_rows = sum(len(t) for t, _ in batch)
+        if n_rows >= 8:                    # one token's step is mostly fixed costs: not a rate
+            rate = dt / n_rows
+            self.s_per_row = rate if self.s_per_row is None else 0.7 * self.s_per_row + 0.3 * rate
         n_seqs = len(batch)
         m.decode_steps_total += 1
         m.decode_seconds_total += dt

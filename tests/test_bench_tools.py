@@ -1,0 +1,83 @@
+"""The benchmark tools' own logic (no benchmark is run): the OLMoE-shaped MoE model's tensor plan
+(tools/make_moe_bench_model.py) and the byte-counting TCP proxy of tools/bench_rpc.py."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import make_moe_bench_model as moe  # noqa: E402
+
+
+def test_moe_plan_has_olmoe_1b_7b_shape_and_q4_k_m_mix():
+    plan = {name: (ne, t) for name, ne, t in moe.tensor_plan()}
+    # 3 global tensors + 12 per layer
+    assert len(plan) == 3 + 12 * 16
+    n_params = sum(int(np.prod(ne)) for ne, _ in plan.values())
+    # llama-bench reports the real OLMoE-1B-7B Q4_K_M (and this file) as 6.92 B parameters
+    assert 6.91e9 < n_params < 6.93e9
+    assert plan["blk.3.ffn_gate_exps.weight"] == ((2048, 1024, 64), "q4_k")
+    assert plan["blk.3.ffn_down_exps.weight"] == ((1024, 2048, 64), "q4_k")
+    assert plan["output.weight"] == ((2048, 50304), "q6_k")
+    assert plan["blk.0.ffn_gate_inp.weight"] == ((2048, 64), "f32")
+    # llama.cpp's use_more_bits for 16 layers: the Q6_K layers of attn_v and ffn_down(_exps)
+    more = [il for il in range(16) if plan[f"blk.{il}.ffn_down_exps.weight"][1] == "q6_k"]
+    assert more == [0, 1, 4, 7, 10, 13, 14, 15]
+    assert more == [il for il in range(16) if plan[f"blk.{il}.attn_v.weight"][1] == "q6_k"]
+
+
+def test_moe_row_scales_keep_the_residual_writers_small():
+    assert moe.row_scale("token_embd.weight") == np.sqrt(2048)
+    assert moe.row_scale("blk.5.attn_output.weight") == 0.05
+    assert moe.row_scale("blk.5.ffn_down_exps.weight") == 0.05
+    assert moe.row_scale("blk.5.ffn_up_exps.weight") == 1.0
+
+
+def _echo_server():
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+
+    def serve():
+        c, _ = ls.accept()
+        with c:
+            while True:
+                data = c.recv(65536)
+                if not data:
+                    break
+                c.sendall(data * 2)         # answers twice as many bytes as it gets
+
+    threading.Thread(target=serve, daemon=True).start()
+    return ls, f"127.0.0.1:{ls.getsockname()[1]}"
+
+
+def test_counting_proxy_counts_both_directions():
+    from bench_rpc import CountingProxy
+    ls, ep = _echo_server()
+    proxy = CountingProxy(ep)
+    try:
+        host, port = proxy.endpoint.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as c:
+            got = b""
+            for chunk in (b"a" * 1000, b"b" * 3000):
+                c.sendall(chunk)
+                want = len(got) + 2 * len(chunk)
+                while len(got) < want:
+                    got += c.recv(65536)
+        deadline = time.monotonic() + 10
+        while (proxy.sent, proxy.received) != (4000, 8000) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == b"a" * 2000 + b"b" * 6000
+        assert proxy.sent == 4000
+        assert proxy.received == 8000
+    finally:
+        proxy.close()
+        ls.close()

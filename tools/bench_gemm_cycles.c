@@ -1,0 +1,90 @@
+/* In-cache kernel throughput, robust to a busy machine: a MUL_MAT of a K×N weight with M
+ * activation rows (M = 1: the vec_dot path, decode; M > 1: the gemm path, prompt), 1 thread,
+ * timed by the thread's CPU clock (CLOCK_THREAD_CPUTIME_ID: time this thread was not running
+ * does not count) as the minimum over many short trials (a trial hit by a context switch or a
+ * busy hyperthread sibling is simply not the minimum). Prints GOP/s (2·K·N·M / s) per type.
+ *
+ * Build against a library and run (tools/bench_gemm_cycles.sh does both for two builds, A B A B):
+ *   cc -O2 -Inative/include tools/bench_gemm_cycles.c -o /tmp/bgc -Lbuild/native -lpyggml \
+ *      -Wl,-rpath,$PWD/build/native && /tmp/bgc q4_0,q4_k,q6_k 1,64 */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pyggml.h"
+
+static const struct { const char *name; int32_t type; } k_names[] = {
+    {"q4_0", PG_TYPE_Q4_0}, {"q4_1", PG_TYPE_Q4_1}, {"q5_0", PG_TYPE_Q5_0},
+    {"q5_1", PG_TYPE_Q5_1}, {"q8_0", PG_TYPE_Q8_0}, {"q2_k", PG_TYPE_Q2_K},
+    {"q3_k", PG_TYPE_Q3_K}, {"q4_k", PG_TYPE_Q4_K}, {"q5_k", PG_TYPE_Q5_K},
+    {"q6_k", PG_TYPE_Q6_K}, {"f16", PG_TYPE_F16},
+};
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void tensor(pg_tensor *t, int32_t type, int32_t op, int64_t ne0, int64_t ne1, void *d) {
+    memset(t, 0, sizeof(*t));
+    t->type = type;
+    t->op = op;
+    t->ne[0] = ne0; t->ne[1] = ne1; t->ne[2] = 1; t->ne[3] = 1;
+    t->nb[0] = pg_type_size(type);
+    t->nb[1] = ne0 / pg_type_block_size(type) * pg_type_size(type);
+    t->nb[2] = t->nb[1] * ne1; t->nb[3] = t->nb[2];
+    for (int k = 0; k < PG_MAX_SRC; k++) t->src[k] = -1;
+    t->data = d;
+}
+
+int main(int argc, char **argv) {
+    const char *types = argc > 1 ? argv[1] : "q4_0,q8_0,q4_k,q6_k";
+    const char *ms = argc > 2 ? argv[2] : "1,64";
+    const int64_t K = 2048, N = 256;
+    float *wf = malloc(sizeof(float) * K * N), *x = malloc(sizeof(float) * K * 512);
+    float *dst = malloc(sizeof(float) * N * 512);
+    uint8_t *w = malloc((size_t)K * N * 4);
+    srand(1);
+    for (int64_t i = 0; i < K * N; i++) wf[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (int64_t i = 0; i < K * 512; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (size_t it = 0; it < sizeof(k_names) / sizeof(k_names[0]); it++) {
+        if (!strstr(types, k_names[it].name)) continue;
+        const int32_t type = k_names[it].type;
+        if (type == PG_TYPE_F16) pg_quantize_row_act(type, wf, w, K * N);
+        else
+            for (int64_t r = 0; r < N; r++)
+                pg_quantize_row(type, wf + r * K, w + r * (K / pg_type_block_size(type)) *
+                                                      pg_type_size(type), K);
+        char buf[64];
+        snprintf(buf, sizeof buf, "%s", ms);
+        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+            const int64_t M = atoi(tok);
+            pg_tensor t[3];
+            tensor(&t[0], type, PG_OP_NONE, K, N, w);
+            tensor(&t[1], PG_TYPE_F32, PG_OP_NONE, K, M, x);
+            tensor(&t[2], PG_TYPE_F32, PG_OP_MUL_MAT, N, M, dst);
+            t[2].src[0] = 0;
+            t[2].src[1] = 1;
+            const int32_t order[1] = {2};
+            size_t ws = 0;
+            int32_t bad;
+            pg_graph_work_size(t, 3, order, 1, 1, &ws);
+            void *work = malloc(ws + 64);
+            double best = 1e9;
+            const int trials = M == 1 ? 3000 : 300;
+            for (int k = 0; k < trials; k++) {
+                const double t0 = now();
+                pg_graph_compute(t, 3, order, 1, NULL, 1, work, ws, NULL, NULL, &bad);
+                const double dt = now() - t0;
+                if (dt < best) best = dt;
+            }
+            free(work);
+            printf("%s M=%d %.1f\n", k_names[it].name, (int)M, 2.0 * K * N * M / best / 1e9);
+        }
+    }
+    return 0;
+}
