@@ -2,13 +2,14 @@
 greedy, sampling with the target's distribution, no rejected KV cell left, vocabulary checks.
 
 What the greedy tests compare: plain greedy (one token per graph) against speculative greedy
-(the target verifies k+1 tokens per graph), both on the forced scalar kernel path
-(PYGGML_CPU_PATH=scalar, set here with _native.set_cpu_path). On that path a token's logits do
-not depend on how many rows its graph has (test_scalar_path_is_batch_invariant checks it), so
-the outputs must be equal token for token. On the SIMD paths a row computed in a batch of k+1
-rounds differently from the same row alone (the multi-row matmul kernels quantize and sum in
-another order; ~1 logit on Gemma), which can flip near ties: there speculative greedy is the
-target's greedy output *as the batched kernels compute it*, not bit-identical to one-row decode.
+(the target verifies k+1 tokens per graph), on the forced scalar kernel path
+(PYGGML_CPU_PATH=scalar, set here with _native.set_cpu_path), and for the tiny models also on
+the best path of this CPU. A token's logits must not depend on how many rows its graph has
+(test_scalar_path_is_batch_invariant checks the scalar path; tests/test_batch_invariance.py
+the others, whose gemm kernels give vec_dot's bits), so the outputs must be equal token for
+token. Were a path's multi-row kernels to round differently from its one-row kernels, a near
+tie could flip, and speculative greedy would be the target's greedy output as the batched
+kernels compute it.
 """
 
 from __future__ import annotations
@@ -84,8 +85,16 @@ def test_scalar_path_is_batch_invariant(tiny_models, scalar_path):
 
 
 # ---- greedy: token-identical ------------------------------------------------------------------
+@pytest.fixture(params=["scalar", "best"])
+def kernel_path(request):
+    before = _native.cpu_path()
+    _native.set_cpu_path("scalar" if request.param == "scalar" else _native.available_paths()[-1])
+    yield request.param
+    _native.set_cpu_path(before)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_greedy_identical_tiny(tiny_models, scalar_path, arch):
+def test_greedy_identical_tiny(tiny_models, kernel_path, arch):
     # untied: a tied tiny gemma3 repeats one token forever, which would test little
     tm = tiny_models.get(arch=arch, weight_type="q8_0", n_layer=2, tied_embeddings=False)
     other = tiny_models.get(arch=arch, weight_type="q8_0", n_layer=1, seed=1,
