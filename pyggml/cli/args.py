@@ -134,6 +134,72 @@ def add_offload_args(p, *, planning: bool = False) -> None:
                         "memory size), e.g. laptop=8GiB or apu=16GiB:igpu; planning only")
 
 
+def add_draft_args(p) -> None:
+    """Speculative decoding (pyggml/llm/speculative.py), llama.cpp's spellings: -md (a draft
+    model), --draft-max, --draft-min, --draft-p-min; --lookup (prompt lookup decoding: an
+    n-gram draft from the prompt and the text so far, llama.cpp's `--spec-type ngram-simple` /
+    llama-lookup)."""
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft",
+                   default=None, metavar="FILE",
+                   help="a draft model with the model's vocabulary (e.g. a smaller sibling)")
+    g.add_argument("--lookup", action="store_true",
+                   help="prompt lookup decoding: draft from n-grams of the prompt and the text "
+                        "so far (no second model)")
+    g.add_argument("--lookup-ngram", type=int, default=3, metavar="N",
+                   help="with --lookup: the longest n-gram looked up (default 3)")
+    g.add_argument("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", dest="draft_max",
+                   type=int, default=None, metavar="N",
+                   help="tokens to draft per round at most (default 16; adapts below it)")
+    g.add_argument("--draft-min", "--draft-n-min", "--spec-draft-n-min", dest="draft_min",
+                   type=int, default=None, metavar="N",
+                   help="fewer drafted tokens than this are not used (default 0)")
+    g.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float,
+                   default=0.0, metavar="P",
+                   help="with -md: stop drafting below this draft probability (default 0)")
+
+
+def draft_from_args(args):
+    """The draft the speculative-decoding flags ask for (None: none)."""
+    from pyggml.llm.speculative import DRAFT_MAX, DRAFT_MIN, DraftModel, PromptLookup
+    md, lookup = getattr(args, "model_draft", None), getattr(args, "lookup", False)
+    if md and lookup:
+        raise UsageError("-md (a draft model) and --lookup (prompt lookup) exclude each other: "
+                         "choose one draft")
+    n_max = getattr(args, "draft_max", None)
+    n_min = getattr(args, "draft_min", None)
+    n_max = DRAFT_MAX if n_max is None else n_max
+    n_min = DRAFT_MIN if n_min is None else n_min
+    if md:
+        return DraftModel(md, n_max, n_min, args.draft_p_min)
+    if lookup:
+        return PromptLookup(n_max, n_min, ngram_max=args.lookup_ngram)
+    if getattr(args, "draft_max", None) is not None or getattr(args, "draft_min", None) is not None:
+        raise UsageError("--draft-max / --draft-min need a draft: -md FILE or --lookup")
+    return None
+
+
+def draft_plan_options(args) -> dict:
+    """Planner.plan options for the speculative-decoding flags: the draft model and n_draft
+    ({} without a draft)."""
+    d = draft_from_args(args)
+    if d is None:
+        return {}
+    out = {"n_draft": d.n_max}
+    if getattr(args, "model_draft", None):
+        out["draft_model"] = args.model_draft
+    return out
+
+
+def spec_stats_line(llm) -> str:
+    """'draft: 120 drafted, 96 accepted (80.0%), 40 rounds' ('' without a draft)."""
+    if llm.speculator is None:
+        return ""
+    s = llm.stats.spec
+    return (f"draft ({llm.speculator.draft.describe()}): {s.drafted} drafted, {s.accepted} "
+            f"accepted ({100 * s.acceptance_rate:.1f}%), {s.rounds} rounds")
+
+
 def split_ctx(values) -> tuple[int | None, str | None]:
     """-c may be given twice: an integer is the context size, anything else a config file."""
     n_ctx, path = None, None

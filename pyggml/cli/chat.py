@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from pyggml.cli.args import spec_stats_line
 from pyggml.cli.serve import add_model_arguments, load_llm
 from pyggml.errors import ModelError, PyggmlError
 
@@ -93,9 +94,10 @@ def cmd_chat(args) -> int:
                       f"context. /clear starts a new conversation]", flush=True)
             if args.verbose:
                 s = llm.stats
+                spec = spec_stats_line(llm)
                 print(f"[prompt tokens evaluated {s.n_prompt_tokens}, reused "
-                      f"{s.n_prompt_reused}; generated {s.n_gen_tokens}]", file=sys.stderr,
-                      flush=True)
+                      f"{s.n_prompt_reused}; generated {s.n_gen_tokens}"
+                      + (f"; {spec}" if spec else "") + "]", file=sys.stderr, flush=True)
     finally:
         llm.close()
     return 0

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import sys
 
-from pyggml.cli.args import (add_model_args, add_offload_args, config_from_cli, int_list,
-                             split_ctx, virtual_specs)
+from pyggml.cli.args import (add_draft_args, add_model_args, add_offload_args, config_from_cli,
+                             draft_plan_options, int_list, split_ctx, virtual_specs)
 from pyggml.cli.output import write_text, writable
 from pyggml.errors import ConfigError
 from pyggml.llm.setup import DEFAULTS
@@ -81,6 +81,13 @@ def cmd_mem(args) -> int:
     for w in rep.plan.offload.warnings:
         print(f"pyggml: warning: {w}", file=sys.stderr)
     print(measure.format_report(rep))
+    extra = draft_plan_options(args)
+    if extra:               # speculative decoding: the draft model's planned memory
+        from pyggml.planning.memory import Planner
+        with Planner(args.model, virtual=virtual) as planner:
+            spec_plan = planner.plan(cfg, **common, **extra)
+        if spec_plan.draft is not None:
+            print(spec_plan.draft_summary() + " (planned, not measured)")
     if args.json:
         write_text(args.json, json.dumps(rep.to_dict(), indent=1))
         print(f"wrote {args.json}")
@@ -100,6 +107,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("mem", help="memory per device: planned, and measured after a warm-up")
     add_model_args(p)
     add_offload_args(p, planning=True)
+    add_draft_args(p)
     p.add_argument("--plan-only", action="store_true", help="no loading, no compute")
     p.add_argument("--warmup", choices=WARMUPS, default="fill")
     p.add_argument("--gen", type=int, default=0, help="generate N tokens after the warm-up")

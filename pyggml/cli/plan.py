@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from pyggml.cli.args import add_model_args, add_offload_args, config_from_cli, run_options, \
-    virtual_specs
+from pyggml.cli.args import add_draft_args, add_model_args, add_offload_args, config_from_cli, \
+    draft_plan_options, run_options, virtual_specs
 from pyggml.cli.output import write_text
 from pyggml.offload.config import describe_schema
 
@@ -20,7 +20,7 @@ def cmd_plan(args) -> int:
     opts = run_options(args)
     with Planner(args.model, virtual=virtual_specs(args)) as planner:
         cfg = config_from_cli(args, always=True, first_gpu=planner.catalog.default_gpu)
-        report = planner.plan(cfg, **opts)
+        report = planner.plan(cfg, **opts, **draft_plan_options(args))
         if args.check_fit:
             report.fit_changes = suggest_changes(planner, report)
     if args.emit_yaml is not None:
@@ -31,6 +31,8 @@ def cmd_plan(args) -> int:
         write_text(args.emit_yaml, text)
         print(f"wrote {args.emit_yaml}", file=sys.stderr)
     print(format_report(report, per_tensor=args.per_tensor))
+    if report.draft is not None:
+        print(report.draft_summary())
     if args.check_fit and report.not_fitting():
         return 2
     return 0
@@ -40,6 +42,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("plan", help="dry run: where each tensor goes, memory per device")
     add_model_args(p)
     add_offload_args(p, planning=True)
+    add_draft_args(p)
     p.add_argument("--per-tensor", action="store_true", help="one row per tensor")
     p.add_argument("--check-fit", action="store_true",
                    help="compare with free device memory; suggest the smallest change that fits")

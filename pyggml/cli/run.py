@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 import time
 
-from pyggml.cli.args import (add_model_args, add_offload_args, config_from_cli, positive_int,
-                             run_options)
+from pyggml.cli.args import (add_draft_args, add_model_args, add_offload_args, config_from_cli,
+                             draft_from_args, positive_int, run_options, spec_stats_line)
 from pyggml.errors import PyggmlError, UsageError
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "0": "\0"}
@@ -69,7 +69,7 @@ def cmd_run(args) -> int:
                          f"(until the end of generation)")
     t0 = time.perf_counter()
     llm = LLM(args.model, config=config_from_cli(args), n_gpu_layers=args.n_gpu_layers or 0,
-              verbose=args.verbose, **run_options(args))
+              verbose=args.verbose, draft_model=draft_from_args(args), **run_options(args))
     with llm:
         for w in llm.offload.warnings:
             print(f"pyggml: warning: {w}", file=sys.stderr)
@@ -112,7 +112,8 @@ def cmd_run(args) -> int:
         tg = s.n_gen_tokens / s.t_gen_s if s.t_gen_s else 0.0
         print(f"\nload time {t_load * 1000:.0f} ms | prompt {s.n_prompt_tokens} tokens, "
               f"{pp:.1f} t/s | generation {s.n_gen_tokens} tokens, {tg:.1f} t/s | graphs "
-              f"built {s.graphs_built}, reused {s.graphs_reused}", file=sys.stderr)
+              f"built {s.graphs_built}, reused {s.graphs_reused}"
+              + (f" | {spec}" if (spec := spec_stats_line(llm)) else ""), file=sys.stderr)
     return 0
 
 
@@ -120,6 +121,7 @@ def add_commands(sub) -> None:
     r = sub.add_parser("run", help="generate text with a GGUF model")
     add_model_args(r)
     add_offload_args(r)
+    add_draft_args(r)
     r.add_argument("-p", "--prompt", default="The capital of France is")
     r.add_argument("-f", "--file", default=None, help="read the prompt from this file")
     r.add_argument("-e", "--escape", action="store_true", default=True,

@@ -7,8 +7,8 @@ import argparse
 import os
 import sys
 
-from pyggml.cli.args import (add_model_args, add_offload_args, config_from_cli, positive_int,
-                             run_options)
+from pyggml.cli.args import (add_draft_args, add_model_args, add_offload_args, config_from_cli,
+                             draft_from_args, positive_int, run_options)
 
 
 def port_number(text: str) -> int:
@@ -33,10 +33,11 @@ def nonnegative_ms(text: str) -> float:
 
 
 def add_model_arguments(p) -> None:
-    """The model, run-size and offload flags (cli/args.py, the shared ones) and the chat
-    template: what `serve` and `chat` share."""
+    """The model, run-size, offload and speculative-decoding flags (cli/args.py, the shared
+    ones) and the chat template: what `serve` and `chat` share."""
     add_model_args(p)
     add_offload_args(p)
+    add_draft_args(p)
     p.add_argument("--chat-template", default=None,
                    help="a Jinja file or a built-in name (chatml, gemma, llama3, ...); default: "
                         "the model's own")
@@ -46,7 +47,7 @@ def load_llm(args, n_seq_max: int = 1):
     from pyggml.llm.runtime import LLM
     opts = dict(run_options(args), n_seq_max=n_seq_max)
     return LLM(args.model, config=config_from_cli(args), n_gpu_layers=args.n_gpu_layers or 0,
-               **opts)
+               draft_model=draft_from_args(args), **opts)
 
 
 def cmd_serve(args) -> int:

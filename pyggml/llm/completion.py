@@ -88,6 +88,15 @@ class Generation:
             return self._finish(FINISH_LENGTH)
         tok = self.sampler.sample(logits)
         self.sampler.accept(tok)
+        return self.push(tok, logits)
+
+    def push(self, tok: int, logits: np.ndarray) -> str:
+        """As step, for a token chosen elsewhere (a speculative round, which has passed it to
+        the sampler) from `logits` (the target's row it was chosen from, for logprobs)."""
+        if self.done:
+            raise ModelError("this completion is finished")
+        if self.max_tokens <= len(self.tokens):
+            return self._finish(FINISH_LENGTH)
         tok_is_eog = self.llm.tokenizer.is_eog(tok)
         if self.stop_at_eog and tok_is_eog:
             return self._finish(FINISH_STOP)
@@ -181,9 +190,14 @@ def token_budget(n_prompt: int, max_tokens, n_ctx: int) -> int:
 
 
 # ---- OpenAI-shaped results -------------------------------------------------------------------
-def _usage(n_prompt: int, n_gen: int) -> dict:
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_gen,
-            "total_tokens": n_prompt + n_gen}
+def _usage(n_prompt: int, n_gen: int, run: "CompletionRun | None" = None) -> dict:
+    """OpenAI's usage; with speculative decoding also the drafted and accepted tokens."""
+    out = {"prompt_tokens": n_prompt, "completion_tokens": n_gen,
+           "total_tokens": n_prompt + n_gen}
+    if run is not None and run.spec is not None:
+        out["draft_tokens"] = run.n_drafted
+        out["draft_accepted_tokens"] = run.n_accepted
+    return out
 
 
 def completion_logprobs(lps: list[TokenLogprob], start_offset: int) -> dict:
@@ -209,10 +223,13 @@ def chat_logprobs(gen: Generation) -> dict:
 
 
 class CompletionRun:
-    """One completion on one sequence of an LLM, driven by eval (the Python API)."""
+    """One completion on one sequence of an LLM, driven by eval (the Python API). draft: as
+    LLM.generate's (None: the LLM's draft_model; False: none)."""
 
-    def __init__(self, llm, prompt_ids: list[int], gen: Generation, seq_id: int):
+    def __init__(self, llm, prompt_ids: list[int], gen: Generation, seq_id: int, draft=None):
         self.llm, self.ids, self.gen, self.seq_id = llm, prompt_ids, gen, seq_id
+        self.spec = llm.speculator_for(draft)
+        self.n_drafted = self.n_accepted = 0       # this completion's speculative counts
 
     def pieces(self) -> Iterator[str]:
         """The text as it becomes safe to show; gen.finish_reason is set at the end."""
@@ -220,6 +237,8 @@ class CompletionRun:
         t0 = time.perf_counter()
         n_keep = llm.reuse_prefix(self.ids, self.seq_id)
         logits = llm.eval(self.ids[n_keep:], self.seq_id)
+        if self.spec is not None:
+            self.spec.prefill(self.seq_id, self.ids)
         st.t_prompt_s += time.perf_counter() - t0
         st.n_prompt_tokens += len(self.ids) - n_keep
         t1 = time.perf_counter()
@@ -232,9 +251,46 @@ class CompletionRun:
                     yield text
                 if self.gen.done:
                     return
+                if self.spec is not None:
+                    yield from self._speculative()
+                    return
                 logits = llm.eval([self.gen.last_token], self.seq_id)
         finally:
             st.t_gen_s += time.perf_counter() - t1
+
+    def _speculative(self) -> Iterator[str]:
+        """The rest of the completion in speculative rounds (pyggml/llm/speculative.py). The
+        tokens of a round are pushed one by one and the rest dropped once the completion ends,
+        and the sequence is cut back to the cells plain decoding would hold: the prompt and
+        every token that did not end the completion."""
+        llm, gen, sid, spec = self.llm, self.gen, self.seq_id, self.spec
+        st = llm.stats
+        spec.reset_seq(sid)
+        n_evals = len(gen.tokens)        # plain decoding evaluates each token that goes on
+        s0 = (st.spec.drafted, st.spec.accepted)
+
+        def decode(tokens):
+            return llm.decode_batch([(tokens, sid)], all_logits=(sid,))[sid].reshape(
+                len(tokens), -1)
+        try:
+            while not gen.done:
+                free = llm.n_ctx - llm.kv.n_used()
+                cap = min(free - 1, gen.max_tokens - len(gen.tokens) - 1)
+                for tok, row in spec.round(sid, gen.last_token, gen.sampler, cap, decode):
+                    n_before = len(gen.tokens)
+                    text = gen.push(tok, row)
+                    st.n_gen_tokens += len(gen.tokens) - n_before
+                    if text:
+                        yield text
+                    if gen.done:
+                        break
+                    n_evals += 1
+        finally:
+            self.n_drafted += st.spec.drafted - s0[0]
+            self.n_accepted += st.spec.accepted - s0[1]
+            with llm.lock:
+                if not llm._closed:
+                    llm._truncate_locked(sid, len(self.ids) + n_evals)
 
 
 def _model_name(llm) -> str:
@@ -243,9 +299,11 @@ def _model_name(llm) -> str:
 
 def create_completion(llm, prompt, *, max_tokens=16, temperature=0.8, top_p=0.95, top_k=40,
                       min_p=0.05, repeat_penalty=1.0, seed=None, stop=None, logprobs=None,
-                      echo=False, stream=False, seq_id=0, stop_at_eog=True):
+                      echo=False, stream=False, seq_id=0, stop_at_eog=True, draft=None):
     """llama-cpp-python's Llama.create_completion: an OpenAI text_completion dict, or with
-    stream=True an iterator of text_completion chunks (the last carries finish_reason)."""
+    stream=True an iterator of text_completion chunks (the last carries finish_reason).
+    draft: speculative decoding, as LLM.generate's (usage then says draft_tokens and
+    draft_accepted_tokens)."""
     ids = llm.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not ids:
         raise ModelError("empty prompt: at least one token is needed")
@@ -254,7 +312,7 @@ def create_completion(llm, prompt, *, max_tokens=16, temperature=0.8, top_p=0.95
     gen = Generation(llm, ids, token_budget(len(ids), max_tokens, llm.n_ctx),
                      sampling_params(temperature, top_p, top_k, min_p, repeat_penalty, seed),
                      normalize_stop(stop), logprobs, stop_at_eog)
-    run = CompletionRun(llm, ids, gen, seq_id)
+    run = CompletionRun(llm, ids, gen, seq_id, draft)
     cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
     prefix = (prompt if isinstance(prompt, str) else llm.detokenize(ids)) if echo else ""
 
@@ -277,13 +335,13 @@ def create_completion(llm, prompt, *, max_tokens=16, temperature=0.8, top_p=0.95
                 off += len(text)
                 yield chunk(text, None, lp)
             last = chunk("", gen.finish_reason)
-            last["usage"] = _usage(len(ids), len(gen.tokens))
+            last["usage"] = _usage(len(ids), len(gen.tokens), run)
             yield last
         return chunks()
     text = "".join(run.pieces())
     out = chunk(prefix + text, gen.finish_reason,
                 completion_logprobs(gen.token_logprobs, len(prefix)) if logprobs is not None else None)
-    out["usage"] = _usage(len(ids), len(gen.tokens))
+    out["usage"] = _usage(len(ids), len(gen.tokens), run)
     return out
 
 
@@ -300,7 +358,7 @@ def chat_prompt_ids(llm, template, messages) -> list[int]:
 def create_chat_completion(llm, messages, *, chat_template=None, max_tokens=None,
                            temperature=0.8, top_p=0.95, top_k=40, min_p=0.05,
                            repeat_penalty=1.0, seed=None, stop=None, logprobs=False,
-                           top_logprobs=None, stream=False, seq_id=0):
+                           top_logprobs=None, stream=False, seq_id=0, draft=None):
     """llama-cpp-python's Llama.create_chat_completion: an OpenAI chat.completion dict, or with
     stream=True an iterator of chat.completion.chunk dicts (role first, then content deltas,
     then an empty delta with finish_reason)."""
@@ -310,7 +368,7 @@ def create_chat_completion(llm, messages, *, chat_template=None, max_tokens=None
     gen = Generation(llm, ids, token_budget(len(ids), max_tokens, llm.n_ctx),
                      sampling_params(temperature, top_p, top_k, min_p, repeat_penalty, seed),
                      normalize_stop(stop), n_lp, True)
-    run = CompletionRun(llm, ids, gen, seq_id)
+    run = CompletionRun(llm, ids, gen, seq_id, draft)
     cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
 
     def chunk(delta, finish):
@@ -325,7 +383,7 @@ def create_chat_completion(llm, messages, *, chat_template=None, max_tokens=None
             for text in run.pieces():
                 yield chunk({"content": text}, None)
             last = chunk({}, gen.finish_reason)
-            last["usage"] = _usage(len(ids), len(gen.tokens))
+            last["usage"] = _usage(len(ids), len(gen.tokens), run)
             yield last
         return chunks()
     text = "".join(run.pieces())
@@ -334,4 +392,4 @@ def create_chat_completion(llm, messages, *, chat_template=None, max_tokens=None
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "logprobs": chat_logprobs(gen) if logprobs else None,
                          "finish_reason": gen.finish_reason}],
-            "usage": _usage(len(ids), len(gen.tokens))}
+            "usage": _usage(len(ids), len(gen.tokens), run)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -25,6 +26,7 @@ from pyggml.llm.models import GraphParams
 from pyggml.llm.options import check_flag, check_int, is_int, token_list, validate_options
 from pyggml.llm.sampler import DEFAULT_SEED, Sampler, SamplingParams
 from pyggml.llm.setup import DEFAULTS, ModelFile, RunOptions, build_run, resolve_offload
+from pyggml.llm.speculative import SpecStats, Speculator, as_draft
 from pyggml.llm.textstream import TextStream
 from pyggml.llm.tokenizer import Tokenizer
 from pyggml.offload import OffloadPlan, pin_phase_ops
@@ -44,6 +46,7 @@ class RunStats:
     t_prompt_s: float = 0.0
     t_gen_s: float = 0.0
     ubatch_sizes: list = field(default_factory=list)
+    spec: SpecStats = field(default_factory=SpecStats)    # speculative decoding: drafted, accepted
 
 
 @dataclass
@@ -109,7 +112,11 @@ class LLM:
     configs/README.md): its plan replaces n_gpu_layers / offload, and the sizes, threads and
     KV types it sets replace the keyword arguments;
     progress: a progress bar while weights are copied to devices (None: on a terminal);
-    swa_full: sliding-window layers keep all n_ctx cells (else a window-sized cache, as llama.cpp).
+    swa_full: sliding-window layers keep all n_ctx cells (else a window-sized cache, as llama.cpp);
+    draft_model: speculative decoding for generate / create_completion (pyggml/llm/speculative.py):
+    a PromptLookup, a DraftModel, a GGUF path or LLM (a draft model), or 'lookup' (prompt lookup);
+    draft_max / draft_min: tokens drafted per round at most / at least (llama.cpp's --draft-max,
+    --draft-min; for a path or 'lookup').
     Defaults: pyggml.llm.setup.RunOptions (the one table of them, shared with the CLI).
     A KV cache larger than the available memory is refused before anything is allocated
     (InsufficientMemoryError, with the n_ctx that would fit).
@@ -135,7 +142,8 @@ class LLM:
                  logits_all: bool = DEFAULTS.logits_all, flash_attn: bool = DEFAULTS.flash_attn,
                  n_gpu_layers: int = DEFAULTS.n_gpu_layers, offload: OffloadPlan | None = None,
                  progress: bool | None = None, swa_full: bool = DEFAULTS.swa_full,
-                 device: str | None = None, verbose: bool = False):
+                 device: str | None = None, verbose: bool = False, draft_model=None,
+                 draft_max: int | None = None, draft_min: int | None = None):
         t0 = time.perf_counter()
         self._closed = False
         self.lock = threading.RLock()
@@ -144,8 +152,10 @@ class LLM:
                          type_k=type_k, type_v=type_v, logits_all=logits_all,
                          flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, offload=offload,
                          progress=progress, swa_full=swa_full, device=device, verbose=verbose)
+        draft = as_draft(draft_model, draft_max, draft_min)
         opts = RunOptions(n_ctx, n_batch, n_ubatch, n_threads, n_threads_batch, n_seq_max,
-                          type_k, type_v, logits_all, flash_attn, swa_full, n_gpu_layers)
+                          type_k, type_v, logits_all, flash_attn, swa_full, n_gpu_layers,
+                          n_draft=draft.n_max if draft is not None else 0)
         self.file = ModelFile(model_path)
         try:
             self.offload, opts = resolve_offload(self.file, opts, config=config, offload=offload,
@@ -167,6 +177,14 @@ class LLM:
         self.on_ubatch = None
         self._seq_tokens: list[list[int]] = [[] for _ in range(self.n_seq_max)]   # what each holds
         self._chat_templates: dict = {}
+        self.speculator: Speculator | None = None
+        if draft is not None:
+            try:
+                self.speculator = Speculator(self, draft)
+            except BaseException:
+                self.run.close()
+                self.file.close()
+                raise
         self.stats.t_load_s = time.perf_counter() - t0
 
     # the run's parts (pyggml.llm.setup.Run) under the names users know
@@ -238,6 +256,9 @@ class LLM:
                 self._seq_pos[seq_id] = 0
                 self._seq_tokens[seq_id] = []
                 self._seq_epoch[seq_id] += 1
+            if self.speculator is not None:         # the draft's copy goes too
+                for sid in range(self.n_seq_max) if seq_id is None else (seq_id,):
+                    self.speculator.draft.forget_after(sid, 0)
 
     def _check_seq(self, seq_id) -> int:
         if not is_int(seq_id):
@@ -268,11 +289,13 @@ class LLM:
         out = self.decode_batch([(self._check_tokens(tokens), seq_id)])
         return out[seq_id]
 
-    def decode_batch(self, seqs: list[tuple[list[int], int]]) -> dict[int, np.ndarray]:
+    def decode_batch(self, seqs: list[tuple[list[int], int]],
+                     all_logits=()) -> dict[int, np.ndarray]:
         """Append tokens to several sequences in one batch: [(tokens, seq_id), ...], each
         sequence once. Returns {seq_id: logits of its last token} ([n, n_vocab] per sequence
-        with logits_all). ContextOverflowError (nothing changed) when the cache lacks room.
-        Invalidates the generators of these sequences."""
+        with logits_all, and for the seq_ids in `all_logits`: a speculative round verifies
+        every drafted token in one batch). ContextOverflowError (nothing changed) when the
+        cache lacks room. Invalidates the generators of these sequences."""
         if not isinstance(seqs, (list, tuple)) or not seqs:
             raise ArgumentTypeError(f"decode_batch takes a non-empty list of (tokens, seq_id) "
                                     f"pairs, got {type(seqs).__name__} {seqs!r:.60}")
@@ -290,17 +313,19 @@ class LLM:
             self._check_open()
             for sid in sids_given:
                 self._seq_epoch[sid] += 1
-            return self._decode_locked(checked)
+            return self._decode_locked(checked, frozenset(int(s) for s in all_logits))
 
-    def _decode_locked(self, seqs: list[tuple[list[int], int]]) -> dict[int, np.ndarray]:
-        """decode_batch of checked input; the caller holds the lock."""
+    def _decode_locked(self, seqs: list[tuple[list[int], int]],
+                       all_rows: frozenset = frozenset()) -> dict[int, np.ndarray]:
+        """decode_batch of checked input; the caller holds the lock. all_rows: sequences whose
+        every row is returned ([n, n_vocab])."""
         toks, pos, sids, want = [], [], [], []
         for tokens, sid in seqs:
             p0 = self._seq_pos[sid]
             toks += tokens
             pos += range(p0, p0 + len(tokens))
             sids += [sid] * len(tokens)
-            want += [self.logits_all] * (len(tokens) - 1) + [True]
+            want += [self.logits_all or sid in all_rows] * (len(tokens) - 1) + [True]
         if len(toks) > self._free_cells():
             raise ContextOverflowError(f"context overflow: {len(toks)} new tokens but "
                                        f"{self._free_cells()} of n_ctx={self.n_ctx} KV cells are "
@@ -325,12 +350,13 @@ class LLM:
             self._seq_tokens[sid] += [int(t) for t in tokens]
         logits = np.concatenate(rows) if len(rows) > 1 else rows[0]
         if len(seqs) == 1:          # no selection: no second copy of (maybe large) logits
-            return {seqs[0][1]: logits if self.logits_all else logits[-1]}
+            sid = seqs[0][1]
+            return {sid: logits if self.logits_all or sid in all_rows else logits[-1]}
         out_sids = sids[want]
         result = {}
         for _, sid in seqs:
             sel = logits[out_sids == sid]
-            result[sid] = sel if self.logits_all else sel[-1]
+            result[sid] = sel if self.logits_all or sid in all_rows else sel[-1]
         return result
 
     def _decode_ubatch(self, toks, pos, sids, want) -> np.ndarray:
@@ -384,10 +410,16 @@ class LLM:
             if not is_int(n_keep) or not 0 <= n_keep <= self._seq_pos[seq_id]:
                 raise ModelError(f"n_keep must be in [0, {self._seq_pos[seq_id]}] (tokens held "
                                  f"by sequence {seq_id}), got {n_keep!r}")
-            self.kv.seq_rm(seq_id, int(n_keep))
-            self._seq_pos[seq_id] = int(n_keep)
-            del self._seq_tokens[seq_id][n_keep:]
+            self._truncate_locked(seq_id, int(n_keep))
             self._seq_epoch[seq_id] += 1
+
+    def _truncate_locked(self, seq_id: int, n_keep: int) -> None:
+        """truncate without invalidating generators: a generation dropping its own rejected
+        drafts (pyggml/llm/speculative.py). The caller holds the lock."""
+        if n_keep < self._seq_pos[seq_id]:
+            self.kv.seq_rm(seq_id, n_keep)
+            self._seq_pos[seq_id] = n_keep
+            del self._seq_tokens[seq_id][n_keep:]
 
     def reuse_prefix(self, ids: list[int], seq_id: int = 0) -> int:
         """Prepare sequence seq_id to evaluate prompt `ids`: keep the KV cells of the longest
@@ -428,13 +460,14 @@ class LLM:
 
     def create_completion(self, prompt, max_tokens: int | None = 16, **kw):
         """As llama-cpp-python's: temperature, top_p, top_k, min_p, repeat_penalty, seed,
-        stop, logprobs, echo, stream, seq_id (see pyggml.llm.completion.create_completion)."""
+        stop, logprobs, echo, stream, seq_id, draft (see
+        pyggml.llm.completion.create_completion)."""
         from pyggml.llm.completion import create_completion
         return create_completion(self, prompt, max_tokens=max_tokens, **kw)
 
     def create_chat_completion(self, messages, **kw):
         """As llama-cpp-python's: chat_template, max_tokens, temperature, top_p, top_k, min_p,
-        repeat_penalty, seed, stop, logprobs, top_logprobs, stream, seq_id."""
+        repeat_penalty, seed, stop, logprobs, top_logprobs, stream, seq_id, draft."""
         from pyggml.llm.completion import create_chat_completion
         return create_chat_completion(self, messages, **kw)
 
@@ -476,11 +509,14 @@ class LLM:
     def generate(self, prompt: str | bytes | list[int], max_tokens: int = 128, *,
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int = DEFAULT_SEED,
-                 seq_id: int = 0, stop_at_eog: bool = True) -> Generation:
+                 seq_id: int = 0, stop_at_eog: bool = True, draft=None) -> Generation:
         """A fresh completion of `prompt` in seq_id (the sequence is reset now), as an iterator
         of Token (see Generation for finish_reason and invalidation). max_tokens -1: until an
         end-of-generation token or a full context. seed -1 or 0xFFFFFFFF: a random seed
-        (llama.cpp); temperature <= 0: greedy. The prompt is evaluated at the first next()."""
+        (llama.cpp); temperature <= 0: greedy. The prompt is evaluated at the first next().
+        draft: speculative decoding (None: the LLM's draft_model, if any; False: none; or a
+        PromptLookup / DraftModel): the same tokens as without for greedy, the same
+        distribution when sampling (pyggml/llm/speculative.py)."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, 64,
                                 seed).validate()
         max_tokens = check_int("max_tokens", max_tokens, -1,
@@ -503,9 +539,21 @@ class LLM:
         sampler = Sampler(params)
         for t in ids:
             sampler.accept(t)
+        spec = self.speculator_for(draft)
+        if spec is not None:
+            spec.reset_seq(seq_id)
         gen = Generation()
-        gen._it = self._generate(gen, ids, max_tokens, sampler, seq_id, stop_at_eog, epoch)
+        gen._it = self._generate(gen, ids, max_tokens, sampler, seq_id, stop_at_eog, epoch, spec)
         return gen
+
+    def speculator_for(self, draft=None) -> Speculator | None:
+        """The Speculator of a call's `draft` argument: None: the LLM's own (draft_model);
+        False: none; a PromptLookup / DraftModel (or 'lookup', a path): one for this call."""
+        if draft is None:
+            return self.speculator
+        if draft is False:
+            return None
+        return Speculator(self, as_draft(draft))
 
     def _check_generation(self, seq_id: int, epoch: int) -> None:
         if self._closed:
@@ -517,26 +565,66 @@ class LLM:
                 f"generate, reset, eval or decode_batch on it): its cache no longer holds this "
                 f"generation's tokens; start a new generate")
 
-    def _step(self, tokens: list[int], seq_id: int, epoch: int) -> np.ndarray | None:
-        """Logits after appending `tokens` to the generation's sequence; None when the cache is
-        full (a sequence of another thread may take the last cells between two steps)."""
+    def _step(self, tokens: list[int], seq_id: int, epoch: int,
+              all_rows: bool = False) -> np.ndarray | None:
+        """Logits after appending `tokens` to the generation's sequence (all_rows: float32
+        [len(tokens), n_vocab], else the last row); None when the cache is full (a sequence of
+        another thread may take the last cells between two steps)."""
         with self.lock:
             self._check_generation(seq_id, epoch)
             if len(tokens) > self._free_cells():
                 return None
-            logits = self._decode_locked([(tokens, seq_id)])[seq_id]
+            logits = self._decode_locked([(tokens, seq_id)],
+                                         frozenset((seq_id,)) if all_rows else frozenset())
+            logits = logits[seq_id]
+        if all_rows:
+            return logits.reshape(len(tokens), -1)
         return logits[-1] if logits.ndim == 2 else logits
 
     def _generate(self, gen: Generation, ids, max_tokens, sampler, seq_id, stop_at_eog,
-                  epoch) -> Iterator[Token]:
+                  epoch, spec: Speculator | None = None) -> Iterator[Token]:
         def finish(reason: str) -> None:
             gen.finish_reason = self.last_finish_reason = reason
+
+        # advance(tok): evaluate tok, return the next token (None: no cell for tok). With a
+        # draft, a round yields several tokens at once: they queue here, and `ahead` counts
+        # the cells this sequence holds beyond what plain decoding would, so the context-full
+        # decision and the cells kept at the end are plain decoding's.
+        queue: deque[int] = deque()
+        n_advanced = 0
+
+        def advance(tok: int) -> int | None:
+            nonlocal n_advanced
+            n_advanced += 1
+            if queue:
+                return queue.popleft()
+            if spec is None:
+                logits = self._step([tok], seq_id, epoch)
+                if logits is None:
+                    return None
+                nxt = sampler.sample(logits)
+                sampler.accept(nxt)
+                return nxt
+            cap = self._free_cells() - 1
+            if max_tokens > 0:
+                cap = min(cap, max_tokens - n - 1)
+            res = spec.round(seq_id, tok, sampler, cap,
+                             lambda t: self._step(t, seq_id, epoch, all_rows=True))
+            if res is None:
+                return None
+            queue.extend(t for t, _ in res)
+            return queue.popleft()
+
+        def ahead() -> int:
+            return self._seq_pos[seq_id] - (len(ids) + n_advanced)
 
         t0 = time.perf_counter()
         logits = self._step(ids, seq_id, epoch)
         if logits is None:      # another sequence took the cells since generate()
             raise ContextOverflowError(f"the prompt's {len(ids)} tokens no longer fit: other "
                                        f"sequences use the KV cache (n_ctx={self.n_ctx})")
+        if spec is not None:
+            spec.prefill(seq_id, ids)
         self.stats.t_prompt_s += time.perf_counter() - t0
         self.stats.n_prompt_tokens += len(ids)
         t1 = time.perf_counter()
@@ -561,7 +649,7 @@ class LLM:
                     return
                 with self.lock:
                     self._check_generation(seq_id, epoch)
-                    full = self._free_cells() < 1
+                    full = self._free_cells() + ahead() < 1
                 if full:
                     finish("context")
                     yield Token(tok, text + stream.flush())
@@ -570,25 +658,26 @@ class LLM:
                     # bytes of an unfinished character: whether they ever finish depends on the
                     # next token, so compute it before handing this one out (its text is
                     # incomplete anyway); an end there flushes them as U+FFFD into this token
-                    logits = self._step([tok], seq_id, epoch)
-                    nxt = None if logits is None else sampler.sample(logits)
+                    nxt = advance(tok)
                     if nxt is None or (stop_at_eog and is_eog(nxt)):
                         finish("context" if nxt is None else "stop")
                         yield Token(tok, text + stream.flush())
                         return
-                    sampler.accept(nxt)
                     yield Token(tok, text)
                     tok = nxt
                     continue
                 yield Token(tok, text)
-                logits = self._step([tok], seq_id, epoch)
-                if logits is None:
+                nxt = advance(tok)
+                if nxt is None:
                     finish("context")
                     return
-                tok = sampler.sample(logits)
-                sampler.accept(tok)
+                tok = nxt
         finally:
             self.stats.t_gen_s += time.perf_counter() - t1
+            if spec is not None:            # drop the cells of drafts kept past the end
+                with self.lock:
+                    if not self._closed and self._seq_epoch[seq_id] == epoch:
+                        self._truncate_locked(seq_id, len(ids) + n_advanced)
 
     def close(self) -> None:
         """Free the backends and the model file (see the class docstring); idempotent."""
@@ -596,6 +685,8 @@ class LLM:
             if self._closed:
                 return
             self._closed = True
+            if self.speculator is not None:
+                self.speculator.close()
             self.run.close()
             self.file.close()
 

@@ -76,24 +76,48 @@ class Sampler:
     def accept(self, token: int) -> None:
         self.recent.append(int(token))
 
+    def uniform(self) -> float:
+        """The next draw of the generator, in [0, 1) (the draw `sample` makes)."""
+        return self._uniform()
+
     def _uniform(self) -> float:
         a, b = (int(x) & 0xFFFFFFFF for x in self._mt.random_raw(2))
         return (a + b * 2.0 ** 32) / 2.0 ** 64
 
     def sample(self, logits: np.ndarray) -> int:
         """Pick the next token id from logits (float32 [n_vocab])."""
+        ids, w = self.candidates(logits)
+        if w is None:
+            return int(ids[0])
+        r = self._uniform() * w.sum()
+        i = int(np.searchsorted(np.cumsum(w), r))
+        return int(ids[min(i, ids.size - 1)])
+
+    def distribution(self, logits: np.ndarray, recent=None) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution `sample` draws from: (token ids, probabilities float64), a point
+        mass on the argmax when greedy. recent: the tokens the repetition penalty sees (default:
+        this sampler's). Speculative decoding compares these (pyggml/llm/speculative.py)."""
+        ids, w = self.candidates(logits, recent)
+        if w is None:
+            return ids, np.ones(1)
+        return ids, w / w.sum()
+
+    def candidates(self, logits: np.ndarray, recent=None) -> tuple[np.ndarray, np.ndarray | None]:
+        """The chain up to the draw: (token ids, unnormalized float64 weights), or ([argmax],
+        None) when greedy."""
         p = self.params
+        recent = self.recent if recent is None else recent
         logits = np.asarray(logits, dtype=np.float32)
         if logits.ndim != 1 or logits.size == 0:
             raise ModelError(f"sample: logits must be one non-empty row [n_vocab], got shape "
                              f"{logits.shape}")
-        if p.repeat_penalty != 1.0 and self.recent:
+        if p.repeat_penalty != 1.0 and recent:
             logits = logits.copy()
-            ids = np.fromiter(set(self.recent), dtype=np.int64)
+            ids = np.fromiter(set(recent), dtype=np.int64)
             v = logits[ids]
             logits[ids] = np.where(v <= 0, v * p.repeat_penalty, v / p.repeat_penalty)
         if p.temperature <= 0.0:
-            return int(np.argmax(logits))            # first maximum in id order
+            return np.array([int(np.argmax(logits))]), None     # first maximum in id order
         ids = np.arange(logits.size)
         vals = logits
         if 0 < p.top_k < logits.size:
@@ -110,7 +134,4 @@ class Sampler:
             keep = vals >= vals[0] + np.log(np.float32(p.min_p))
             ids, vals = ids[keep], vals[keep]
         vals = vals / np.float32(p.temperature)
-        w = np.exp((vals - vals[0]).astype(np.float64))
-        r = self._uniform() * w.sum()
-        i = int(np.searchsorted(np.cumsum(w), r))
-        return int(ids[min(i, ids.size - 1)])
+        return ids, np.exp((vals - vals[0]).astype(np.float64))

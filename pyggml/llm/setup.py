@@ -46,7 +46,9 @@ class RunOptions:
     threads (None: physical cores); n_seq_max: sequences decoded together; type_k / type_v:
     KV types (one, or one per layer); logits_all: logits for every position; flash_attn: fused
     attention; swa_full: sliding-window layers keep all n_ctx cells; n_gpu_layers: llama.cpp's
-    -ngl (used when no offload plan or config is given)."""
+    -ngl (used when no offload plan or config is given); n_draft: tokens a speculative round
+    drafts per sequence at most (the worst-case graph then keeps logits for n_draft + 1 rows
+    of each sequence: the verification batch)."""
     n_ctx: int = 4096
     n_batch: int = 2048
     n_ubatch: int = 512
@@ -59,6 +61,7 @@ class RunOptions:
     flash_attn: bool = True
     swa_full: bool = False
     n_gpu_layers: int = 0
+    n_draft: int = 0
 
     def replace(self, **kw) -> "RunOptions":
         return dataclasses.replace(self, **kw)
@@ -193,7 +196,7 @@ class Run:
 
     def worst_case_params(self) -> GraphParams:
         o = self.opts
-        n_out = o.n_ubatch if o.logits_all else min(o.n_seq_max, o.n_ubatch)
+        n_out = o.n_ubatch if o.logits_all else min(o.n_seq_max * (o.n_draft + 1), o.n_ubatch)
         swa = self.kv.spaces["swa"].n_cells if "swa" in self.kv.spaces else 0
         return GraphParams(o.n_ubatch, n_out, o.n_ctx, swa)
 

@@ -161,6 +161,7 @@ class RunPlan:
     fit_changes: list[FitChange] | None = None
     weight_bytes_per_token: int = 0     # weight bytes a decoded token reads (MoE: top-k experts)
     nodes: dict[str, list[NodePlacement]] = field(default_factory=dict, repr=False)  # with_nodes
+    draft: "RunPlan | None" = None      # speculative decoding: the draft model's plan (CPU)
 
     @property
     def expert_bytes(self) -> int:
@@ -226,7 +227,21 @@ class RunPlan:
         d["kv_layers"] = [asdict(x) for x in self.kv_layers]
         d["devices"] = [dict(asdict(x), total=x.total) for x in self.devices]
         d["system_ram"] = self.system_ram
+        if self.draft is not None:
+            d["draft"] = self.draft.to_dict()
         return d
+
+    def draft_summary(self) -> str:
+        """One line on the draft model's memory ('' without one)."""
+        if self.draft is None:
+            return ""
+        from pyggml.units import fmt_bytes
+        dp = self.draft
+        w, kv, c = (sum(d.weights for d in dp.devices), dp.kv_bytes, dp.compute_bytes)
+        return (f"draft model {dp.model}: weights {fmt_bytes(w)} (mapped), KV cache "
+                f"{fmt_bytes(kv)}, compute {fmt_bytes(c)}; total {fmt_bytes(w + kv + c)} of "
+                f"system RAM beside the model's (the model's compute buffer holds the logits "
+                f"of {self.opts.n_draft} + 1 rows per sequence)")
 
 
 def kv_type_names(t, n_layer: int = 1) -> list[str]:
@@ -282,12 +297,18 @@ class Planner:
     def plan(self, config=None, *, sets=(), opts: RunOptions | None = None,
              offload: OffloadPlan | None = None, with_no_inplace: bool = True,
              n_gpu_layers: int | None = None, gpu_device: str | None = None, overrides=(),
-             with_nodes: bool = False, **options) -> RunPlan:
+             with_nodes: bool = False, draft_model=None, **options) -> RunPlan:
         """Plan `config` (a path, Config or dict, amended by `sets`; its sizes, threads and KV
         types replace the options, as in the runtime), or n_gpu_layers on gpu_device, or an
         OffloadPlan as given; overrides: -ot rules [(regex, device)]. options: RunOptions fields
-        (n_ctx, n_ubatch, logits_all, ...). with_nodes: also where every node of the
-        worst-case graph runs and why (RunPlan.nodes)."""
+        (n_ctx, n_ubatch, logits_all, n_draft, ...). with_nodes: also where every node of the
+        worst-case graph runs and why (RunPlan.nodes). draft_model: a draft model's GGUF path
+        (speculative decoding): planned as the runtime opens it (CPU, the model's n_ctx,
+        n_seq_max, n_ubatch, sliding-window layers over all cells) into RunPlan.draft, and
+        n_draft (default 16, llama.cpp's --draft-max) rows per sequence in the worst case."""
+        if draft_model is not None:
+            from pyggml.llm.speculative import DRAFT_MAX
+            options.setdefault("n_draft", DRAFT_MAX)
         t0 = time.perf_counter()
         opts = (opts or RunOptions()).replace(**options)
         mf = self.mf
@@ -304,9 +325,14 @@ class Planner:
             rp = self._report(run, cfg, catalog, with_no_inplace, t0)
             if with_nodes:
                 rp.nodes = {ph: node_placements(run, ph, s) for ph, s in run.scheds()}
-            return rp
         finally:
             run.close()
+        if draft_model is not None:
+            with Planner(draft_model, virtual=()) as dp:
+                rp.draft = dp.plan(n_gpu_layers=0, n_ctx=opts.n_ctx, n_seq_max=opts.n_seq_max,
+                                   n_ubatch=opts.n_ubatch, n_batch=opts.n_batch,
+                                   n_threads=opts.n_threads, swa_full=True)
+        return rp
 
     def _report(self, run, cfg: Config, catalog: DeviceCatalog, with_no_inplace: bool,
                 t0: float) -> RunPlan:

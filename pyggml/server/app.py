@@ -235,6 +235,11 @@ class Server:
                m.max_seqs_per_step)
         metric("predicted_tokens_seconds", "gauge",
                "Generated tokens per second of decode-loop time.", f"{tps:.3f}")
+        metric("draft_tokens_total", "counter", "Tokens drafted (speculative decoding).",
+               m.draft_tokens_total)
+        metric("draft_accepted_tokens_total", "counter",
+               "Drafted tokens the model accepted (speculative decoding).",
+               m.draft_accepted_total)
         metric("queue_length", "gauge", "Requests waiting for a slot.", e.queue_length())
         metric("slots_busy", "gauge", "Slots serving a request.", e.busy_slots())
         metric("slots_total", "gauge", "Slots (sequences of the KV cache).", len(e.slots))

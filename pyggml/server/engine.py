@@ -10,6 +10,11 @@ for at most one short step, then gets a step of its own size (time to first toke
 (those cells are kept, LLM.reuse_prefix); requests beyond the free slots wait in a bounded queue
 (full: `QueueFullError`, the server answers 503). A cancelled request frees its slot before the
 next step. Events go back to the asyncio side through `loop.call_soon_threadsafe`.
+
+With a draft (LLM(draft_model=...), `serve -md / --lookup`), each generating slot first drafts
+(all slots together, pyggml/llm/speculative.py) and puts its last token and drafted tokens into
+the same one decode_batch, with logits for every row; its round's accepted tokens then go to its
+completion one by one.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from dataclasses import dataclass, field
 
 from pyggml.errors import PyggmlError
 from pyggml.llm.completion import Generation
+from pyggml.llm.speculative import Proposal
+
+
+_NONE = Proposal()          # no draft tokens
 
 
 #: fewest prompt tokens a step takes: smaller chunks cost prefill speed (Gemma 3 270M, 2 threads:
@@ -61,6 +70,7 @@ class Slot:
     todo: list[int] = field(default_factory=list)     # prompt tokens still to evaluate
     started: bool = False                             # a chunk of this job's prompt ran
     last_used: float = 0.0
+    drafting: bool = False          # speculative rounds started for this job (k was reset)
 
 
 class PerSecond:
@@ -107,6 +117,8 @@ class Metrics:
     decode_steps_multi_seq_total: int = 0                   # steps with >= 2 sequences
     max_seqs_per_step: int = 0
     decode_seconds_total: float = 0.0
+    draft_tokens_total: int = 0                             # speculative decoding: drafted
+    draft_accepted_total: int = 0                           # ... and accepted by the model
 
     # The windows are fed by the counters themselves, so every place that counts tokens (the
     # decode step, speculative decoding) feeds them without knowing about them.
@@ -250,7 +262,8 @@ class Engine:
                 self._release(s)
 
     def _release(self, s: Slot) -> None:
-        s.job, s.todo, s.last_used, s.started = None, [], time.perf_counter(), False
+        s.job, s.todo, s.last_used = None, [], time.perf_counter()
+        s.started = s.drafting = False
 
     def _fail(self, s: Slot, status: int, message: str) -> None:
         s.job.emit("error", status, message)
@@ -274,11 +287,15 @@ class Engine:
                 except PyggmlError as e:
                     self._fail(s, 400, str(e))
         batch, sampled = [], []
-        for s in self.slots:
-            if s.job is not None and not s.todo and s.job.gen.last_token is not None:
-                batch.append(([s.job.gen.last_token], s.seq_id))
-                sampled.append(s)
-        budget = self._prompt_budget(len(batch))
+        gen_slots = [s for s in self.slots
+                     if s.job is not None and not s.todo and s.job.gen.last_token is not None]
+        props = self._drafts(gen_slots)
+        n_before = {}
+        for s in gen_slots:
+            batch.append(([s.job.gen.last_token] + props.get(s.seq_id, _NONE).tokens, s.seq_id))
+            n_before[s.seq_id] = len(llm.seq_tokens(s.seq_id))
+            sampled.append(s)
+        budget = self._prompt_budget(sum(len(t) for t, _ in batch))
         waiting = sorted((s for s in self.slots if s.job is not None and s.todo),
                          key=lambda s: len(s.todo))
         if any(not s.started for s in waiting):      # new requests first, in a short step
@@ -298,7 +315,7 @@ class Engine:
             return
         t0 = time.perf_counter()
         try:
-            out = llm.decode_batch(batch)
+            out = llm.decode_batch(batch, all_logits=tuple(props))
         except PyggmlError as e:
             for tokens, sid in batch:
                 self._fail(self.slots[sid], 400 if "context" in str(e) else 500, str(e))
@@ -316,13 +333,65 @@ class Engine:
         for s in sampled:
             job = s.job
             if job.cancelled.is_set():
+                if s.seq_id in props:           # its drafts were never checked: drop them
+                    with llm.lock:
+                        llm._truncate_locked(s.seq_id, n_before[s.seq_id] + 1)
                 continue
             gen = job.gen
-            n_before = len(gen.tokens)
+            if s.seq_id in props:
+                self._finish_round(s, n_before[s.seq_id], props[s.seq_id], out[s.seq_id])
+                continue
+            n_before_gen = len(gen.tokens)
             text = gen.step(out[s.seq_id])
-            m.generated_tokens_total += len(gen.tokens) - n_before
+            m.generated_tokens_total += len(gen.tokens) - n_before_gen
             if text:
                 job.emit("text", text)
             if gen.done:
                 job.emit("done", gen)
                 self._release(s)
+
+    def _drafts(self, gen_slots: list[Slot]) -> dict:
+        """Speculative decoding (the LLM's draft_model): {seq_id: Proposal} for the generating
+        slots, drafted together; their drafted tokens join this step's one decode_batch. Each
+        slot drafts at most what its max_tokens and its share of the free cells allow."""
+        spec = self.llm.speculator
+        if spec is None or not gen_slots:
+            return {}
+        free = self.llm.n_ctx - self.llm.kv.n_used() - len(gen_slots)
+        room = max(0, min(free // len(gen_slots),
+                          (self.llm.n_ubatch - len(gen_slots)) // len(gen_slots)))
+        reqs = []
+        for s in gen_slots:
+            gen = s.job.gen
+            if not s.drafting:
+                spec.reset_seq(s.seq_id)
+                s.drafting = True
+            cap = min(room, gen.max_tokens - len(gen.tokens) - 1)
+            reqs.append(spec.request(s.seq_id, gen.last_token, gen.sampler, cap))
+        return {r.seq_id: p for r, p in zip(reqs, spec.propose(reqs))}
+
+    def _finish_round(self, s: Slot, n_before: int, prop, rows) -> None:
+        """A slot's speculative round after the step's decode_batch: the round's tokens go to
+        its completion one by one until it ends; then its sequence keeps the cells plain
+        decoding would (the prompt and every token that did not end the completion)."""
+        llm, m, job = self.llm, self.metrics, s.job
+        gen = job.gen
+        rows = rows.reshape(len(prop.tokens) + 1, -1)
+        with llm.lock:
+            toks = llm.speculator.finish_round(s.seq_id, n_before, prop, rows, gen.sampler)
+        m.draft_tokens_total += len(prop.tokens)
+        m.draft_accepted_total += len(toks) - 1 if prop.tokens else 0
+        n_keep = n_before + 1
+        for tok, row in zip(toks, rows):
+            n0 = len(gen.tokens)
+            text = gen.push(tok, row)
+            m.generated_tokens_total += len(gen.tokens) - n0
+            if text:
+                job.emit("text", text)
+            if gen.done:
+                with llm.lock:
+                    llm._truncate_locked(s.seq_id, n_keep)
+                job.emit("done", gen)
+                self._release(s)
+                return
+            n_keep += 1
