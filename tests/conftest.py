@@ -25,3 +25,13 @@ def tiny_models(tmp_path_factory):
     (see tests/fixtures/tiny_models.py)."""
     from fixtures.tiny_models import TinyModelFactory
     return TinyModelFactory(tmp_path_factory.mktemp("tiny_models"))
+
+
+@pytest.fixture
+def scalar_path():
+    """The forced-scalar kernels for one test (one accumulation order on every machine)."""
+    from pyggml import _native
+    before = _native.cpu_path()
+    _native.set_cpu_path("scalar")
+    yield
+    _native.set_cpu_path(before)

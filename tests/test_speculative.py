@@ -39,14 +39,6 @@ PROMPTS = [CODE, "The capital of France is Paris. The capital of France is",
            "one two three four five one two three four five one two"]
 
 
-@pytest.fixture
-def scalar_path():
-    before = _native.cpu_path()
-    _native.set_cpu_path("scalar")
-    yield
-    _native.set_cpu_path(before)
-
-
 def _need(path: Path):
     if not path.exists():
         pytest.skip(f"{path} is not there (make setup fetches it)")

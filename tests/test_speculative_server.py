@@ -12,28 +12,12 @@ from pyggml import _native
 from pyggml.llm.runtime import LLM
 from pyggml.llm.speculative import DraftModel, PromptLookup
 from pyggml.server import make_server, start_in_thread
+from support.http_server import metrics
 
 TIMEOUT_S = 120
 PROMPTS = ["the capital of france is paris. the capital of france is",
            "hello world! hello world! hello", "def main(): return 0 def main():",
            "the sea, the mountains and the stars. the sea, the"]
-
-
-@pytest.fixture
-def scalar_path():
-    before = _native.cpu_path()
-    _native.set_cpu_path("scalar")
-    yield
-    _native.set_cpu_path(before)
-
-
-def _metrics(base) -> dict:
-    out = {}
-    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
 
 
 @pytest.mark.parametrize("kind", ["lookup", "draft-model"])
@@ -68,7 +52,7 @@ def test_slots_draft_in_one_batch_and_equal_plain(tiny_models, scalar_path, kind
             t.start()
         for t in threads:
             t.join(TIMEOUT_S)
-        m = _metrics(base)
+        m = metrics(base)
         assert got == plain
         assert m["pyggml_draft_tokens_total"] > 0
         assert 0 <= m["pyggml_draft_accepted_tokens_total"] <= m["pyggml_draft_tokens_total"]

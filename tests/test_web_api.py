@@ -17,18 +17,12 @@ from pyggml.offload import VirtualSpec
 from pyggml.planning.memory import Planner
 from pyggml.server import make_server, start_in_thread
 from pyggml.server.engine import PerSecond
+from support.http_server import TWO_VIRTUAL_GPUS as TWO_GPUS
 
 REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
 T = 60                          # seconds, any request
 CAUSES = ("usr", "1.dst", "1.vsrc", "1.inp", "1.wgt", "1.off", "2.gd", "2.gu", "2.rd", "2.ru",
           "3.upg", "3.best", "4.vsrc", "4.cur", "4.sup", "4.leaf", "4.cpy")
-TWO_GPUS = """virtual_devices:
-  - {name: laptop, memory: 64MiB}
-  - {name: egpu, memory: 256MiB}
-devices: [laptop, egpu]
-gpu_layers: all
-context: {n_ctx: 1024, n_ubatch: 128}
-"""
 DEVICE_FIELDS = ("weights", "weights_by_type", "kv", "compute", "compute_naive",
                  "compute_no_inplace", "compute_lower_bound", "staging", "total", "kind",
                  "experts", "virtual")

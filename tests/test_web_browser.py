@@ -19,6 +19,7 @@ from pyggml.llm.runtime import LLM
 from pyggml.models_pypi import ensure_smollm2
 from pyggml.server import make_server, start_in_thread
 from support.serve_process import ServeProcess
+from support.http_server import TWO_VIRTUAL_GPUS as TWO_GPUS
 
 REPO = Path(__file__).resolve().parent.parent
 SHOTS = REPO / "build" / "web-screenshots"
@@ -37,14 +38,6 @@ pytestmark = [
 
 SYSTEM = "You are a helpful assistant."
 QUESTION = "Name the largest planet of the solar system."
-# two planning-only GPUs: the Model view must show each with the bytes `pyggml mem` prints
-TWO_GPUS = """virtual_devices:
-  - {name: laptop, memory: 64MiB}
-  - {name: egpu, memory: 256MiB}
-devices: [laptop, egpu]
-gpu_layers: all
-context: {n_ctx: 1024, n_ubatch: 128}
-"""
 
 
 @pytest.fixture(scope="module")

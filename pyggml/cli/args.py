@@ -95,15 +95,24 @@ def add_model_args(p, *, config_file: bool = True) -> None:
                    help="logits for every position (llama.cpp's compute-buffer worst case)")
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1 (-np: slots / sequences)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return n
+def bounded(cast, lo=None, hi=None, *, what: str):
+    """An argparse type: `cast(text)` within [lo, hi], else an error saying `what` was
+    expected (-np, --port, --draft-max, ...)."""
+    def parse(text: str):
+        try:
+            v = cast(text)
+        except ValueError:
+            v = None
+        if v is None or v != v or (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+    parse.__name__ = what                   # argparse names the type in some messages
+    return parse
+
+
+positive_int = bounded(int, 1, what="an integer >= 1")
+nonnegative_int = bounded(int, 0, what="an integer >= 0")
+probability = bounded(float, 0.0, 1.0, what="a probability 0..1")
 
 
 def add_offload_args(p, *, planning: bool = False) -> None:
@@ -146,15 +155,15 @@ def add_draft_args(p) -> None:
     g.add_argument("--lookup", action="store_true",
                    help="prompt lookup decoding: draft from n-grams of the prompt and the text "
                         "so far (no second model)")
-    g.add_argument("--lookup-ngram", type=int, default=3, metavar="N",
+    g.add_argument("--lookup-ngram", type=positive_int, default=3, metavar="N",
                    help="with --lookup: the longest n-gram looked up (default 3)")
     g.add_argument("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", dest="draft_max",
-                   type=int, default=None, metavar="N",
+                   type=positive_int, default=None, metavar="N",
                    help="tokens to draft per round at most (default 16; adapts below it)")
     g.add_argument("--draft-min", "--draft-n-min", "--spec-draft-n-min", dest="draft_min",
-                   type=int, default=None, metavar="N",
+                   type=nonnegative_int, default=None, metavar="N",
                    help="fewer drafted tokens than this are not used (default 0)")
-    g.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float,
+    g.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=probability,
                    default=0.0, metavar="P",
                    help="with -md: stop drafting below this draft probability (default 0)")
 

@@ -3,33 +3,15 @@ the OpenAI-compatible server (pyggml/server/)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from pyggml.cli.args import (add_draft_args, add_model_args, add_offload_args, config_from_cli,
-                             draft_from_args, positive_int, run_options)
+from pyggml.cli.args import (add_draft_args, add_model_args, add_offload_args, bounded,
+                             config_from_cli, draft_from_args, positive_int, run_options)
 
 
-def port_number(text: str) -> int:
-    """A TCP port 1..65535 (checked before the model loads)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if not 0 < n < 65536:
-        raise argparse.ArgumentTypeError(f"expected a port number 1..65535, got {text!r}")
-    return n
-
-
-def nonnegative_ms(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0, got {text!r}")
-    return v
+port_number = bounded(int, 1, 65535, what="a port number 1..65535")
+nonnegative_ms = bounded(float, 0.0, what="milliseconds >= 0")
 
 
 def add_model_arguments(p) -> None:
