@@ -29,7 +29,7 @@ PG_TEST(test_attn_kernels_match_scalar) {
     for (int i = 0; i < 9 * 260; i++) { q[i] = frand(); k[i] = frand(); v[i] = frand(); }
     for (int i = 0; i < 9 * 16; i++) p[i] = frand() > 0 ? frand() * frand() : 0.0f;
     for (int i = 0; i < 9; i++) ms[i] = i == 3 ? 0.0f : 0.5f + 0.1f * (float)i;
-    for (int32_t path = 1; path < 4; path++) {
+    for (int32_t path = 1; path < PG_PATH_COUNT; path++) {
         const pg_attn_kernels *kn = pg_get_attn_kernels_for_path(path);
         if (!kn || !path_usable(path)) continue;
         const int64_t Ds[] = {1, 7, 8, 15, 16, 33, 64, 200, 256};
@@ -206,7 +206,7 @@ PG_TEST(test_flash_attn_paths_against_reference) {
                     if (fabs(a / tot) > maxref) maxref = fabs(a / tot);
                 }
             }
-        for (int32_t path = 0; path < 4; path++) {
+        for (int32_t path = 0; path < PG_PATH_COUNT; path++) {
             if (!path_usable(path)) continue;
             pg_set_cpu_path(path);
             fa_run(tp, 1, q, k, v, m, scale, max_bias, softcap, out1);
@@ -303,7 +303,7 @@ PG_TEST(test_flash_attn_row_independent_of_batch) {
             ma[i * na + c] = pg_fp32_to_fp16(c <= rpos[arow[i]] ? 0.0f : -INFINITY);
     pg_threadpool *tp = pg_threadpool_new(2);
     const int32_t was = pg_cpu_path();
-    for (int32_t path = 0; path < 4; path++) {
+    for (int32_t path = 0; path < PG_PATH_COUNT; path++) {
         if (!path_usable(path)) continue;
         pg_set_cpu_path(path);
         for (int nth = 1; nth <= 2; nth++) {
