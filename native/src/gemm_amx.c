@@ -57,8 +57,9 @@ static size_t wblock_bytes(int64_t K) { return W_MNP(K) + (size_t)(K / PG_QK_K) 
 
 size_t pg_amx_scratch_bytes(int64_t K) {
     const size_t q8 = (size_t)(K / PG_QK_K) * sizeof(pg_block_q8_K);
-    const size_t w = wblock_bytes(K) + TILES_PER_PASS * T * T * sizeof(float) +
-                     2 * 3 * T * T * sizeof(int32_t);   /* + two steps' products */
+    /* two weight blocks, their accumulators, two steps' products (amx_gemm) */
+    const size_t w = 2 * wblock_bytes(K) + 2 * TILES_PER_PASS * T * T * sizeof(float) +
+                     2 * 4 * T * T * sizeof(int32_t);
     return (w > q8 ? w : q8) + 64;
 }
 
@@ -236,10 +237,12 @@ typedef struct {
     uint8_t  rows[16];
 } __attribute__((packed, aligned(64))) tilecfg;
 
-/* Q4_K / Q5_K: tiles 0, 1 the two plane products (int32, 16 weight rows × 16 activation rows),
- * 2..4 and 5..7 two sets of operands (activation chunk, plane 0, plane 1) so that one chunk's
- * loads overlap the other's products (tile registers are not renamed). Q6_K: 0..2 the three
- * products, 3 the activation chunk, 4..6 the planes. */
+/* Q4_K / Q5_K: a step covers two weight blocks (32 rows) × one activation tile, which the two
+ * share: tiles 0..3 the products (block 0 plane 0, 1; block 1 plane 0, 1; int32, 16 weight rows
+ * × 16 activation rows), 4 the activation chunk, 5..7 the planes in turn. Each activation chunk
+ * then comes from L2 once per 32 weight rows (tile loads from L2 are what limits a step: with
+ * one weight block per step the tile unit ran at a quarter of its rate). Q6_K: one block per
+ * step, 0..2 its three products, 3 the activation chunk, 4..6 the planes. */
 static void tiles_config(void) {
     tilecfg cfg;
     memset(&cfg, 0, sizeof(cfg));
@@ -251,35 +254,22 @@ static void tiles_config(void) {
     _tile_loadconfig(&cfg);
 }
 
-#define LOAD2(tb, ta0, ta1, c)                                                                     \
-    do {                                                                                           \
-        const size_t cc_ = 4 * (size_t)b + (c);                                                   \
-        _tile_loadd(tb, at + cc_ * 1024, 64);                                                      \
-        _tile_loadd(ta0, wb + cc_ * 3 * 1024, 64);                                                 \
-        _tile_loadd(ta1, wb + cc_ * 3 * 1024 + 1024, 64);                                          \
-    } while (0)
-#define DP2(tb, ta0, ta1)                                                                          \
-    do {                                                                                           \
-        _tile_dpbusd(0, ta0, tb);                                                                  \
-        _tile_dpbusd(1, ta1, tb);                                                                  \
-    } while (0)
-
-/* The int32 plane products of one super-block of one 16 × 16 block of outputs (weight rows ×
- * activation rows) */
+/* The int32 plane products of one step: Q4_K / Q5_K c[2w + p] = block w, plane p; Q6_K c[p]. */
 typedef struct {
-    int32_t c[3][T][T];
+    int32_t c[4][T][T];
 } __attribute__((aligned(64))) products;
 
-/* Tile part: super-block b of weight block wb (unpacked) × activation tile at -> pr. */
-AINL void superblock_products(int type, int64_t b, const uint8_t *wb, const uint8_t *at,
-                              products *pr) {
-    _tile_zero(0);
-    _tile_zero(1);
+/* Tile part of a step: super-block b of the unpacked weight blocks wb0 (and wb1: Q4_K / Q5_K) ×
+ * activation tile at -> pr. */
+AINL void superblock_products(int type, int64_t b, const uint8_t *wb0, const uint8_t *wb1,
+                              const uint8_t *at, products *pr) {
     if (type == 6) {
+        _tile_zero(0);
+        _tile_zero(1);
         _tile_zero(2);
         for (int c = 0; c < 4; c++) {
             const size_t cc = 4 * (size_t)b + (size_t)c;
-            const uint8_t *wt = wb + cc * 3 * 1024;
+            const uint8_t *wt = wb0 + cc * 3 * 1024;
             _tile_loadd(3, at + cc * 1024, 64);
             _tile_loadd(4, wt, 64);
             _tile_loadd(5, wt + 1024, 64);
@@ -288,37 +278,52 @@ AINL void superblock_products(int type, int64_t b, const uint8_t *wb, const uint
             _tile_dpbssd(1, 5, 3);
             _tile_dpbssd(2, 6, 3);
         }
+        _tile_stored(0, pr->c[0], 64);
+        _tile_stored(1, pr->c[1], 64);
         _tile_stored(2, pr->c[2], 64);
-    } else {
-        LOAD2(2, 3, 4, 0);
-        LOAD2(5, 6, 7, 1);
-        DP2(2, 3, 4);
-        LOAD2(2, 3, 4, 2);
-        DP2(5, 6, 7);
-        LOAD2(5, 6, 7, 3);
-        DP2(2, 3, 4);
-        DP2(5, 6, 7);
+        return;
+    }
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int c = 0; c < 4; c++) {
+        const size_t cc = 4 * (size_t)b + (size_t)c;
+        const uint8_t *w0 = wb0 + cc * 3 * 1024, *w1 = wb1 + cc * 3 * 1024;
+        _tile_loadd(4, at + cc * 1024, 64);
+        _tile_loadd(5, w0, 64);
+        _tile_loadd(6, w0 + 1024, 64);
+        _tile_dpbusd(0, 5, 4);
+        _tile_dpbusd(1, 6, 4);
+        _tile_loadd(7, w1, 64);
+        _tile_loadd(5, w1 + 1024, 64);
+        _tile_dpbusd(2, 7, 4);
+        _tile_dpbusd(3, 5, 4);
     }
     _tile_stored(0, pr->c[0], 64);
     _tile_stored(1, pr->c[1], 64);
+    _tile_stored(2, pr->c[2], 64);
+    _tile_stored(3, pr->c[3], 64);
 }
 
-/* Vector part: acc[i][m] += the block term of dot(weight row i, activation row m) for
- * super-block b, from its products */
+/* Vector part, for one weight block: acc[i][m] += the block term of dot(weight row i,
+ * activation row m) for super-block b, from its plane products c[0..2] */
 AINL void superblock_terms(int type, int64_t K, int64_t b, const uint8_t *wb, const uint8_t *at,
-                           const products *pr, float acc[T][T]) {
+                           const int32_t (*c)[T][T], float acc[T][T]) {
     const float *wd = (const float *)(wb + W_D(K)), *wdm = (const float *)(wb + W_DMIN(K));
     const int32_t *mnp = (const int32_t *)(wb + W_MNP(K));
     const float *ad = (const float *)(at + ACT_QS(K));
     const __m512i *bsp = (const __m512i *)(at + ACT_BSP(K)) + 4 * b;
+    const __m512i bs0 = _mm512_loadu_si512(bsp), bs1 = _mm512_loadu_si512(bsp + 1);
+    const __m512i bs2 = _mm512_loadu_si512(bsp + 2), bs3 = _mm512_loadu_si512(bsp + 3);
     const __m512 dy = _mm512_loadu_ps(ad + b * T);
-    for (int i = 0; i < T; i++) {
-        const __m512i a0 = _mm512_load_si512((const void *)pr->c[0][i]);
-        const __m512i a1 = _mm512_load_si512((const void *)pr->c[1][i]);
+    _Pragma("GCC unroll 4") for (int i = 0; i < T; i++) {
+        const __m512i a0 = _mm512_load_si512((const void *)c[0][i]);
+        const __m512i a1 = _mm512_load_si512((const void *)c[1][i]);
         const __m512 dx = _mm512_set1_ps(wd[b * T + i]);
         __m512 t;
         if (type == 6) {   /* isum = C0 + 7·C1 + 49·C2; (d·dy)·isum */
-            const __m512i a2 = _mm512_load_si512((const void *)pr->c[2][i]);
+            const __m512i a2 = _mm512_load_si512((const void *)c[2][i]);
             const __m512i isum = _mm512_add_epi32(
                 a0, _mm512_add_epi32(_mm512_mullo_epi32(a1, _mm512_set1_epi32(7)),
                                      _mm512_mullo_epi32(a2, _mm512_set1_epi32(49))));
@@ -326,9 +331,12 @@ AINL void superblock_terms(int type, int64_t K, int64_t b, const uint8_t *wb, co
         } else {           /* isum = C0 + base·C1; (dy·d)·isum − (dy·dmin)·summs */
             const __m512i isum = _mm512_add_epi32(a0, _mm512_slli_epi32(a1, type == 4 ? 4 : 3));
             const int32_t *mn = mnp + (b * T + i) * 4;
-            __m512i summs = _mm512_setzero_si512();
-            for (int j = 0; j < 4; j++)
-                summs = _mm512_dpwssd_epi32(summs, _mm512_set1_epi32(mn[j]), bsp[j]);
+            /* two chains of two (the dot's latency, not its throughput, would bound a chain) */
+            const __m512i s01 = _mm512_dpwssd_epi32(
+                _mm512_madd_epi16(_mm512_set1_epi32(mn[0]), bs0), _mm512_set1_epi32(mn[1]), bs1);
+            const __m512i s23 = _mm512_dpwssd_epi32(
+                _mm512_madd_epi16(_mm512_set1_epi32(mn[2]), bs2), _mm512_set1_epi32(mn[3]), bs3);
+            const __m512i summs = _mm512_add_epi32(s01, s23);
             const __m512 dm = _mm512_set1_ps(wdm[b * T + i]);
             t = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(dy, dx), _mm512_cvtepi32_ps(isum)),
                               _mm512_mul_ps(_mm512_mul_ps(dy, dm), _mm512_cvtepi32_ps(summs)));
@@ -337,45 +345,67 @@ AINL void superblock_terms(int type, int64_t K, int64_t b, const uint8_t *wb, co
     }
 }
 
-/* Activation tiles per pass over a weight block (TILES_PER_PASS): their accumulators (1 KiB
- * each) live in the scratch; super-block b of the weight block stays in L1 while the group's
- * tiles use it. The steps (b, tile) are software-pipelined: step s's tile products are issued
- * before step s − 1's vector terms, so the tile unit and the vector unit work at once (the
- * vector part of a step is ~400 instructions: in program order after it, the next step's tile
- * instructions would wait for it to leave the reorder window). */
+/* acc[i][m] (16 × 16) -> dst rows m < nm, columns i < nr (a transpose: 16 rows stored as 16) */
+AINL void store_outputs(const float acc[T][T], float *dst, size_t bd, int nr, int nm) {
+    for (int m = 0; m < nm; m++) {
+        const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(m),
+                                             _mm512_mullo_epi32(_mm512_set1_epi32(T),
+                                                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7,
+                                                                                  8, 9, 10, 11, 12, 13, 14, 15)));
+        const __m512 col = _mm512_i32gather_ps(idx, (const float *)acc, 4);
+        _mm512_mask_storeu_ps((char *)dst + (size_t)m * bd, (__mmask16)((1u << nr) - 1), col);
+    }
+}
+
+/* Activation tiles per pass over the weight blocks (TILES_PER_PASS): their accumulators (1 KiB
+ * each per block) live in the scratch; super-block b of the weight blocks stays in L1 while the
+ * group's tiles use it. The steps (b, tile) are software-pipelined: step s's tile products are
+ * issued before step s − 1's vector terms, so the tile unit and the vector unit work at once
+ * (the vector part of a step is hundreds of instructions: in program order after it, the next
+ * step's tile instructions would wait for it to leave the reorder window). */
 AINL void amx_gemm(int type, int64_t K, const void *w, size_t bw, int64_t nrows,
                    const uint8_t *act, int64_t M, float *dst, size_t bd, void *scratch) {
-    uint8_t *wb = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    float (*acc)[T][T] = (float (*)[T][T])(wb + wblock_bytes(K));
-    products *pr = (products *)((uint8_t *)acc + TILES_PER_PASS * sizeof(acc[0]));
+    uint8_t *wb[2];
+    wb[0] = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    wb[1] = wb[0] + wblock_bytes(K);
+    float (*acc)[TILES_PER_PASS][T][T] = (float (*)[TILES_PER_PASS][T][T])(wb[1] + wblock_bytes(K));
+    products *pr = (products *)(acc + 2);
     const size_t tile_bytes = pg_amx_act_tile_bytes(K);
     const int64_t nb = K / PG_QK_K, tiles = (M + T - 1) / T;
+    const int nw = type == 6 ? 1 : 2;   /* weight blocks per step */
     tiles_config();
-    for (int64_t n0 = 0; n0 < nrows; n0 += T) {
-        const int nr = (int)(nrows - n0 < T ? nrows - n0 : T);
-        unpack_block((const char *)w + (size_t)n0 * bw, bw, nr, K, type, wb);
+    for (int64_t n0 = 0; n0 < nrows; n0 += T * nw) {
+        int nr[2];
+        for (int k = 0; k < nw; k++) {
+            const int64_t left = nrows - n0 - T * k;
+            nr[k] = (int)(left < 0 ? 0 : left < T ? left : T);
+            unpack_block((const char *)w + (size_t)(n0 + T * k) * bw, bw, nr[k], K, type, wb[k]);
+        }
         for (int64_t g0 = 0; g0 < tiles; g0 += TILES_PER_PASS) {
             const int ng = (int)(tiles - g0 < TILES_PER_PASS ? tiles - g0 : TILES_PER_PASS);
             const uint8_t *at0 = act + (size_t)g0 * tile_bytes;
-            memset(acc, 0, sizeof(acc[0]) * (size_t)ng);
+            for (int k = 0; k < nw; k++) memset(acc[k], 0, sizeof(acc[k][0]) * (size_t)ng);
             const int64_t steps = nb * ng;
             for (int64_t s = 0; s <= steps; s++) {
                 if (s < steps)
-                    superblock_products(type, s / ng, wb, at0 + (size_t)(s % ng) * tile_bytes,
-                                        &pr[s & 1]);
+                    superblock_products(type, s / ng, wb[0], wb[1],
+                                        at0 + (size_t)(s % ng) * tile_bytes, &pr[s & 1]);
                 if (s > 0) {
                     const int64_t q = s - 1;
-                    superblock_terms(type, K, q / ng, wb, at0 + (size_t)(q % ng) * tile_bytes,
-                                     &pr[q & 1], acc[q % ng]);
+                    const uint8_t *at = at0 + (size_t)(q % ng) * tile_bytes;
+                    for (int k = 0; k < nw; k++)
+                        superblock_terms(type, K, q / ng, wb[k], at,
+                                         (const int32_t (*)[T][T])pr[q & 1].c[2 * k],
+                                         acc[k][q % ng]);
                 }
             }
             for (int g = 0; g < ng; g++) {
                 const int64_t m0 = (g0 + g) * T;
                 const int nm = (int)(M - m0 < T ? M - m0 : T);
-                for (int m = 0; m < nm; m++) {
-                    float *d = (float *)((char *)dst + (size_t)(m0 + m) * bd) + n0;
-                    for (int i = 0; i < nr; i++) d[i] = acc[g][i][m];
-                }
+                for (int k = 0; k < nw; k++)
+                    if (nr[k] > 0)
+                        store_outputs(acc[k][g], (float *)((char *)dst + (size_t)m0 * bd) + n0 + T * k,
+                                      bd, nr[k], nm);
             }
         }
     }

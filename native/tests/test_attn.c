@@ -75,6 +75,20 @@ PG_TEST(test_attn_kernels_match_scalar) {
             CHECK(e1[0] == 0.0f && (n <= 2 || e1[2] == 0.0f), "path %d exp(-inf)", path);
             CHECK(fabsf(t0 - t1) <= 1e-6f * t0 + 1e-30f, "path %d exp sum %g vs %g", path, t0, t1);
         }
+        /* silu: within a few ulp of libm's x / (1 + expf(-x)), over the range models produce and
+         * the far tails (x = ±100: x and −0 up to a denormal-sized term), every tail length */
+        for (int64_t n = 1; n <= 40; n++) {
+            float xs[40], y0[40], y1[40];
+            for (int64_t i = 0; i < n; i++) xs[i] = frand() * 40.0f - 20.0f;
+            xs[0] = 100.0f;
+            if (n > 1) xs[1] = -100.0f;
+            if (n > 2) xs[2] = 0.0f;
+            ref->silu(xs, y0, n);
+            kn->silu(xs, y1, n);
+            for (int64_t i = 0; i < n; i++)
+                CHECK(fabsf(y0[i] - y1[i]) <= 6e-7f * fabsf(y0[i]) + 1e-30f,
+                      "path %d silu(%g): %g vs %g", path, (double)xs[i], y0[i], y1[i]);
+        }
         /* scale + mask + max: a few ulp (the SIMD form fuses the multiply-add); -inf kept */
         for (int64_t n = 1; n <= 40; n++) {
             static float mk[40];
