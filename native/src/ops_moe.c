@@ -20,7 +20,11 @@
  * the gemm block), so results do not depend on it.
  *
  * Work buffer: [n_as + 1] int64 offsets | [E] int32 entries (slot + n_ids * token) | E
- * converted activation rows (64-byte aligned), E = n_ids * n_tok. */
+ * converted activation rows (64-byte aligned), E = n_ids * n_tok.
+ *
+ * Decode (one token: E = n_ids, a handful of rows): every thread does phases 1 and 2 itself, in
+ * its own copy of that layout, and no barrier is needed (two per node fewer per token; on a busy
+ * machine a barrier between two threads sharing a core costs a context switch). */
 #include <stdint.h>
 #include <string.h>
 
@@ -49,25 +53,31 @@ static mmid_layout layout_of(const pg_tensor *as, const pg_tensor *b, const pg_t
     return L;
 }
 
+/* one token: each thread groups and converts privately (see the top) */
+static int private_phases(const mmid_layout *L) { return L->n_tok == 1; }
+
 size_t pg_mul_mat_id_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
-    (void)nth;
-    return layout_of(PG_SRC(all, t, 0), PG_SRC(all, t, 1), PG_SRC(all, t, 2)).total;
+    const mmid_layout L = layout_of(PG_SRC(all, t, 0), PG_SRC(all, t, 1), PG_SRC(all, t, 2));
+    return private_phases(&L) ? align64(L.total) * (size_t)nth : L.total;
 }
 
 static inline int32_t id_at(const pg_tensor *ids, int64_t i, int64_t tok) {
     return *(const int32_t *)pg_ptr(ids, i, tok, 0, 0);
 }
 
-/* phase 1 (thread 0): offs[e] .. offs[e + 1] are expert e's entries in `entries` */
+/* phase 1 (thread 0, or every thread in decode): offs[e] .. offs[e + 1] are expert e's entries
+ * in `entries` */
 static void group_by_expert(const pg_cparams *p, const mmid_layout *L, const pg_tensor *ids,
                             pg_tensor *t, int64_t *offs, int32_t *entries) {
     memset(offs, 0, (size_t)(L->n_as + 1) * sizeof(int64_t));
     for (int64_t tok = 0; tok < L->n_tok; tok++) {
         for (int64_t i = 0; i < L->n_ids; i++) {
             const int32_t e = id_at(ids, i, tok);
-            if (e < 0 || e >= L->n_as) {
-                memset(pg_ptr(t, 0, i, tok, 0), 0, (size_t)t->ne[0] * sizeof(float));
-                pg_report_bad_data(p);
+            if (e < 0 || e >= L->n_as) {   /* thread 0 zeroes and reports (decode: all group) */
+                if (p->ith == 0) {
+                    memset(pg_ptr(t, 0, i, tok, 0), 0, (size_t)t->ne[0] * sizeof(float));
+                    pg_report_bad_data(p);
+                }
                 continue;
             }
             offs[e + 1]++;
@@ -132,19 +142,21 @@ void pg_fwd_mul_mat_id(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const int32_t vdt = tr->vec_dot_type;
     const mmid_layout L = layout_of(as, b, ids);
     const int64_t K = as->ne[0], N = as->ne[1], n_b = b->ne[1];
+    const int priv = private_phases(&L);
     /* the executor adds 64 bytes of slack to the work size: room to align the start */
     uint8_t *base = (uint8_t *)(((uintptr_t)p->work + 63) & ~(uintptr_t)63);
+    if (priv) base += align64(L.total) * (size_t)p->ith;
     int64_t *offs = (int64_t *)base;
     int32_t *entries = (int32_t *)(base + L.off_entries);
     uint8_t *rows = base + L.off_rows;
 
-    if (p->ith == 0) group_by_expert(p, &L, ids, t, offs, entries);
-    pg_sync(p);
+    if (p->ith == 0 || priv) group_by_expert(p, &L, ids, t, offs, entries);
+    if (!priv) pg_sync(p);
 
     /* phase 2: activation rows in expert order, converted to vec_dot_type */
     const int64_t n_ok = offs[L.n_as];
-    int64_t r0, r1;
-    pg_split(n_ok, p->ith, p->nth, &r0, &r1);
+    int64_t r0 = 0, r1 = n_ok;
+    if (!priv) pg_split(n_ok, p->ith, p->nth, &r0, &r1);
     const pg_type_traits *tv = pg_get_type_traits(vdt);
     for (int64_t r = r0; r < r1; r++) {
         const int32_t en = entries[r];
@@ -152,7 +164,7 @@ void pg_fwd_mul_mat_id(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
         if (vdt == PG_TYPE_F32) memcpy(rows + (size_t)r * L.rb, x, (size_t)K * sizeof(float));
         else tv->from_float(x, rows + (size_t)r * L.rb, K);
     }
-    pg_sync(p);
+    if (!priv) pg_sync(p);
 
     /* phase 3: each expert's weight rows split over the threads */
     for (int64_t e = 0; e < L.n_as; e++) {

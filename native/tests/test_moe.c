@@ -25,15 +25,15 @@ static void init(pg_tensor *t, int32_t type, int32_t op, const int64_t ne[4], vo
 }
 
 /* out = mul_mat_id(w, x, ids) with n_threads; returns the status */
-static int32_t run_mmid(int32_t type, void *w, float *x, int32_t *ids, float *out,
-                        pg_threadpool *tp, int n_threads, int32_t *bad) {
+static int32_t run_mmid_tok(int32_t type, void *w, float *x, int32_t *ids, float *out,
+                            pg_threadpool *tp, int n_threads, int32_t *bad, int64_t n_tok) {
     pg_tensor t[4];
     init(&t[0], type, PG_OP_NONE, (int64_t[4]){MK, MN, N_AS, 1}, w);
-    init(&t[1], PG_TYPE_F32, PG_OP_NONE, (int64_t[4]){MK, 1, N_TOK, 1}, x);
-    init(&t[2], PG_TYPE_I32, PG_OP_NONE, (int64_t[4]){N_IDS, N_TOK, 1, 1}, ids);
+    init(&t[1], PG_TYPE_F32, PG_OP_NONE, (int64_t[4]){MK, 1, n_tok, 1}, x);
+    init(&t[2], PG_TYPE_I32, PG_OP_NONE, (int64_t[4]){N_IDS, n_tok, 1, 1}, ids);
     t[2].nb[1] = IDS_LD * 4;                                /* a view of the first N_IDS columns */
-    t[2].nb[2] = t[2].nb[3] = IDS_LD * 4 * N_TOK;
-    init(&t[3], PG_TYPE_F32, PG_OP_MUL_MAT_ID, (int64_t[4]){MN, N_IDS, N_TOK, 1}, out);
+    t[2].nb[2] = t[2].nb[3] = IDS_LD * 4 * n_tok;
+    init(&t[3], PG_TYPE_F32, PG_OP_MUL_MAT_ID, (int64_t[4]){MN, N_IDS, n_tok, 1}, out);
     t[3].src[0] = 0; t[3].src[1] = 1; t[3].src[2] = 2;
     const int32_t order[1] = {3};
     size_t ws = 0;
@@ -43,6 +43,11 @@ static int32_t run_mmid(int32_t type, void *w, float *x, int32_t *ids, float *ou
     const int32_t r = pg_graph_compute(t, 4, order, 1, tp, n_threads, work, ws, NULL, NULL, bad);
     free(work);
     return r;
+}
+
+static int32_t run_mmid(int32_t type, void *w, float *x, int32_t *ids, float *out,
+                        pg_threadpool *tp, int n_threads, int32_t *bad) {
+    return run_mmid_tok(type, w, x, ids, out, tp, n_threads, bad, N_TOK);
 }
 
 /* out [MN, N_TOK] = mul_mat(expert plane, x) */
@@ -113,6 +118,26 @@ static void check_type(int32_t type) {
         free(work);
         CHECK(memcmp(&o1[(1 * N_IDS + 2) * MN], ref, MN * 4) == 0,
               "type %d: the one-entry expert differs from mul_mat of one row", type);
+    }
+    /* one token at a time (decode: each thread groups and converts privately): every token's
+     * rows have the bits they have among all tokens, with 1, 2 and 3 threads */
+    for (int tk = 0; tk < N_TOK; tk++)
+        for (int nth = 1; nth <= 3; nth++) {
+            float one[N_IDS * MN];
+            CHECK(run_mmid_tok(type, w, x + tk * MK, ids + tk * IDS_LD, one, tp, nth, &bad, 1) ==
+                      PG_OK, "one token");
+            CHECK(memcmp(one, &o1[tk * N_IDS * MN], sizeof(one)) == 0,
+                  "type %d token %d alone, %d threads: differs from the batch", type, tk, nth);
+        }
+    {   /* a bad id in decode: the graph fails naming the node, that slot's row is zero */
+        int32_t ids1[IDS_LD] = {2, N_AS + 3, 0, -7, -7};
+        float one[N_IDS * MN];
+        memset(one, 0x7f, sizeof(one));
+        CHECK(run_mmid_tok(type, w, x, ids1, one, tp, 2, &bad, 1) == PG_ERR_INVALID_ARG &&
+                  bad == 3, "decode bad id: status, node %d", bad);
+        int zero = 1;
+        for (int n = 0; n < MN; n++) zero &= one[MN + n] == 0.0f;
+        CHECK(zero, "decode: the bad slot's row is not zero");
     }
     /* a bad id: the graph fails naming the node, that entry's row is zero */
     ids[3 * IDS_LD + 1] = N_AS;
