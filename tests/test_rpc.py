@@ -744,3 +744,101 @@ def test_bad_rpc_settings_name_the_variable():
             settings.Settings.from_env({var: val})
     s = settings.Settings.from_env({"PYGGML_RPC": " 10.0.0.2:50052, 10.0.0.3:50053 "})
     assert s.rpc_endpoints == ("10.0.0.2:50052", "10.0.0.3:50053")
+
+
+# ---- a served run over rpc-servers: the web page's plan ---------------------------------------------
+
+@needs_server
+def test_served_rpc_run_plans_its_own_devices(tiny_models, tmp_path):
+    """`pyggml serve --rpc EP -ngl 99 -ot ...`: GET /v1/pyggml/plan describes the run as placed
+    (per device the bytes of its buffers, the remote device's memory from the live connection,
+    its llama.cpp flags); a what-if naming the served rpc-server plans as `pyggml mem` does;
+    one naming another server is a 400 that says why, and nothing connects to it."""
+    import json
+
+    import httpx
+
+    from pyggml.cli import main, parser
+    from pyggml.cli.serve import load_llm
+    from pyggml.server import make_server, start_in_thread
+    from support.rpc_server import free_port
+    path = str(tiny_models.get(arch="llama", weight_type="q8_0", n_layer=4, n_embd=64).path)
+    srv = RpcServer.start()
+    ep, other = srv.endpoint, f"127.0.0.1:{free_port()}"
+    dev = f"RPC[{ep}]"
+    try:
+        # -dev: other servers this process is connected to (a module fixture's) stay out
+        args = parser().parse_args(["serve", "-m", path, "--rpc", ep, "-dev", dev, "-ngl", "99",
+                                    "-ot", r"blk\.0\.ffn_.*=CPU", "-c", "256", "-ub", "32",
+                                    "-np", "2", "-t", "1"])
+        llm = load_llm(args, n_seq_max=args.parallel)
+        rs = start_in_thread(make_server(llm, 2, "tiny", queue_size=4))
+        try:
+            url = f"http://127.0.0.1:{rs.port}/v1/pyggml/plan"
+            r = httpx.get(url, timeout=60)
+            assert r.status_code == 200, r.text
+            plan = r.json()["mem"]["plan"]
+            devs = {d["device"]: d for d in plan["devices"]}
+            assert list(devs) == [dev, "CPU"]
+            for name, d in devs.items():
+                assert d["kv"] == llm.kv.bytes_by_buffer_type.get(name, 0), name
+                assert d["compute"] == llm.compute_buffer_size(name), name
+            assert devs[dev]["weights"] == llm.weight_buffers[dev].n_bytes > 0
+            assert devs[dev]["memory"] == list(llm.run.by_device[dev].device.memory())
+            assert plan["llama"][:2] == ["--rpc", ep] and "-ot" in plan["llama"]
+            on_cpu = {t for row in r.json()["layers"] for w in row["weights"]
+                      if w["device"] == "CPU" for t in w["tensors"]}
+            assert {"ffn_up", "ffn_gate", "ffn_down"} <= on_cpu
+
+            flags = ["--rpc", ep, "-dev", dev, "-ngl", "2", "-c", "256", "-ub", "32"]
+            r = httpx.post(url, json={"args": flags}, timeout=60)
+            assert r.status_code == 200, r.text
+            out = tmp_path / "mem.json"
+            assert main(["mem", "-m", path, "--plan-only"] + flags + ["--json", str(out)]) == 0
+            want = json.loads(out.read_text())["plan"]
+            got = r.json()["mem"]["plan"]
+            assert [d["device"] for d in got["devices"]] == [dev, "CPU"]
+            for g, w in zip(got["devices"], want["devices"]):
+                assert (g["weights"], g["kv"], g["compute"]) == (w["weights"], w["kv"],
+                                                                 w["compute"]), g["device"]
+            assert got["llama"] == want["llama"]
+
+            for body, param in (({"args": ["--rpc", other, "-ngl", "2"]}, "args"),
+                                ({"config": f"rpc: ['{other}']\ngpu_layers: 2\n"}, "config")):
+                r = httpx.post(url, json=body, timeout=60)
+                assert r.status_code == 400, r.text
+                err = r.json()["error"]
+                assert err["param"] == param
+                assert f"{other}: this server is not connected to it (connected: " \
+                    in err["message"] and ep in err["message"]
+            assert ep in rpc.connected_endpoints() and other not in rpc.connected_endpoints()
+        finally:
+            rs.stop()
+            llm.close()
+    finally:
+        rpc.unregister_endpoints([ep])
+        srv.stop()
+
+
+def test_planning_buffer_type_sizes_tensors_as_the_device_it_stands_for():
+    """A remote CUDA device pads quantized rows (GET_ALLOC_SIZE): a plan must count that."""
+    from pyggml.backend.planning import PlanningDevice
+
+    class Padded(base.BufferType):
+        def get_alloc_size(self, t):
+            return t.nbytes() + 512
+
+    class Dev(base.Device):
+        name, type = "padgpu", base.DeviceType.GPU
+        _buft = Padded("padgpu", 256, None, False)
+
+        def memory(self):
+            return (1 << 30, 1 << 30)
+
+        def buffer_types(self):
+            return [self._buft]
+
+    ctx = Context(no_alloc=True)
+    t = ctx.new_tensor(GGMLType.Q4_0, (96, 2))
+    pd = PlanningDevice.stand_in(Dev(), None)
+    assert pd.default_buffer_type().get_alloc_size(t) == t.nbytes() + 512

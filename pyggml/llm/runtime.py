@@ -30,6 +30,7 @@ from pyggml.llm.speculative import SpecStats, Speculator, as_draft
 from pyggml.llm.textstream import TextStream
 from pyggml.llm.tokenizer import Tokenizer
 from pyggml.offload import OffloadPlan, pin_phase_ops
+from pyggml.offload.config import load_config
 from pyggml.sched import Scheduler
 
 
@@ -117,6 +118,8 @@ class LLM:
     a PromptLookup, a DraftModel, a GGUF path or LLM (a draft model), or 'lookup' (prompt lookup);
     draft_max / draft_min: tokens drafted per round at most / at least (llama.cpp's --draft-max,
     --draft-min; for a path or 'lookup').
+    `config` afterwards: the loaded Config the run was made from (None: made from n_gpu_layers
+    or an OffloadPlan).
     Defaults: pyggml.llm.setup.RunOptions (the one table of them, shared with the CLI).
     A KV cache larger than the available memory is refused before anything is allocated
     (InsufficientMemoryError, with the n_ctx that would fit).
@@ -158,8 +161,10 @@ class LLM:
                           n_draft=draft.n_max if draft is not None else 0)
         self.file = ModelFile(model_path)
         try:
-            self.offload, opts = resolve_offload(self.file, opts, config=config, offload=offload,
-                                                 gpu_device=device)
+            # loaded once and kept: what the run was made from (the served plan describes it)
+            self.config = None if config is None else load_config(config)
+            self.offload, opts = resolve_offload(self.file, opts, config=self.config,
+                                                 offload=offload, gpu_device=device)
             self.tokenizer = Tokenizer.from_gguf(self.path)
             self.run = build_run(self.file, self.offload, opts, progress=progress)
         except BaseException:

@@ -898,7 +898,9 @@ def llama_flags(cfg: Config, plan: OffloadPlan, tensor_names, n_layer: int,
                            f"llama.cpp (it is token_embd.weight, placed with the output layer)")
         if not matched:
             continue
-        if set(r) - {"name"} <= {"match", "device", "buffer_type"}:
+        if r is None:                   # a plan made by another config: its exact tensors
+            pat = _names_regex(matched, n_layer)
+        elif set(r) - {"name"} <= {"match", "device", "buffer_type"}:
             pat = r["match"]
         elif set(r) - {"name"} <= {"kind", "device"} and r["kind"] in ("experts", ["experts"]):
             pat = r"ffn_\w+_(exps|shexp)\b"          # llama.cpp users write -ot exps=CPU

@@ -300,7 +300,9 @@ class Planner:
              with_nodes: bool = False, draft_model=None, **options) -> RunPlan:
         """Plan `config` (a path, Config or dict, amended by `sets`; its sizes, threads and KV
         types replace the options, as in the runtime), or n_gpu_layers on gpu_device, or an
-        OffloadPlan as given; overrides: -ot rules [(regex, device)]. options: RunOptions fields
+        OffloadPlan as given (with the config that made it, if any: its rpc-servers and
+        virtual devices are listed and its llama.cpp flags derived, its placement is not
+        resolved again); overrides: -ot rules [(regex, device)]. options: RunOptions fields
         (n_ctx, n_ubatch, logits_all, n_draft, ...). with_nodes: also where every node of the
         worst-case graph runs and why (RunPlan.nodes). draft_model: a draft model's GGUF path
         (speculative decoding): planned as the runtime opens it (CPU, the model's n_ctx,

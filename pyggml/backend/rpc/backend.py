@@ -660,6 +660,15 @@ def rpc_regs(registry: Registry | None = None) -> list[RpcReg]:
     return out
 
 
+def connected_endpoints(registry: Registry | None = None) -> list[str]:
+    """Endpoints of the servers in `registry` (default: the process-wide one, if it was built:
+    this does not build it) whose connection is alive."""
+    reg = registry if registry is not None else default_registry(create=False)
+    if reg is None:
+        return []
+    return [r.endpoint for r in rpc_regs(reg) if r.conn.broken is None]
+
+
 class _MultiReg(BackendReg):
     """Several servers' devices as one registry entry (for $PYGGML_RPC with several servers)."""
 
