@@ -211,6 +211,14 @@ class DraftModel:
         path = self.llm.path if self.llm is not None else os.fspath(self.model)
         return f"draft model {os.path.basename(path)}"
 
+    def key(self) -> tuple | None:
+        """What the draft opens: (file, options) for a path (a target keeps one draft per key,
+        LLM.speculator_for); None for an LLM given as it is (nothing is opened)."""
+        if _is_llm(self.model):
+            return None
+        return (os.path.realpath(os.fspath(self.model)), self.n_max, self.n_min, self.p_min,
+                tuple(sorted((k, repr(v)) for k, v in self.llm_kwargs.items())))
+
     def bind(self, target) -> None:
         """Open the draft model for `target` (an LLM) and check its vocabulary."""
         if self.llm is not None and getattr(self, "_bound_to", None) is target:
