@@ -470,6 +470,25 @@ def test_bad_requests_are_refused_before_sending(server, remote):
     del host
 
 
+@needs_server
+def test_ops_ggml_asserts_contiguous_for_are_refused(server, remote):
+    """SCALE and DIAG_MASK_INF of a permuted view: ggml's CPU kernels assert contiguity, so the
+    server would abort; they are refused before anything is sent."""
+    _, r, be = remote
+    ctx = Context(no_alloc=True)
+    x = ops.permute(ctx, ctx.new_tensor_3d("f32", 17, 2, 4), 0, 2, 1, 3)
+    sent = r.traffic().bytes_sent
+    for node in (ops.scale(ctx, x, 0.5), ops.diag_mask_inf(ctx, x, 1)):
+        assert not be.supports_op(node)
+        assert "contiguous" in rpc.why_unsupported(node)
+        g = Graph()
+        g.build_forward_expand(node)
+        with pytest.raises(UnsupportedOpError, match="contiguous"):
+            be.graph_compute(g)
+    assert be.supports_op(ops.scale(ctx, ops.cont(ctx, x), 0.5))
+    assert r.traffic().bytes_sent == sent and server.alive()
+
+
 # ---- connection faults at load --------------------------------------------------------------------
 
 def test_refused_connection_names_endpoint():

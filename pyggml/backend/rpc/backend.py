@@ -155,6 +155,10 @@ def why_unsupported(node: Tensor) -> str | None:
     if op in (Op.SCALE, Op.RMS_NORM, Op.NORM, Op.DIAG_MASK_INF):
         if a.type != F32 or node.type != F32 or not _rows_dense(a) or not _rows_dense(node):
             return f"{op.name} needs F32 with dense rows"
+        # ggml asserts ggml_is_contiguous on both (a permuted input aborts the server)
+        if op in (Op.SCALE, Op.DIAG_MASK_INF) and not (a.is_contiguous()
+                                                       and node.is_contiguous()):
+            return f"{op.name} needs a contiguous input and result (ggml's CPU kernel asserts it)"
         return None
     if op == Op.SOFT_MAX:
         if a.type != F32 or node.type != F32 or (b is not None and b.type not in (F32, F16)):
