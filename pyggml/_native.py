@@ -28,7 +28,7 @@ _prototypes: dict[str, tuple] = {}
 
 log = logging.getLogger("pyggml.native")
 
-ABI_VERSION = 1        # PG_ABI_VERSION in native/include/pyggml.h: change both together
+ABI_VERSION = 2        # PG_ABI_VERSION in native/include/pyggml.h: change both together
 
 # pg_status (values as in pyggml.h; tests/test_types.py checks them against the header)
 (PG_OK, PG_ERR_INVALID_ARG, PG_ERR_UNSUPPORTED, PG_ERR_NOMEM, PG_ERR_INTERNAL, PG_ERR_ABORTED,
@@ -49,7 +49,7 @@ PG_TENSOR_DTYPE = np.dtype([
 PATH_NAMES = settings.CPU_PATHS            # pg_path order
 CPU_FEATURE_BITS = {
     "sse3": 1 << 0, "avx": 1 << 1, "avx2": 1 << 2, "fma": 1 << 3, "f16c": 1 << 4,
-    "avx512f": 1 << 5, "avx512bw": 1 << 6, "avx512vl": 1 << 7, "avx512vnni": 1 << 8,
+    "avx512f": 1 << 5, "avx512bw": 1 << 6, "avx512vl": 1 << 7, "avx512vnni": 1 << 8, "amx_int8": 1 << 9,
     "neon": 1 << 16, "dotprod": 1 << 17, "fp16": 1 << 18,
 }
 
@@ -163,7 +163,7 @@ def cpu_features() -> dict[str, bool]:
 
 
 def cpu_path() -> str:
-    """The kernel path in use: scalar, avx2, avx512 or neon."""
+    """The kernel path in use: scalar, avx2, avx512, amx or neon."""
     return PATH_NAMES[fn("pg_cpu_path")()]
 
 

@@ -2,7 +2,7 @@
 
 | variable                | values                                   | default                    |
 |-------------------------|------------------------------------------|----------------------------|
-| `PYGGML_CPU_PATH`       | `scalar`, `avx2`, `avx512` or `neon`     | the best path of the CPU   |
+| `PYGGML_CPU_PATH`       | `scalar`, `avx2`, `avx512`, `amx`, `neon`| the best path of the CPU   |
 | `PYGGML_LIB`            | path of a `libpyggml.so`                 | `build/native/libpyggml.so`|
 | `PYGGML_MODEL_DIR`      | folder of the default model (and of the  | `~/.cache/gemma3_270m_...`|
 |                         | instruct models, pyggml/models_pypi.py)  | (`~/.cache/pyggml/models`)|
@@ -47,7 +47,7 @@ from typing import Iterator, Mapping
 
 from pyggml.errors import SettingsError
 
-CPU_PATHS = ("scalar", "avx2", "avx512", "neon")     # pg_path order (native/include/pyggml.h)
+CPU_PATHS = ("scalar", "avx2", "avx512", "neon", "amx")     # pg_path order (native/include/pyggml.h)
 SCHED_DEBUG_LEVELS = (0, 1, 2)
 VULKAN_DISABLED = ("none", "off", "-1")
 VARIABLES = ("PYGGML_CPU_PATH", "PYGGML_LIB", "PYGGML_MODEL_DIR", "PYGGML_SCHED_DEBUG",

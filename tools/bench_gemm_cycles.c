@@ -44,7 +44,10 @@ static void tensor(pg_tensor *t, int32_t type, int32_t op, int64_t ne0, int64_t 
 int main(int argc, char **argv) {
     const char *types = argc > 1 ? argv[1] : "q4_0,q8_0,q4_k,q6_k";
     const char *ms = argc > 2 ? argv[2] : "1,64";
-    const int64_t K = 2048, N = 256;
+    /* K and N (weight rows): BGC_K, BGC_N in the environment, default 2048, 256 (in cache); a real model's
+     * 1536..8960 amortizes the activations' conversion over more rows */
+    const int64_t K = getenv("BGC_K") ? atoll(getenv("BGC_K")) : 2048;
+    const int64_t N = getenv("BGC_N") ? atoll(getenv("BGC_N")) : 256;
     float *wf = malloc(sizeof(float) * K * N), *x = malloc(sizeof(float) * K * 512);
     float *dst = malloc(sizeof(float) * N * 512);
     uint8_t *w = malloc((size_t)K * N * 4);

@@ -21,7 +21,7 @@ extern "C" {
 /* Binary interface version, checked by pyggml/_native.py when it loads the library (with
  * sizeof(pg_tensor)). Bump it whenever the Python side could misread the library: a pg_tensor
  * field, a pg_status value or an entry point's prototype changes. */
-#define PG_ABI_VERSION   1
+#define PG_ABI_VERSION   2
 #define PG_MAX_DIMS      4
 #define PG_MAX_SRC       10
 #define PG_MAX_OP_PARAMS 16   /* int32 slots (64 bytes), floats stored bit-cast */
@@ -141,6 +141,7 @@ typedef enum pg_cpu_feature {
     PG_CPU_AVX512BW    = 1u << 6,
     PG_CPU_AVX512VL    = 1u << 7,
     PG_CPU_AVX512VNNI  = 1u << 8,
+    PG_CPU_AMXINT8     = 1u << 9,    /* AMX-TILE + AMX-INT8, tile state granted by the OS      */
     PG_CPU_NEON        = 1u << 16,
     PG_CPU_DOTPROD     = 1u << 17,
     PG_CPU_FP16        = 1u << 18,
@@ -151,7 +152,9 @@ typedef enum pg_path {
     PG_PATH_AVX2   = 1,   /* AVX2 + FMA + F16C */
     PG_PATH_AVX512 = 2,   /* AVX2 path plus AVX-512 kernels where present */
     PG_PATH_NEON   = 3,   /* NEON, with dotprod kernels where the CPU has them */
+    PG_PATH_AMX    = 4,   /* AVX-512 path plus AMX int8 tile gemms for prompt-sized MUL_MAT */
 } pg_path;
+#define PG_PATH_COUNT 5
 
 const char *pg_version(void);
 /* PG_ABI_VERSION of the build. */
@@ -159,11 +162,12 @@ int32_t     pg_abi_version(void);
 /* Bit set of pg_cpu_feature detected at load time on the running CPU. */
 uint32_t    pg_cpu_features(void);
 /* Kernel path in use. Chosen at load time: the best one the CPU has, or the one named by the
- * environment variable PYGGML_CPU_PATH (scalar|avx2|avx512|neon) when the CPU supports it. */
+ * environment variable PYGGML_CPU_PATH (scalar|avx2|avx512|amx|neon) when the CPU supports it. */
 int32_t     pg_cpu_path(void);
 /* Force a path; PG_ERR_UNSUPPORTED if this CPU or this build cannot run it. */
 int32_t     pg_set_cpu_path(int32_t path);
-/* Whether this build contains kernels for a path (x86 builds: scalar/avx2/avx512; arm: neon). */
+/* Whether this build contains kernels for a path (x86 builds: scalar/avx2/avx512/amx; arm:
+ * neon). */
 int32_t     pg_path_compiled(int32_t path);
 
 /* ---- the flat tensor struct of the graph executor ---------------------------------------- */

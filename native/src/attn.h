@@ -23,6 +23,9 @@ typedef struct pg_attn_kernels {
     void (*f16_to_f32)(const uint16_t *x, float *y, int64_t n);
     /* y[i] = x[i] rounded to fp16 (RNE) and back: q rows as the F16 K dots of ggml see them */
     void (*round_f16)(const float *x, float *y, int64_t n);
+    /* y[i] = x[i] / (1 + exp(-x[i])) (SILU; not attention's, but it needs the same exp: here
+     * beside exp_sum rather than a second per-path table for one kernel) */
+    void (*silu)(const float *x, float *y, int64_t n);
 } pg_attn_kernels;
 
 /* The table of the current path / of a given path (NULL if not compiled in). */

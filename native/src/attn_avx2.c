@@ -218,7 +218,24 @@ static void round_f16_avx2(const float *x, float *y, int64_t n) {
     for (; i < n; i++) y[i] = _cvtsh_ss(_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT));
 }
 
+static void silu_avx2(const float *x, float *y, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        _mm256_storeu_ps(y + i, _mm256_div_ps(v, _mm256_add_ps(one, e)));
+    }
+    if (i < n) {
+        const __m256i mk = tail_mask(n - i);
+        const __m256 v = _mm256_maskload_ps(x + i, mk);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        _mm256_maskstore_ps(y + i, mk, _mm256_div_ps(v, _mm256_add_ps(one, e)));
+    }
+}
+
 void pg_fill_attn_avx2(pg_attn_kernels *k) {
+    k->silu = silu_avx2;
     k->qk = qk_avx2;
     k->pv = pv_avx2;
     k->scale_max = scale_max_avx2;

@@ -215,7 +215,18 @@ static void round_f16_avx512(const float *x, float *y, int64_t n) {
     }
 }
 
+static void silu_avx512(const float *x, float *y, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        const __m512 v = _mm512_maskz_loadu_ps(mk, x + i);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), v));
+        _mm512_mask_storeu_ps(y + i, mk, _mm512_div_ps(v, _mm512_add_ps(one, e)));
+    }
+}
+
 void pg_fill_attn_avx512(pg_attn_kernels *k) {
+    k->silu = silu_avx512;
     k->qk = qk_avx512;
     k->pv = pv_avx512;
     k->scale_max = scale_max_avx512;

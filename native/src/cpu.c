@@ -8,6 +8,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #define PG_X86 1
 #elif defined(__aarch64__)
 #include <sys/auxv.h>
@@ -23,6 +25,15 @@ static uint64_t xgetbv0(void) {
     uint32_t eax, edx;
     __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
     return ((uint64_t)edx << 32) | eax;
+}
+
+static int amx_permitted(void) {
+#if defined(__linux__) && defined(__x86_64__)
+    const long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+#else
+    return 0;
+#endif
 }
 
 static uint32_t detect_features(void) {
@@ -46,6 +57,12 @@ static uint32_t detect_features(void) {
             if (b & (1u << 31)) f |= PG_CPU_AVX512VL;
             if (c & (1u << 11)) f |= PG_CPU_AVX512VNNI;
         }
+        /* AMX: the CPU has AMX-TILE (edx bit 24) and AMX-INT8 (bit 25), XCR0 enables the tile
+         * state (bits 17, 18), and Linux lets this process use it (the tile data is 8 KiB of
+         * per-thread state, granted on request: arch_prctl ARCH_REQ_XCOMP_PERM) */
+        const int os_amx = (xcr0 & 0x60000) == 0x60000;
+        if (os_avx512 && os_amx && (d & (1u << 24)) && (d & (1u << 25)) && amx_permitted())
+            f |= PG_CPU_AMXINT8;
     }
     return f;
 }
@@ -73,6 +90,9 @@ int32_t pg_path_compiled(int32_t path) {
     case PG_PATH_AVX2:   return 1;
     case PG_PATH_AVX512: return 1;
 #endif
+#if defined(__x86_64__)
+    case PG_PATH_AMX:    return 1;
+#endif
 #ifdef PG_ARM64
     case PG_PATH_NEON:   return 1;
 #endif
@@ -90,13 +110,20 @@ static int path_supported(int32_t path, uint32_t f) {
         const uint32_t need = avx2 | PG_CPU_AVX512F | PG_CPU_AVX512BW | PG_CPU_AVX512VL;
         return (f & need) == need;
     }
+    case PG_PATH_AMX: {
+        const uint32_t need = avx2 | PG_CPU_AVX512F | PG_CPU_AVX512BW | PG_CPU_AVX512VL |
+                              PG_CPU_AVX512VNNI | PG_CPU_AMXINT8;
+        return (f & need) == need;
+    }
     case PG_PATH_NEON:   return (f & PG_CPU_NEON) != 0;
     default: return 0;
     }
 }
 
 static int32_t best_path(uint32_t f) {
-    /* AVX-512 kernels are an extra beside AVX2, never required: prefer it only when present. */
+    /* AVX-512 kernels are an extra beside AVX2, never required: prefer it only when present;
+     * the same for the AMX tile gemms beside AVX-512. */
+    if (path_supported(PG_PATH_AMX, f)) return PG_PATH_AMX;
     if (path_supported(PG_PATH_AVX512, f)) return PG_PATH_AVX512;
     if (path_supported(PG_PATH_AVX2, f)) return PG_PATH_AVX2;
     if (path_supported(PG_PATH_NEON, f)) return PG_PATH_NEON;
@@ -108,6 +135,7 @@ static int32_t path_from_name(const char *s) {
     if (strcmp(s, "scalar") == 0) return PG_PATH_SCALAR;
     if (strcmp(s, "avx2") == 0) return PG_PATH_AVX2;
     if (strcmp(s, "avx512") == 0) return PG_PATH_AVX512;
+    if (strcmp(s, "amx") == 0) return PG_PATH_AMX;
     if (strcmp(s, "neon") == 0) return PG_PATH_NEON;
     return -1;
 }

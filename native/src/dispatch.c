@@ -2,11 +2,12 @@
  * which table pg_get_type_traits returns. */
 #include <string.h>
 
+#include "amx.h"
 #include "attn.h"
 #include "pg_internal.h"
 #include "quants.h"
 
-#define PG_N_PATHS 4
+#define PG_N_PATHS PG_PATH_COUNT
 
 static pg_type_traits g_tables[PG_N_PATHS][PG_TYPE_COUNT];
 static pg_attn_kernels g_attn[PG_N_PATHS];
@@ -53,6 +54,10 @@ static void build_tables(void) {
     pg_fill_kquants_avx512(avx512);
     pg_fill_gemm_avx512(avx512);
     pg_fill_attn_avx512(&g_attn[PG_PATH_AVX512]);
+    pg_type_traits *amx = g_tables[PG_PATH_AMX];
+    memcpy(amx, avx512, sizeof(g_tables[0]));
+    pg_fill_gemm_amx(amx);
+    g_attn[PG_PATH_AMX] = g_attn[PG_PATH_AVX512];
 #endif
 #if defined(__aarch64__)
     pg_type_traits *neon = g_tables[PG_PATH_NEON];

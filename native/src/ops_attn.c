@@ -276,6 +276,10 @@ static float scale_max_scalar(float *s, int64_t n, float scale, const float *mas
     return mx;
 }
 
+static void silu_scalar(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
 static float exp_sum_scalar(float *s, int64_t n, float m) {
     float total = 0.0f;
     for (int64_t c = 0; c < n; c++) {
@@ -298,6 +302,7 @@ void pg_fill_attn_scalar(pg_attn_kernels *k) {
     k->pv = pv_scalar;
     k->scale_max = scale_max_scalar;
     k->exp_sum = exp_sum_scalar;
+    k->silu = silu_scalar;
     k->f16_to_f32 = f16_to_f32_scalar;
     k->round_f16 = round_f16_scalar;
 }

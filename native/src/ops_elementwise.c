@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include "fp16.h"
+#include "attn.h"
 #include "ops.h"
 
 /* ---- binary ------------------------------------------------------------------------------ */
@@ -79,7 +80,7 @@ void pg_fwd_unary(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
         case PG_OP_SQR:   for (int64_t i = 0; i < ne0; i++) y[i] = x[i] * x[i]; break;
         case PG_OP_SQRT:  for (int64_t i = 0; i < ne0; i++) y[i] = sqrtf(x[i]); break;
         case PG_OP_SCALE: for (int64_t i = 0; i < ne0; i++) y[i] = x[i] * s + bias; break;
-        case PG_OP_SILU:  for (int64_t i = 0; i < ne0; i++) y[i] = x[i] / (1.0f + expf(-x[i])); break;
+        case PG_OP_SILU:  pg_get_attn_kernels()->silu(x, y, ne0); break;
         case PG_OP_TANH:  for (int64_t i = 0; i < ne0; i++) y[i] = tanhf(x[i]); break;
         case PG_OP_SIGMOID: for (int64_t i = 0; i < ne0; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); break;
         case PG_OP_CLAMP:   /* s = min, bias = max; ggml's MAX(MIN(x, max), min): NaN -> max */

@@ -13,6 +13,7 @@
  * depend neither on the thread count nor on how many activation rows (tokens) there are. */
 #include <string.h>
 
+#include "amx.h"
 #include "ops.h"
 
 #define PG_MM_TILE_N 16   /* weight rows per tile */
@@ -33,19 +34,75 @@ static size_t act_bytes(const pg_tensor *src0, const pg_tensor *src1, size_t *ro
 
 static int private_act(const pg_tensor *x) { return pg_nrows(x) <= PG_MM_PRIVATE_ROWS; }
 
-size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
-    size_t rb;
-    const pg_tensor *x = PG_SRC(all, t, 1);
-    const size_t bytes = act_bytes(PG_SRC(all, t, 0), x, &rb);
-    return private_act(x) ? (bytes + 63) / 64 * 64 * (size_t)nth : bytes;
-}
-
 /* [*a0, *a1) of [0, n) for thread ith of nth, cut at multiples of `unit` */
 static void split_units(int64_t n, int64_t unit, int ith, int nth, int64_t *a0, int64_t *a1) {
     int64_t u0, u1;
     pg_split((n + unit - 1) / unit, ith, nth, &u0, &u1);
     *a0 = u0 * unit < n ? u0 * unit : n;
     *a1 = u1 * unit < n ? u1 * unit : n;
+}
+
+/* The amx path's tile gemm (amx.h) from this many activation rows on: below, most of a tile's
+ * 16 columns would be padding and the gemm / vec_dot kernels are as fast. */
+#define PG_AMX_MIN_ROWS 8
+
+static int amx_shape(const pg_tensor *w, const pg_tensor *x) {
+    return x->ne[1] >= PG_AMX_MIN_ROWS && x->ne[2] == 1 && x->ne[3] == 1 && w->ne[2] == 1 &&
+           w->ne[3] == 1 && x->type == PG_TYPE_F32;
+}
+
+static int use_amx(const pg_tensor *w, const pg_tensor *x) {
+    return amx_shape(w, x) && pg_get_type_traits(w->type)->amx_gemm;
+}
+
+/* whether the amx path could run this MUL_MAT: the work size covers it whatever the current
+ * path, so a graph planned on one path may run on another (tests switch paths) */
+static int amx_possible(const pg_tensor *w, const pg_tensor *x) {
+    const pg_type_traits *tr = pg_get_type_traits_for_path(w->type, PG_PATH_AMX);
+    return amx_shape(w, x) && tr && tr->amx_gemm;
+}
+
+/* work buffer: the packed activation tiles, then each thread's scratch (64-byte aligned) */
+static size_t amx_tiles_bytes(const pg_tensor *x) {
+    const int64_t tiles = (x->ne[1] + PG_AMX_TILE_ROWS - 1) / PG_AMX_TILE_ROWS;
+    return ((size_t)tiles * pg_amx_act_tile_bytes(x->ne[0]) + 63) / 64 * 64;
+}
+
+static size_t amx_scratch_bytes(const pg_tensor *x) {
+    return (pg_amx_scratch_bytes(x->ne[0]) + 63) / 64 * 64;
+}
+
+static void mul_mat_amx(const pg_cparams *p, pg_tensor *t, const pg_tensor *w,
+                        const pg_tensor *x) {
+    const int64_t K = x->ne[0], M = x->ne[1], N = w->ne[1];
+    const size_t tile_bytes = pg_amx_act_tile_bytes(K);
+    uint8_t *scratch = p->work + amx_tiles_bytes(x) + amx_scratch_bytes(x) * (size_t)p->ith;
+    int64_t a0, a1;
+    pg_split((M + PG_AMX_TILE_ROWS - 1) / PG_AMX_TILE_ROWS, p->ith, p->nth, &a0, &a1);
+    const pg_from_float_fn q8k = pg_get_type_traits(PG_TYPE_Q8_K)->from_float;
+    for (int64_t a = a0; a < a1; a++) {
+        const int64_t m0 = a * PG_AMX_TILE_ROWS;
+        const int nrows = (int)(M - m0 < PG_AMX_TILE_ROWS ? M - m0 : PG_AMX_TILE_ROWS);
+        pg_amx_pack_act(q8k, pg_ptr(x, 0, m0, 0, 0), (size_t)x->nb[1], K, nrows,
+                        p->work + (size_t)a * tile_bytes, scratch);
+    }
+    pg_sync(p);
+    int64_t n0, n1;
+    split_units(N, PG_AMX_TILE_ROWS, p->ith, p->nth, &n0, &n1);
+    if (n1 > n0)
+        pg_get_type_traits(w->type)->amx_gemm(K, pg_ptr(w, 0, n0, 0, 0), (size_t)w->nb[1],
+                                              n1 - n0, p->work, M, (float *)t->data + n0,
+                                              (size_t)t->nb[1], scratch);
+}
+
+size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
+    size_t rb;
+    const pg_tensor *x = PG_SRC(all, t, 1);
+    const size_t bytes = act_bytes(PG_SRC(all, t, 0), x, &rb);
+    const size_t plain = private_act(x) ? (bytes + 63) / 64 * 64 * (size_t)nth : bytes;
+    if (!amx_possible(PG_SRC(all, t, 0), x)) return plain;
+    const size_t amx = amx_tiles_bytes(x) + amx_scratch_bytes(x) * (size_t)nth;
+    return amx > plain ? amx : plain;
 }
 
 /* Activation rows per outer block: about PG_MM_GEMM_ACT_BYTES of converted rows, which every
@@ -93,6 +150,10 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const int64_t M = x->ne[1], B2 = x->ne[2], B3 = x->ne[3];
     const int64_t r2 = B2 / w->ne[2], r3 = B3 / w->ne[3];
     size_t rb;
+    if (use_amx(w, x)) {
+        mul_mat_amx(p, t, w, x);
+        return;
+    }
     const int convert = act_bytes(w, x, &rb) != 0;
 
     uint8_t *act = p->work;   /* the converted activation rows */

@@ -4,6 +4,7 @@
  *   scalar = legacy_scalar + kquants_scalar           (the reference for everything)
  *   avx2   = scalar, then legacy_avx2 + kquants_avx2 override what they implement
  *   avx512 = avx2,   then legacy_avx512 + kquants_avx512 (optional extras)
+ *   amx    = avx512, plus the AMX tile gemms (gemm_amx.c) of the K-quants it has
  *   neon   = scalar, then legacy_neon + kquants_neon (which may use dotprod if `features` has it)
  * and each table last gets its gemm fill (gemm_scalar / _avx2 / _avx512 / _neon).
  * A fill function only sets the members it implements and leaves the others alone. */
@@ -35,6 +36,13 @@ typedef void (*pg_gemm_fn)(int64_t n, float *restrict s, size_t bs, const void *
                            size_t bx, const void *restrict y, size_t by, int nr, int nc);
 #define PG_GEMM_MAX_NR 8
 #define PG_GEMM_MAX_NC 8
+/* The AMX tile gemm (amx.h, gemm_amx.c): for nrows weight rows (x, rows bx bytes apart) and
+ * the M activation rows packed in `act` (pg_amx_pack_act tiles),
+ *     ((float *)((char *)s + m·bs))[i] = dot(x row i, activation row m),
+ * with the bits of the type's vec_dot. scratch: pg_amx_scratch_bytes(n), the thread's own. */
+typedef void (*pg_amx_gemm_fn)(int64_t n, const void *x, size_t bx, int64_t nrows,
+                               const uint8_t *act, int64_t M, float *s, size_t bs,
+                               void *scratch);
 
 typedef struct pg_type_traits {
     int32_t          block_size;     /* elements per block                                   */
@@ -45,6 +53,7 @@ typedef struct pg_type_traits {
     pg_vec_dot_fn    vec_dot;        /* NULL: no dot kernel for this type                    */
     int32_t          vec_dot_type;   /* type the other operand of vec_dot must be in         */
     pg_gemm_fn       gemm;           /* optional (NULL: MUL_MAT calls vec_dot pair by pair)  */
+    pg_amx_gemm_fn   amx_gemm;       /* the amx path only, for K-quants; NULL elsewhere      */
 } pg_type_traits;
 
 /* Traits of `type` for the current path; NULL if type is out of range. */

@@ -29,7 +29,7 @@ PG_TEST(test_attn_kernels_match_scalar) {
     for (int i = 0; i < 9 * 260; i++) { q[i] = frand(); k[i] = frand(); v[i] = frand(); }
     for (int i = 0; i < 9 * 16; i++) p[i] = frand() > 0 ? frand() * frand() : 0.0f;
     for (int i = 0; i < 9; i++) ms[i] = i == 3 ? 0.0f : 0.5f + 0.1f * (float)i;
-    for (int32_t path = 1; path < 4; path++) {
+    for (int32_t path = 1; path < PG_PATH_COUNT; path++) {
         const pg_attn_kernels *kn = pg_get_attn_kernels_for_path(path);
         if (!kn || !path_usable(path)) continue;
         const int64_t Ds[] = {1, 7, 8, 15, 16, 33, 64, 200, 256};
@@ -74,6 +74,20 @@ PG_TEST(test_attn_kernels_match_scalar) {
                       (double)(e1[i] - m), e0[i], e1[i]);
             CHECK(e1[0] == 0.0f && (n <= 2 || e1[2] == 0.0f), "path %d exp(-inf)", path);
             CHECK(fabsf(t0 - t1) <= 1e-6f * t0 + 1e-30f, "path %d exp sum %g vs %g", path, t0, t1);
+        }
+        /* silu: within a few ulp of libm's x / (1 + expf(-x)), over the range models produce and
+         * the far tails (x = ±100: x and −0 up to a denormal-sized term), every tail length */
+        for (int64_t n = 1; n <= 40; n++) {
+            float xs[40], y0[40], y1[40];
+            for (int64_t i = 0; i < n; i++) xs[i] = frand() * 40.0f - 20.0f;
+            xs[0] = 100.0f;
+            if (n > 1) xs[1] = -100.0f;
+            if (n > 2) xs[2] = 0.0f;
+            ref->silu(xs, y0, n);
+            kn->silu(xs, y1, n);
+            for (int64_t i = 0; i < n; i++)
+                CHECK(fabsf(y0[i] - y1[i]) <= 6e-7f * fabsf(y0[i]) + 1e-30f,
+                      "path %d silu(%g): %g vs %g", path, (double)xs[i], y0[i], y1[i]);
         }
         /* scale + mask + max: a few ulp (the SIMD form fuses the multiply-add); -inf kept */
         for (int64_t n = 1; n <= 40; n++) {
@@ -206,7 +220,7 @@ PG_TEST(test_flash_attn_paths_against_reference) {
                     if (fabs(a / tot) > maxref) maxref = fabs(a / tot);
                 }
             }
-        for (int32_t path = 0; path < 4; path++) {
+        for (int32_t path = 0; path < PG_PATH_COUNT; path++) {
             if (!path_usable(path)) continue;
             pg_set_cpu_path(path);
             fa_run(tp, 1, q, k, v, m, scale, max_bias, softcap, out1);
@@ -303,7 +317,7 @@ PG_TEST(test_flash_attn_row_independent_of_batch) {
             ma[i * na + c] = pg_fp32_to_fp16(c <= rpos[arow[i]] ? 0.0f : -INFINITY);
     pg_threadpool *tp = pg_threadpool_new(2);
     const int32_t was = pg_cpu_path();
-    for (int32_t path = 0; path < 4; path++) {
+    for (int32_t path = 0; path < PG_PATH_COUNT; path++) {
         if (!path_usable(path)) continue;
         pg_set_cpu_path(path);
         for (int nth = 1; nth <= 2; nth++) {

@@ -221,10 +221,10 @@ typedef struct {
 } variant;
 
 static int variants(variant *out) {
-    static const char *names[] = {"scalar", "avx2", "avx512", "neon"};
+    static const char *names[] = {"scalar", "avx2", "avx512", "neon", "amx"};
     const int32_t cur = pg_cpu_path();
     int n = 0;
-    for (int32_t p = PG_PATH_SCALAR; p <= PG_PATH_NEON; p++)
+    for (int32_t p = PG_PATH_SCALAR; p < PG_PATH_COUNT; p++)
         if (pg_path_compiled(p) && pg_set_cpu_path(p) == PG_OK)
             out[n++] = (variant){names[p], pg_get_type_traits_for_path(0, p)};
     pg_set_cpu_path(cur);
@@ -541,15 +541,15 @@ PG_TEST(test_mul_mat_row_independent_of_batch) {
     static const int32_t types[] = {PG_TYPE_Q4_0, PG_TYPE_Q4_1, PG_TYPE_Q5_0, PG_TYPE_Q5_1,
                                     PG_TYPE_Q8_0, PG_TYPE_Q2_K, PG_TYPE_Q3_K, PG_TYPE_Q4_K,
                                     PG_TYPE_Q5_K, PG_TYPE_Q6_K, PG_TYPE_F16, PG_TYPE_F32};
-    static const int64_t Ms[] = {2, 3, 5, 9, 19};
-    enum { K = 768, N = 37, MMAX = 19 };
+    static const int64_t Ms[] = {2, 3, 5, 9, 19, 35};
+    enum { K = 768, N = 37, MMAX = 35 };
     const int32_t cur = pg_cpu_path();
     pg_threadpool *tp = pg_threadpool_new(2);
     CHECK(tp != NULL, "thread pool");
     float *x = malloc(sizeof(float) * K * MMAX);
     float *batch = malloc(sizeof(float) * N * MMAX), *alone = malloc(sizeof(float) * N);
     uint8_t *w = malloc((size_t)N * pg_type_row_size(PG_TYPE_F32, K));
-    for (int32_t path = PG_PATH_SCALAR; path <= PG_PATH_NEON; path++) {
+    for (int32_t path = PG_PATH_SCALAR; path < PG_PATH_COUNT; path++) {
         if (!pg_path_compiled(path) || pg_set_cpu_path(path) != PG_OK) continue;
         for (int it = 0; it < (int)(sizeof(types) / sizeof(types[0])); it++) {
             const int32_t type = types[it];
