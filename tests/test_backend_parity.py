@@ -28,7 +28,8 @@ from pyggml import Context, Graph
 from pyggml.backend import base
 from pyggml.backend.cpu import CpuBackend
 from pyggml.types import Op
-from support.op_cases import Inputs, cases_for, check_case, view_of_raw
+from support.op_cases import Inputs, cases_for, check_build, check_op_case, view_of_raw
+from support.op_cases import nmse  # noqa: F401 - test_vulkan_backend takes it from here
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -126,6 +127,11 @@ def compute_vk(build, seed, vk: vulkan.VulkanBackend):
     return result
 
 
+def check_case(name, build, tol, vk, cpu) -> float:
+    """A build that is not in the registry (tests/test_vulkan_backend.py) on `vk`."""
+    return check_build(name, build, tol, lambda b, seed: compute_vk(b, seed, vk), cpu)
+
+
 @pytest.mark.parametrize("name", cases_for("vulkan"))
 def test_op_parity(name, vk, cpu):
-    check_case(name, "vulkan", lambda build, seed: compute_vk(build, seed, vk), cpu)
+    check_op_case(name, "vulkan", lambda build, seed: compute_vk(build, seed, vk), cpu)

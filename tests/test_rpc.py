@@ -31,7 +31,7 @@ from pyggml.backend.rpc import tables
 from pyggml.backend.rpc.protocol import fnv1a64
 from pyggml.errors import BackendError, PyggmlError, UnsupportedOpError
 from pyggml.types import GGMLType, Op
-from support.op_cases import CASES, Inputs, cases_for, check_case, refused_on, view_of_raw
+from support.op_cases import CASES, Inputs, cases_for, check_op_case, refused_on, view_of_raw
 from support.rpc_server import SERVER_BIN, RpcServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -169,7 +169,7 @@ def cpu():
 @needs_server
 @pytest.mark.parametrize("name", cases_for("rpc"))
 def test_op_parity_with_cpu(name, remote, cpu):
-    check_case(name, "rpc", lambda build, seed: compute_rpc(build, seed, remote[2]), cpu)
+    check_op_case(name, "rpc", lambda build, seed: compute_rpc(build, seed, remote[2]), cpu)
 
 
 @needs_server

@@ -121,7 +121,7 @@ class OpCase:
 
     @property
     def seed(self) -> int:
-        return zlib.crc32(self.name.encode())
+        return zlib.crc32(self.name.encode())        # as check_build seeds it
 
 
 CASES: dict[str, OpCase] = {}
@@ -157,15 +157,19 @@ def refused_on(backend: str) -> list[str]:
     return [n for n, c in CASES.items() if c.not_on.get(backend, "").startswith("refused")]
 
 
-def check_case(name: str, backend: str, compute, cpu) -> float:
-    """Case `name` by compute(build, seed) -> float64 result on `backend`, against the CPU
-    backend `cpu`; returns the NMSE (asserted within the bound)."""
-    c = CASES[name]
-    tol = c.tol_by.get(backend, c.tol)
-    ref = compute_cpu(c.build, c.seed, cpu)
-    err = nmse(compute(c.build, c.seed), ref)
-    assert err <= tol, f"{name} on {backend}: NMSE {err:.3g} > {tol:g}"
+def check_build(name: str, build, tol: float, compute, cpu) -> float:
+    """A build computed by compute(build, seed) -> float64 result against the CPU backend
+    `cpu`, its inputs seeded by `name`; returns the NMSE (asserted within tol)."""
+    seed = zlib.crc32(name.encode())
+    err = nmse(compute(build, seed), compute_cpu(build, seed, cpu))
+    assert err <= tol, f"{name}: NMSE {err:.3g} > {tol:g}"
     return err
+
+
+def check_op_case(name: str, backend: str, compute, cpu) -> float:
+    """Registered case `name` on `backend` (compute as for check_build), within its bound."""
+    c = CASES[name]
+    return check_build(name, c.build, c.tol_by.get(backend, c.tol), compute, cpu)
 
 
 # ---- the cases (first those the Vulkan tests had, then the rpc-server's) -----------------------
