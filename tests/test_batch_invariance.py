@@ -60,3 +60,29 @@ def test_gemma_logits_in_a_batch_equal_alone(llm):
         assert w.tobytes() == g.tobytes(), (
             f"step {step}: logits differ in the batch (max |diff| "
             f"{float(np.max(np.abs(w - g))):.3g})")
+
+
+LONG_PROMPT = ("A long prompt, so that its MUL_MATs take the prompt-sized kernels (the gemm, and on "
+               "the amx path the tile gemm from 16 rows on): " + PROMPT_A + " " + PROMPT_B + " "
+               + PROMPT_C)
+
+
+@pytest.mark.parametrize("path", [p for p in _native.available_paths() if p != "scalar"])
+def test_prompt_in_one_ubatch_equals_token_by_token(llm, path):
+    """On every SIMD path this CPU runs: a 40+-token prompt evaluated in one ubatch gives each
+    position the logits it gets when the tokens are fed one by one (decode kernels)."""
+    was = _native.cpu_path()
+    _native.set_cpu_path(path)
+    try:
+        toks = llm.tokenize(LONG_PROMPT)
+        assert len(toks) >= 40
+        llm.reset()
+        whole = llm.decode_batch([(toks, 0)])[0]
+        llm.reset()
+        for t in toks:
+            one = llm.decode_batch([([t], 0)])[0]
+    finally:
+        _native.set_cpu_path(was)
+    assert whole.tobytes() == one.tobytes(), (
+        f"{path}: the last position's logits differ (max |diff| "
+        f"{float(np.max(np.abs(whole - one))):.3g})")

@@ -34,7 +34,7 @@ def test_every_variable_is_read_and_typed(tmp_path):
 
 
 @pytest.mark.parametrize("var,value,allowed", [
-    ("PYGGML_CPU_PATH", "sse9", "expected one of scalar, avx2, avx512, neon"),
+    ("PYGGML_CPU_PATH", "sse9", "expected one of scalar, avx2, avx512, neon, amx"),
     ("PYGGML_SCHED_DEBUG", "yes", "expected 0, 1 or 2"),
     ("PYGGML_SCHED_DEBUG", "3", "expected 0, 1 or 2"),
     ("PYGGML_VULKAN_DEVICES", "0,x", "expected device indices like '0' or '1,0', or 'none'"),

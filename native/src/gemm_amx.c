@@ -106,20 +106,28 @@ AINL __m512i bytes_mul(__m512i a, __m512i s) {
 }
 
 /* the digit of each byte pair of chunk c: group (64c + 2w) / 16 of the 16 per-16 digits */
-AINL __m512i chunk_digits(const int16_t dig[16], int c) {
+AINL __m512i chunk_digits(__m256i dig, int c) {
     const __m512i idx = _mm512_set_epi16(
         4 * c + 3, 4 * c + 3, 4 * c + 3, 4 * c + 3, 4 * c + 3, 4 * c + 3, 4 * c + 3, 4 * c + 3,
         4 * c + 2, 4 * c + 2, 4 * c + 2, 4 * c + 2, 4 * c + 2, 4 * c + 2, 4 * c + 2, 4 * c + 2,
         4 * c + 1, 4 * c + 1, 4 * c + 1, 4 * c + 1, 4 * c + 1, 4 * c + 1, 4 * c + 1, 4 * c + 1,
         4 * c, 4 * c, 4 * c, 4 * c, 4 * c, 4 * c, 4 * c, 4 * c);
-    return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(_mm256_loadu_si256((const void *)dig)));
+    return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(dig));
+}
+
+/* floor(x / 7) for int16 lanes x in [−133, 130]: (x + 133)·9363 >> 16 is floor((x + 133) / 7)
+ * = floor(x / 7) + 19 for 0 <= x + 133 <= 263 (9363 / 2^16 exceeds 1/7 by < 1/(7·263)) */
+AINL __m256i floor_div7(__m256i x) {
+    const __m256i q = _mm256_mulhi_epu16(_mm256_add_epi16(x, _mm256_set1_epi16(133)),
+                                         _mm256_set1_epi16(9363));
+    return _mm256_sub_epi16(q, _mm256_set1_epi16(19));
 }
 
 /* Levels of one super-block as 4 chunks of 64 bytes (element order), and per plane the digit
  * of each group of 16. `type` 4, 5, 6 = Q4_K, Q5_K, Q6_K. Planes 0, 1 multiply the levels by
  * their digits; Q4_K/Q5_K's plane 2 is the min of the group (levels taken as 1). */
-AINL void decode_block(const void *blk, int type, __m512i lv[4], int16_t dig[3][16], float *d,
-                       float *dmin) {
+AINL void decode_block(const void *blk, int type, __m512i lv[4], __m256i dig[3], int16_t mins[8],
+                       float *d, float *dmin) {
     const __m512i m4 = _mm512_set1_epi8(0xF);
     if (type == 4 || type == 5) {
         const uint8_t *qs = type == 4 ? ((const pg_block_q4_K *)blk)->qs
@@ -129,15 +137,16 @@ AINL void decode_block(const void *blk, int type, __m512i lv[4], int16_t dig[3][
         const uint16_t *f = blk;   /* d, dmin lead both layouts */
         uint8_t sm[16];
         pg_k4_unpack_scales(scales, sm);
+        /* words: scales 0..7, mins 8..15; the scale of group g (of 16) is scale g / 2 */
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+        const __m256i sc = _mm256_permutexvar_epi16(
+            _mm256_setr_epi16(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), v);
         const int shift = type == 4 ? 4 : 3;
-        for (int g = 0; g < 16; g++) {
-            const int s = sm[g / 2], mn = sm[8 + g / 2];
-            dig[0][g] = (int16_t)(s & ((1 << shift) - 1));
-            dig[1][g] = (int16_t)(s >> shift);
-            dig[2][g] = (int16_t)mn;
-        }
-        *d = pg_fp16_to_fp32(f[0]);
-        *dmin = pg_fp16_to_fp32(f[1]);
+        dig[0] = _mm256_and_si256(sc, _mm256_set1_epi16((1 << shift) - 1));
+        dig[1] = _mm256_srli_epi16(sc, shift);
+        _mm_storeu_si128((__m128i *)mins, _mm256_extracti128_si256(v, 1));
+        *d = _cvtsh_ss(f[0]);
+        *dmin = _cvtsh_ss(f[1]);
         /* element 64c + l: low nibble of qs[32c + l]; 64c + 32 + l: its high nibble */
         __m512i hb = _mm512_setzero_si512();
         if (type == 5) hb = _mm512_broadcast_i64x4(_mm256_loadu_si256(
@@ -161,17 +170,15 @@ AINL void decode_block(const void *blk, int type, __m512i lv[4], int16_t dig[3][
     /* Q6_K: element 128h + 32g + l (g = 0..3) from ql[64h + l (+32 for odd g)] (low nibble for
      * g < 2, high for g ≥ 2) and 2 bits of qh[32h + l] at 2g; level − 32 */
     const pg_block_q6_K *x = blk;
-    for (int g = 0; g < 16; g++) {
-        /* balanced base 7: sc = d0 + 7·d1 + 49·d2, each digit in −3..3 */
-        int s = x->scales[g];
-        const int d0 = ((s % 7) + 10) % 7 - 3;
-        s = (s - d0) / 7;
-        const int d1 = ((s % 7) + 10) % 7 - 3;
-        dig[0][g] = (int16_t)d0;
-        dig[1][g] = (int16_t)d1;
-        dig[2][g] = (int16_t)((s - d1) / 7);
-    }
-    *d = pg_fp16_to_fp32(x->d);
+    /* balanced base 7: sc = d0 + 7·d1 + 49·d2, each digit in −3..3 (d = s − 7·floor((s+3)/7)) */
+    const __m256i s0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+    const __m256i q0 = floor_div7(_mm256_add_epi16(s0, _mm256_set1_epi16(3)));
+    const __m256i q1 = floor_div7(_mm256_add_epi16(q0, _mm256_set1_epi16(3)));
+    dig[0] = _mm256_sub_epi16(s0, _mm256_mullo_epi16(q0, _mm256_set1_epi16(7)));
+    dig[1] = _mm256_sub_epi16(q0, _mm256_mullo_epi16(q1, _mm256_set1_epi16(7)));
+    dig[2] = q1;
+    (void)mins;
+    *d = _cvtsh_ss(x->d);
     *dmin = 0.0f;
     for (int h = 0; h < 2; h++) {
         const __m256i l0 = _mm256_loadu_si256((const void *)(x->ql + 64 * h));
@@ -215,11 +222,9 @@ AINL void unpack_block(const char *w, size_t bw, int nrows, int64_t K, int type,
         }
         for (int64_t b = 0; b < nb; b++) {
             __m512i lv[4];
-            int16_t dig[3][16];
-            decode_block(w + (size_t)i * bw + (size_t)b * bsize, type, lv, dig, &wd[b * T + i],
-                         &wdm[b * T + i]);
-            if (type != 6)   /* the 8 mins (one per group of 32) */
-                for (int j = 0; j < 8; j++) mnp[(b * T + i) * 8 + j] = dig[2][2 * j];
+            __m256i dig[3];
+            decode_block(w + (size_t)i * bw + (size_t)b * bsize, type, lv, dig,
+                         mnp + (b * T + i) * 8, &wd[b * T + i], &wdm[b * T + i]);
             for (int c = 0; c < 4; c++)
                 for (int p = 0; p < np; p++) {
                     uint8_t *dst = buf + ((size_t)(4 * b + c) * 3 + p) * 1024 + 64 * i;

@@ -42,9 +42,11 @@ static void split_units(int64_t n, int64_t unit, int ith, int nth, int64_t *a0, 
     *a1 = u1 * unit < n ? u1 * unit : n;
 }
 
-/* The amx path's tile gemm (amx.h) from this many activation rows on: below, most of a tile's
- * 16 columns would be padding and the gemm / vec_dot kernels are as fast. */
-#define PG_AMX_MIN_ROWS 8
+/* The amx path's tile gemm (amx.h) from this many activation rows on. Below, unpacking each
+ * weight block for a tile that is mostly padding costs more than the VNNI gemm (in-cache, one
+ * thread, 1536 × 1536: at 16 rows Q4_K 144 vs 130-176 GOP/s, Q6_K 120 vs 110-117; at 32 rows
+ * 243 vs 125-179 and 197 vs 114-160). */
+#define PG_AMX_MIN_ROWS 16
 
 static int amx_shape(const pg_tensor *w, const pg_tensor *x) {
     return x->ne[1] >= PG_AMX_MIN_ROWS && x->ne[2] == 1 && x->ne[3] == 1 && w->ne[2] == 1 &&
