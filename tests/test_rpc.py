@@ -632,6 +632,9 @@ def test_served_rpc_run_plans_its_own_devices(tiny_models, tmp_path):
                 assert d["kv"] == llm.kv.bytes_by_buffer_type.get(name, 0), name
                 assert d["compute"] == llm.compute_buffer_size(name), name
             assert devs[dev]["weights"] == llm.weight_buffers[dev].n_bytes > 0
+            assert devs["CPU"]["weights"] == sum(         # mapped from the file where planned
+                llm.weights[n].nbytes() for n, p in llm.offload.weights.items()
+                if p.device == "CPU" and n in llm.model.tensors) > 0
             assert devs[dev]["memory"] == list(llm.run.by_device[dev].device.memory())
             assert plan["llama"][:2] == ["--rpc", ep] and "-ot" in plan["llama"]
             on_cpu = {t for row in r.json()["layers"] for w in row["weights"]
