@@ -64,6 +64,8 @@ static int amx_possible(const pg_tensor *w, const pg_tensor *x) {
     return amx_shape(w, x) && tr && tr->amx_gemm;
 }
 
+#if defined(__x86_64__)
+
 /* work buffer: the packed activation tiles, then each thread's scratch (64-byte aligned) */
 static size_t amx_tiles_bytes(const pg_tensor *x) {
     const int64_t tiles = (x->ne[1] + PG_AMX_TILE_ROWS - 1) / PG_AMX_TILE_ROWS;
@@ -96,6 +98,13 @@ static void mul_mat_amx(const pg_cparams *p, pg_tensor *t, const pg_tensor *w,
                                               n1 - n0, p->work, M, (float *)t->data + n0,
                                               (size_t)t->nb[1], scratch);
 }
+
+#else   /* the amx path exists on x86-64 only (gemm_amx.c): never taken, amx_gemm is NULL */
+static size_t amx_tiles_bytes(const pg_tensor *x) { (void)x; return 0; }
+static size_t amx_scratch_bytes(const pg_tensor *x) { (void)x; return 0; }
+static void mul_mat_amx(const pg_cparams *p, pg_tensor *t, const pg_tensor *w,
+                        const pg_tensor *x) { (void)p; (void)t; (void)w; (void)x; }
+#endif
 
 size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
     size_t rb;
@@ -194,8 +203,11 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
                                          : (const void *)pg_ptr(x, 0, i1, i2, i3);
                 const uint8_t *wplane = pg_ptr(w, 0, 0, i2 / r2, i3 / r3);
                 float *dst = pg_ptr(t, 0, i1, i2, i3);
-                for (int64_t n = nt; n < nt1; n++)
-                    tr->vec_dot(K, &dst[n], wplane + n * w->nb[1], xr);
+                int64_t n = nt;
+                if (tr->vec_dot8)
+                    for (; n + 8 <= nt1; n += 8)
+                        tr->vec_dot8(K, &dst[n], wplane + n * w->nb[1], (size_t)w->nb[1], xr);
+                for (; n < nt1; n++) tr->vec_dot(K, &dst[n], wplane + n * w->nb[1], xr);
             }
         }
     }

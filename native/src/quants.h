@@ -36,6 +36,10 @@ typedef void (*pg_gemm_fn)(int64_t n, float *restrict s, size_t bs, const void *
                            size_t bx, const void *restrict y, size_t by, int nr, int nc);
 #define PG_GEMM_MAX_NR 8
 #define PG_GEMM_MAX_NC 8
+/* s[i] = dot(x row i, y) for the 8 weight rows at x (rows bx bytes apart), y in vec_dot_type:
+ * decode's MUL_MAT, 8 rows at a time, with the bits of vec_dot. */
+typedef void (*pg_vec_dot8_fn)(int64_t n, float *restrict s, const void *restrict x, size_t bx,
+                               const void *restrict y);
 /* The AMX tile gemm (amx.h, gemm_amx.c): for nrows weight rows (x, rows bx bytes apart) and
  * the M activation rows packed in `act` (pg_amx_pack_act tiles),
  *     ((float *)((char *)s + m·bs))[i] = dot(x row i, activation row m),
@@ -53,6 +57,7 @@ typedef struct pg_type_traits {
     pg_vec_dot_fn    vec_dot;        /* NULL: no dot kernel for this type                    */
     int32_t          vec_dot_type;   /* type the other operand of vec_dot must be in         */
     pg_gemm_fn       gemm;           /* optional (NULL: MUL_MAT calls vec_dot pair by pair)  */
+    pg_vec_dot8_fn   vec_dot8;       /* optional (NULL: decode calls vec_dot row by row)     */
     pg_amx_gemm_fn   amx_gemm;       /* the amx path only, for K-quants; NULL elsewhere      */
 } pg_type_traits;
 

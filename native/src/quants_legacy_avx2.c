@@ -226,4 +226,5 @@ static void bf16_to_float(const void *restrict vx, float *restrict y, int64_t n)
 
 void pg_fill_legacy_avx2(pg_type_traits *tbl) {
     PG_FILL_LEGACY_KERNELS(tbl);
+    PG_FILL_LEGACY_DOT8(tbl);
 }

@@ -28,4 +28,5 @@ void pg_fill_legacy_avx512(pg_type_traits *tbl) {
     tbl[PG_TYPE_Q5_0].vec_dot = vec_dot_q5_0_q8_0;
     tbl[PG_TYPE_Q5_1].vec_dot = vec_dot_q5_1_q8_1;
     tbl[PG_TYPE_Q8_0].vec_dot = vec_dot_q8_0_q8_0;
+    PG_FILL_LEGACY_DOT8(tbl);
 }

@@ -3,6 +3,7 @@
  * level and scale at its largest magnitude, with activations at ±127: the int32 plane sums at
  * their largest), odd N and M (padded weight blocks and activation tiles), nothing written
  * outside the N × M outputs. On a CPU without AMX the path must be refused. */
+#if defined(__x86_64__)
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,3 +117,4 @@ PG_TEST(test_amx_gemm_bits_equal_scalar) {
         run_case(types[it], 768, 33, 20, 2);
     }
 }
+#endif

@@ -591,3 +591,46 @@ PG_TEST(test_mul_mat_row_independent_of_batch) {
     free(alone);
     free(w);
 }
+
+/* vec_dot8 (decode, eight weight rows at a time) on every path that has it: each of the eight
+ * results has the scalar vec_dot's bits, for rows of 1, 2, 7, 20 (Gemma's output rows) and 33
+ * blocks, the rows placed right before a guard page (nothing read past the eighth row). */
+PG_TEST(test_vec_dot8_bits_and_bounds) {
+    variant v[8];
+    const int nv = variants(v);
+    static const int counts[] = {1, 2, 7, 20, 33};
+    int tested = 0;
+    for (int iv = 0; iv < nv; iv++) {
+        for (int it = 0; it < N_TYPES; it++) {
+            const int32_t type = k_types[it];
+            const pg_vec_dot8_fn dot8 = v[iv].tbl[type].vec_dot8;
+            if (!dot8) continue;
+            const pg_type_traits *t = scalar_tr(type);
+            for (int ic = 0; ic < 5; ic++) {
+                const int nb = counts[ic];
+                const size_t wrow = (size_t)nb * (size_t)t->type_size;
+                const size_t yrow = (size_t)nb * (size_t)scalar_tr(t->vec_dot_type)->type_size;
+                void *mw, *my;
+                size_t sw, sy;
+                uint8_t *w = rows_before_guard(wrow * 8, &mw, &sw);
+                uint8_t *y = rows_before_guard(yrow, &my, &sy);
+                CHECK(w && y, "mmap failed");
+                if (!w || !y) return;
+                for (int i = 0; i < 8; i++) weight_row(type, w + (size_t)i * wrow, nb);
+                act_row(type, y, nb);
+                const int64_t n = (int64_t)nb * t->block_size;
+                float got[8], want[8];
+                dot8(n, got, w, wrow, y);
+                for (int i = 0; i < 8; i++) t->vec_dot(n, &want[i], w + (size_t)i * wrow, y);
+                CHECK(memcmp(got, want, sizeof(got)) == 0, "%s %s %d blocks: vec_dot8 differs "
+                      "from the scalar vec_dot", v[iv].name, tname(type), nb);
+                tested++;
+                munmap(mw, sw);
+                munmap(my, sy);
+            }
+        }
+    }
+#if defined(__x86_64__)
+    CHECK(tested > 0, "no path has a vec_dot8 kernel");
+#endif
+}
