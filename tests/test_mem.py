@@ -286,3 +286,56 @@ def test_gemma_against_llamacpp_figures():
                                                                         15 * MiB)
     finally:
         pm.close()
+
+
+_MODULES_AFTER = """
+import contextlib, io, json, sys
+from pyggml.cli import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()) as text:
+        rc = main(argv)
+    out.append({"rc": rc, "text": text.getvalue()})
+print(json.dumps({"runs": out, "modules": sorted(m for m in sys.modules if "vulkan" in m)}))
+"""
+
+
+def _vulkan_modules_after(argvs) -> dict:
+    """Run pyggml commands in one fresh interpreter; what ran and which modules with 'vulkan' in
+    their name it imported ('vulkan': the loader's binding; pyggml.backend.vulkan: ours)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _MODULES_AFTER, json.dumps(argvs)],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert [x["rc"] for x in got["runs"]] == [0] * len(argvs), got["runs"]
+    return got
+
+
+def test_cpu_only_mem_and_plan_load_no_vulkan(tiny_models):
+    """A CPU-only `pyggml mem` (planned and measured) and `pyggml plan` (a CPU-only config, a
+    draft model) never import the Vulkan backend: listing devices would load the loader and
+    its drivers (lavapipe: ~50 MB resident) for nothing."""
+    tm, dm = _model(tiny_models), _model(tiny_models, "llama")
+    m = str(tm.path)
+    got = _vulkan_modules_after([
+        ["mem", "-m", m, "--plan-only", "-c", "256"],
+        ["mem", "-m", m, "-c", "256", "-ub", "64", "--warmup", "token"],
+        ["mem", "-m", m, "--plan-only", "-c", str(REPO / "configs" / "cpu-only.yaml")],
+        ["plan", "-m", m, "-c", "256", "-nkvo", "-ot", "ffn_.*=CPU"],
+        ["plan", "-m", str(dm.path), "-c", "256", "-md", str(dm.path)]])
+    assert got["modules"] == []
+    assert all("CPU" in r["text"] for r in got["runs"])
+    # a virtual GPU follows the Vulkan backend's rules, but no real device is listed
+    got = _vulkan_modules_after([["mem", "-m", m, "--plan-only", "-c", "256", "-ngl", "99",
+                                  "--virtual-device", "laptop=256MiB"]])
+    assert "vulkan" not in got["modules"] and "laptop" in got["runs"][0]["text"]
+
+
+@needs_vulkan
+def test_a_plan_naming_a_gpu_still_lists_this_machines_devices(tiny_models):
+    dev = vulkan.devices()[0].name
+    got = _vulkan_modules_after([["mem", "-m", str(_model(tiny_models).path), "--plan-only",
+                                  "-c", "256", "-ngl", "99", "-dev", dev]])
+    assert "vulkan" in got["modules"] and dev in got["runs"][0]["text"]

@@ -173,3 +173,29 @@ def test_parse_text_and_dict_sources():
         load_config({"gpu_layers": "x"})
     with pytest.raises(ConfigError, match=r"<python>: bogus: unknown key"):
         load_config({"bogus": 1})
+
+
+def test_needs_machine_devices_reads_every_device_field():
+    """Whether a plan must list this machine's devices (loading every backend module): any
+    device, index or buffer type the schema's device fields name that is not the CPU or a
+    virtual device, gpu_layers without devices, an rpc-server."""
+    from pyggml.offload.rules import needs_machine_devices as needs
+    from pyggml.offload import VirtualSpec
+    cpu_only = [None, {}, {"devices": []}, {"gpu_layers": 0},
+                {"kv": {"device": "cpu", "ranges": [{"layers": "0-1", "device": "CPU"}]}},
+                {"overrides": [{"match": "ffn", "device": "cpu"},
+                               {"match": "attn", "buffer_type": "CPU"}]},
+                {"devices": ["laptop"], "gpu_layers": 4},
+                {"virtual_devices": [{"name": "egpu", "memory": "1GiB"}],
+                 "devices": ["egpu"], "gpu_layers": "all"}]
+    machine = [{"gpu_layers": 2}, {"gpu_layers": "all"}, {"devices": ["Vulkan0"]},
+               {"devices": [0]}, {"overrides": [{"match": "ffn", "device": "Vulkan0"}]},
+               {"overrides": [{"match": "ffn", "buffer_type": "Vulkan0_Host"}]},
+               {"kv": {"device": "Vulkan1"}},
+               {"kv": {"ranges": [{"layers": "0-1", "device": "RPC[10.0.0.2:50052]"}]}},
+               {"rpc": ["10.0.0.2:50052"]}, {"overrides": [{"kind": "ffn", "device": 1}]}]
+    for data in cpu_only:
+        cfg = None if data is None else load_config(data)
+        assert not needs(cfg, [VirtualSpec("laptop", 1 << 30)]), data
+    for data in machine:
+        assert needs(load_config(data), [VirtualSpec("laptop", 1 << 30)]), data

@@ -4,11 +4,8 @@ llama-cpp-python 0.3.36 sdist into build/rpc-server/), on loopback ports only.
 - tables: pyggml op / type -> ggml numbers, checked by name against ggml.h of llama.cpp 0c1e570
   (a verbatim excerpt in tests/data/rpc/ggml_enums_0c1e570.h);
 - ops: every op a model graph uses, computed by the server's ggml CPU backend and by pyggml's
-  CPU backend; normalized mean squared error sum((rpc - cpu)^2) / sum(cpu^2) per case, with
-  bounds: data movement and F32 element-wise 1e-12; norms, softmax, silu, tanh, rope 1e-9..1e-7
-  (summation order, libm); MUL_MAT F32 1e-9, F16/quantized weights 5e-4 (both quantize the
-  activations, possibly in a different order); FLASH_ATTN_EXT with F16 V 5e-6 (ggml's kernel
-  accumulates V·softmax in fp16 when V is F16);
+  CPU backend: the op cases and NMSE bounds of tests/support/op_cases.py (shared with the
+  Vulkan tests), where the server differs by definition or refuses a case, it says why;
 - validation: what would abort a server is refused before anything is sent;
 - models: Gemma 3 270M and a tiny llama split over the CPU and two servers (-ngl-style and -ot
   rules) give CPU-only's greedy tokens; a killed or frozen server gives RpcError naming it within
@@ -21,20 +18,20 @@ import re
 import socket
 import threading
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pyggml import Context, Graph, ops, quants
+from pyggml import Context, Graph, ops
 from pyggml.backend import base
 from pyggml.backend import rpc
-from pyggml.backend.cpu import CpuBackend, host_array, set_host_data
+from pyggml.backend.cpu import CpuBackend
 from pyggml.backend.rpc import tables
 from pyggml.backend.rpc.protocol import fnv1a64
 from pyggml.errors import BackendError, PyggmlError, UnsupportedOpError
-from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType, Op
+from pyggml.types import GGMLType, Op
+from support.op_cases import CASES, Inputs, cases_for, check_op_case, refused_on, view_of_raw
 from support.rpc_server import SERVER_BIN, RpcServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -146,60 +143,6 @@ def test_devices_named_and_described(server, remote):
 
 # ---- op parity with the CPU backend ---------------------------------------------------------------
 
-class Inputs:
-    """Deterministic input tensors (the same values for both builds of a case)."""
-
-    def __init__(self, ctx: Context, seed: int):
-        self.ctx, self.rng, self.values = ctx, np.random.default_rng(seed), []
-
-    def _new(self, type_, v: np.ndarray, name: str):
-        t = self.ctx.new_tensor(type_, list(reversed(v.shape)), name=name)
-        self.values.append((t, v.tobytes()))
-        return t
-
-    def f32(self, *shape, scale=1.0, offset=0.0, values=None, name=""):
-        v = (self.rng.standard_normal(shape) * scale + offset).astype(np.float32) \
-            if values is None else np.asarray(values, np.float32)
-        return self._new("f32", v, name)
-
-    def f16(self, *shape, scale=1.0, values=None, name=""):
-        v = (self.rng.standard_normal(shape) * scale).astype(np.float16) \
-            if values is None else np.asarray(values, np.float16)
-        return self._new("f16", v, name)
-
-    def i32(self, values, name=""):
-        return self._new("i32", np.asarray(values, np.int32), name)
-
-    def weights(self, wtype: str, *shape, scale=0.5, name="w"):
-        if wtype == "f32":
-            return self.f32(*shape, scale=scale, name=name)
-        if wtype == "f16":
-            return self.f16(*shape, scale=scale, name=name)
-        v = (self.rng.standard_normal(shape) * scale).astype(np.float32)
-        raw = quants.quantize(v.reshape(-1, shape[-1]), wtype).tobytes()
-        t = self.ctx.new_tensor(wtype, list(reversed(shape)), name=name)
-        self.values.append((t, raw))
-        return t
-
-
-def _f64(t, raw: bytes) -> np.ndarray:
-    dt = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.I32: np.int32}[t.type]
-    return np.ndarray(tuple(reversed(t.ne)), dtype=dt, buffer=raw,
-                      strides=tuple(reversed(t.nb))).astype(np.float64)
-
-
-def compute_cpu(build, seed, cpu):
-    ctx = Context(mem_size=64 << 20, no_alloc=False)
-    inp = Inputs(ctx, seed)
-    out, check = build(ctx, inp)
-    for t, raw in inp.values:
-        set_host_data(t, raw)
-    g = Graph()
-    g.build_forward_expand(out)
-    cpu.graph_compute(g)
-    return host_array(check).astype(np.float64).copy()
-
-
 def compute_rpc(build, seed, be):
     ctx = Context(no_alloc=True)
     inp = Inputs(ctx, seed)
@@ -213,132 +156,9 @@ def compute_rpc(build, seed, be):
     for t, raw in inp.values:
         base.tensor_set(t, raw)
     be.graph_compute(g)
-    got = _f64(check, base.tensor_get(check))
+    got = view_of_raw(check, base.tensor_get(check)).astype(np.float64)
     del buf
     return got
-
-
-def nmse(got, ref) -> float:
-    assert got.shape == ref.shape
-    fin = np.isfinite(ref)
-    assert np.array_equal(fin, np.isfinite(got)), "non-finite values differ"
-    d, s = np.sum((got[fin] - ref[fin]) ** 2), np.sum(ref[fin] ** 2)
-    return float(d / s) if s > 0 else float(d)
-
-
-CASES: dict[str, tuple] = {}
-
-
-def case(name, tol):
-    def deco(fn):
-        CASES[name] = (fn, tol)
-        return fn
-    return deco
-
-
-def single(fn):
-    def build(ctx, I):
-        t = fn(ctx, I)
-        return t, t
-    return build
-
-
-for _op in ("add", "sub", "mul", "div"):
-    case(f"{_op}-broadcast", 1e-12)(single(
-        lambda ctx, I, op=_op: getattr(ops, op)(ctx, I.f32(2, 3, 5, 33),
-                                                I.f32(5, 33, offset=3.0 if op == "div" else 0))))
-case("scale-bias", 1e-12)(single(lambda ctx, I: ops.scale(ctx, I.f32(3, 70), 0.37, 0.5)))
-case("gelu", 1e-12)(single(lambda ctx, I: ops.gelu(ctx, I.f32(4, 65, scale=4.0))))
-case("silu", 1e-10)(single(lambda ctx, I: ops.silu(ctx, I.f32(4, 65, scale=3.0))))
-case("tanh", 1e-10)(single(lambda ctx, I: ops.tanh(ctx, I.f32(4, 65, scale=3.0))))
-case("sqr-sqrt", 1e-12)(single(lambda ctx, I: ops.sqrt(ctx, ops.sqr(ctx, I.f32(3, 40)))))
-case("diag_mask_inf", 0.0)(single(lambda ctx, I: ops.diag_mask_inf(ctx, I.f32(5, 9), 3)))
-case("rms_norm", 1e-10)(single(lambda ctx, I: ops.rms_norm(ctx, I.f32(3, 640, offset=0.5), 1e-6)))
-case("norm", 1e-10)(single(lambda ctx, I: ops.norm(ctx, I.f32(3, 100, offset=0.5), 1e-5)))
-case("soft_max-f16-mask", 1e-9)(single(
-    lambda ctx, I: ops.soft_max_ext(ctx, I.f32(2, 4, 37, scale=3.0),
-                                    I.f16(values=np.where(np.arange(37) > 30, -np.inf, 0)
-                                          * np.ones((4, 1))), scale=0.3)))
-for _mode in (ROPE_MODE_NORMAL, ROPE_MODE_NEOX):
-    case(f"rope-m{_mode}", 1e-7)(single(
-        lambda ctx, I, m=_mode: ops.rope_ext(ctx, I.f32(5, 3, 16), I.i32([0, 1, 7, 300, 4000]),
-                                             n_dims=16, mode=m, freq_base=10000.0)))
-case("rope-neox-freq-factors", 1e-7)(single(
-    lambda ctx, I: ops.rope_ext(ctx, I.f32(3, 2, 16), I.i32([0, 5, 9]),
-                                I.f32(8, values=1.0 + np.arange(8) / 8), n_dims=16,
-                                mode=ROPE_MODE_NEOX, freq_base=1e6)))
-for _wt in ("f32", "q8_0", "q4_k", "q6_k"):
-    case(f"get_rows-{_wt}", 1e-12)(single(
-        lambda ctx, I, wt=_wt: ops.get_rows(ctx, I.weights(wt, 11, 256), I.i32([3, 0, 10, 3]))))
-for _dt in ("f32", "f16"):
-    def _set_rows(ctx, I, dt=_dt):
-        cache = I.weights(dt, 10, 64, scale=0.0)
-        return ops.set_rows(ctx, cache, I.f32(3, 64), I.i32([7, 2, 5])), cache
-    case(f"set_rows-{_dt}", 1e-12)(_set_rows)
-
-
-def _cpy(ctx, I):
-    dst = ctx.new_tensor("f16", [4, 7, 3], name="dst")
-    return ops.cpy(ctx, ops.permute(ctx, I.f32(3, 4, 7), 1, 0, 2, 3), dst), dst
-
-
-case("cpy-f32-f16-permuted", 1e-12)(_cpy)
-case("cont-transposed", 1e-12)(single(lambda ctx, I: ops.cont(ctx, ops.transpose(ctx,
-                                                                            I.f32(5, 7)))))
-case("concat-dim1", 0.0)(single(lambda ctx, I: ops.concat(ctx, I.f32(3, 5, 7), I.f32(3, 2, 7), 1)))
-for _wt in ("f32", "f16", "q4_0", "q8_0", "q4_k", "q5_k", "q6_k"):
-    for _M in (1, 7):
-        case(f"mul_mat-{_wt}-M{_M}", 1e-9 if _wt == "f32" else 5e-4)(single(
-            lambda ctx, I, wt=_wt, M=_M: ops.mul_mat(ctx, I.weights(wt, 13, 256), I.f32(M, 256))))
-case("mul_mat-kq-broadcast", 5e-4)(single(
-    lambda ctx, I: ops.mul_mat(ctx, I.f16(2, 9, 32), ops.permute(ctx, I.f32(3, 4, 32),
-                                                                 0, 2, 1, 3))))
-
-
-# the MoE ops against ggml's own CPU kernels (ARGSORT inputs without ties: ggml's std::sort
-# leaves their order unspecified)
-def _mmid(ctx, I, wt, T, n_b, top_k=False, n_expert=6, n_used=3):
-    w = I.weights(wt, n_expert, 13, 256)
-    ids = (ops.argsort_top_k(ctx, I.f32(T, n_expert), n_used) if top_k
-           else I.i32(I.rng.integers(0, n_expert, (T, n_used))))
-    return ops.mul_mat_id(ctx, w, I.f32(T, n_b, 256), ids)
-
-
-for _wt in ("f32", "f16", "q4_0", "q8_0", "q4_k", "q6_k"):
-    for _T, _nb in ((1, 1), (9, 3), (9, 1)):
-        case(f"mul_mat_id-{_wt}-T{_T}-b{_nb}", 1e-9 if _wt == "f32" else 1e-6)(single(
-            lambda ctx, I, wt=_wt, T=_T, nb=_nb: _mmid(ctx, I, wt, T, nb)))
-case("mul_mat_id-q4_k-top_k-ids", 1e-6)(single(lambda ctx, I: _mmid(ctx, I, "q4_k", 7, 1, True)))
-for _order in (0, 1):
-    case(f"argsort-{_order}", 0.0)(single(
-        lambda ctx, I, o=_order: ops.argsort(ctx, I.f32(3, 4, 60), o)))
-case("sum_rows", 1e-12)(single(lambda ctx, I: ops.sum_rows(ctx, I.f32(3, 5, 70, scale=3.0))))
-case("clamp", 0.0)(single(lambda ctx, I: ops.clamp(ctx, I.f32(4, 65, scale=3.0), -1.5, 2.25)))
-case("sigmoid", 1e-12)(single(lambda ctx, I: ops.sigmoid(ctx, I.f32(4, 65, scale=3.0))))
-
-
-def _moe(ctx, I, wt, T, k, norm_w):
-    from pyggml.llm.moe import moe_ffn
-    n_expert, E, F = 8, 256, 256
-    up, gate = (I.weights(wt, n_expert, F, E, scale=0.2) for _ in range(2))
-    return moe_ffn(ctx, I.f32(T, E), I.f32(n_expert, E, scale=0.1), up, gate,
-                   I.weights(wt, n_expert, E, F, scale=0.2), k, norm_w=norm_w)
-
-
-case("moe_ffn-q4_k-T5-k2-norm", 1e-6)(single(lambda ctx, I: _moe(ctx, I, "q4_k", 5, 2, True)))
-case("moe_ffn-q4_0-T1-k4", 1e-6)(single(lambda ctx, I: _moe(ctx, I, "q4_0", 1, 4, False)))
-
-
-def _fa(ctx, I, nq=5, nkv=41, D=64, H=4, Hkv=1):
-    mv = np.zeros((8, nkv), np.float32)
-    for i in range(nq):
-        mv[i, nkv - nq + i + 1:] = -np.inf
-    return ops.flash_attn_ext(ctx, I.f32(H, nq, D), I.f16(Hkv, nkv, D), I.f16(Hkv, nkv, D),
-                              I.f16(values=mv), scale=1 / np.sqrt(D))
-
-
-case("flash_attn-f16-prefill", 5e-6)(single(_fa))
-case("flash_attn-f16-decode", 5e-6)(single(lambda ctx, I: _fa(ctx, I, nq=1, nkv=70)))
 
 
 @pytest.fixture(scope="module")
@@ -347,14 +167,23 @@ def cpu():
 
 
 @needs_server
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", cases_for("rpc"))
 def test_op_parity_with_cpu(name, remote, cpu):
-    build, tol = CASES[name]
-    seed = zlib.crc32(name.encode())
-    ref = compute_cpu(build, seed, cpu)
-    got = compute_rpc(build, seed, remote[2])
-    err = nmse(got, ref)
-    assert err <= tol, f"{name}: NMSE {err:.3g} > {tol:g}"
+    check_op_case(name, "rpc", lambda build, seed: compute_rpc(build, seed, remote[2]), cpu)
+
+
+@needs_server
+@pytest.mark.parametrize("name", refused_on("rpc"))
+def test_op_cases_the_server_cannot_run_are_refused(name, server, remote):
+    """The registry's cases marked refused on the rpc-server: a node of each is refused by
+    supports_op (nothing is sent; the server would abort)."""
+    ctx = Context(no_alloc=True)
+    c = CASES[name]
+    out, _ = c.build(ctx, Inputs(ctx, c.seed))
+    g = Graph()
+    g.build_forward_expand(out)
+    assert any(not remote[2].supports_op(n) for n in g.nodes), name
+    assert server.alive()
 
 
 @needs_server
@@ -468,6 +297,25 @@ def test_bad_requests_are_refused_before_sending(server, remote):
     buf.set_tensor(t, np.arange(16, dtype=np.float32).tobytes())   # the connection still works
     assert np.frombuffer(buf.get_tensor(t), np.float32)[5] == 5
     del host
+
+
+@needs_server
+def test_ops_ggml_asserts_contiguous_for_are_refused(server, remote):
+    """SCALE and DIAG_MASK_INF of a permuted view: ggml's CPU kernels assert contiguity, so the
+    server would abort; they are refused before anything is sent."""
+    _, r, be = remote
+    ctx = Context(no_alloc=True)
+    x = ops.permute(ctx, ctx.new_tensor_3d("f32", 17, 2, 4), 0, 2, 1, 3)
+    sent = r.traffic().bytes_sent
+    for node in (ops.scale(ctx, x, 0.5), ops.diag_mask_inf(ctx, x, 1)):
+        assert not be.supports_op(node)
+        assert "contiguous" in rpc.why_unsupported(node)
+        g = Graph()
+        g.build_forward_expand(node)
+        with pytest.raises(UnsupportedOpError, match="contiguous"):
+            be.graph_compute(g)
+    assert be.supports_op(ops.scale(ctx, ops.cont(ctx, x), 0.5))
+    assert r.traffic().bytes_sent == sent and server.alive()
 
 
 # ---- connection faults at load --------------------------------------------------------------------
@@ -744,3 +592,104 @@ def test_bad_rpc_settings_name_the_variable():
             settings.Settings.from_env({var: val})
     s = settings.Settings.from_env({"PYGGML_RPC": " 10.0.0.2:50052, 10.0.0.3:50053 "})
     assert s.rpc_endpoints == ("10.0.0.2:50052", "10.0.0.3:50053")
+
+
+# ---- a served run over rpc-servers: the web page's plan ---------------------------------------------
+
+@needs_server
+def test_served_rpc_run_plans_its_own_devices(tiny_models, tmp_path):
+    """`pyggml serve --rpc EP -ngl 99 -ot ...`: GET /v1/pyggml/plan describes the run as placed
+    (per device the bytes of its buffers, the remote device's memory from the live connection,
+    its llama.cpp flags); a what-if naming the served rpc-server plans as `pyggml mem` does;
+    one naming another server is a 400 that says why, and nothing connects to it."""
+    import json
+
+    import httpx
+
+    from pyggml.cli import main, parser
+    from pyggml.cli.serve import load_llm
+    from pyggml.server import make_server, start_in_thread
+    from support.rpc_server import free_port
+    path = str(tiny_models.get(arch="llama", weight_type="q8_0", n_layer=4, n_embd=64).path)
+    srv = RpcServer.start()
+    ep, other = srv.endpoint, f"127.0.0.1:{free_port()}"
+    dev = f"RPC[{ep}]"
+    try:
+        # -dev: other servers this process is connected to (a module fixture's) stay out
+        args = parser().parse_args(["serve", "-m", path, "--rpc", ep, "-dev", dev, "-ngl", "99",
+                                    "-ot", r"blk\.0\.ffn_.*=CPU", "-c", "256", "-ub", "32",
+                                    "-np", "2", "-t", "1"])
+        llm = load_llm(args, n_seq_max=args.parallel)
+        rs = start_in_thread(make_server(llm, 2, "tiny", queue_size=4))
+        try:
+            url = f"http://127.0.0.1:{rs.port}/v1/pyggml/plan"
+            r = httpx.get(url, timeout=60)
+            assert r.status_code == 200, r.text
+            plan = r.json()["mem"]["plan"]
+            devs = {d["device"]: d for d in plan["devices"]}
+            assert list(devs) == [dev, "CPU"]
+            for name, d in devs.items():
+                assert d["kv"] == llm.kv.bytes_by_buffer_type.get(name, 0), name
+                assert d["compute"] == llm.compute_buffer_size(name), name
+            assert devs[dev]["weights"] == llm.weight_buffers[dev].n_bytes > 0
+            assert devs["CPU"]["weights"] == sum(         # mapped from the file where planned
+                llm.weights[n].nbytes() for n, p in llm.offload.weights.items()
+                if p.device == "CPU" and n in llm.model.tensors) > 0
+            assert devs[dev]["memory"] == list(llm.run.by_device[dev].device.memory())
+            assert plan["llama"][:2] == ["--rpc", ep] and "-ot" in plan["llama"]
+            on_cpu = {t for row in r.json()["layers"] for w in row["weights"]
+                      if w["device"] == "CPU" for t in w["tensors"]}
+            assert {"ffn_up", "ffn_gate", "ffn_down"} <= on_cpu
+
+            flags = ["--rpc", ep, "-dev", dev, "-ngl", "2", "-c", "256", "-ub", "32"]
+            r = httpx.post(url, json={"args": flags}, timeout=60)
+            assert r.status_code == 200, r.text
+            out = tmp_path / "mem.json"
+            assert main(["mem", "-m", path, "--plan-only"] + flags + ["--json", str(out)]) == 0
+            want = json.loads(out.read_text())["plan"]
+            got = r.json()["mem"]["plan"]
+            assert [d["device"] for d in got["devices"]] == [dev, "CPU"]
+            for g, w in zip(got["devices"], want["devices"]):
+                assert (g["weights"], g["kv"], g["compute"]) == (w["weights"], w["kv"],
+                                                                 w["compute"]), g["device"]
+            assert got["llama"] == want["llama"]
+
+            for body, param in (({"args": ["--rpc", other, "-ngl", "2"]}, "args"),
+                                ({"config": f"rpc: ['{other}']\ngpu_layers: 2\n"}, "config")):
+                r = httpx.post(url, json=body, timeout=60)
+                assert r.status_code == 400, r.text
+                err = r.json()["error"]
+                assert err["param"] == param
+                assert f"{other}: this server is not connected to it (connected: " \
+                    in err["message"] and ep in err["message"]
+            assert ep in rpc.connected_endpoints() and other not in rpc.connected_endpoints()
+        finally:
+            rs.stop()
+            llm.close()
+    finally:
+        rpc.unregister_endpoints([ep])
+        srv.stop()
+
+
+def test_planning_buffer_type_sizes_tensors_as_the_device_it_stands_for():
+    """A remote CUDA device pads quantized rows (GET_ALLOC_SIZE): a plan must count that."""
+    from pyggml.backend.planning import PlanningDevice
+
+    class Padded(base.BufferType):
+        def get_alloc_size(self, t):
+            return t.nbytes() + 512
+
+    class Dev(base.Device):
+        name, type = "padgpu", base.DeviceType.GPU
+        _buft = Padded("padgpu", 256, None, False)
+
+        def memory(self):
+            return (1 << 30, 1 << 30)
+
+        def buffer_types(self):
+            return [self._buft]
+
+    ctx = Context(no_alloc=True)
+    t = ctx.new_tensor(GGMLType.Q4_0, (96, 2))
+    pd = PlanningDevice.stand_in(Dev(), None)
+    assert pd.default_buffer_type().get_alloc_size(t) == t.nbytes() + 512

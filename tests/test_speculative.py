@@ -15,6 +15,7 @@ kernels compute it.
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -103,6 +104,47 @@ def test_greedy_identical_tiny(tiny_models, kernel_path, arch):
                     assert got == plain, (prompt, k, draft.describe())
                     _check_cells(llm)
                     draft.close()
+
+
+def test_a_draft_file_is_opened_once_per_llm(tiny_models, scalar_path, monkeypatch):
+    """generate(draft=path) / create_completion(draft=path) open the draft model once per
+    (file, options), reuse it with the same greedy output, and close it with the LLM."""
+    from pyggml.llm import runtime
+    tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=2, tied_embeddings=False)
+    other = str(tiny_models.get(arch="llama", weight_type="q8_0", n_layer=1, seed=1,
+                                tied_embeddings=False).path)
+    opened = Counter()
+
+    class CountingModelFile(runtime.ModelFile):
+        def __init__(self, path=None):
+            opened[os.path.realpath(os.fspath(path))] += 1
+            super().__init__(path)
+    monkeypatch.setattr(runtime, "ModelFile", CountingModelFile)
+    key = os.path.realpath(other)
+    with LLM(tm.path, n_ctx=256, n_threads=1) as llm:
+        plain = _greedy(llm, PROMPTS[0], 24, False)
+        text = llm.create_completion(PROMPTS[0], max_tokens=24, temperature=0,
+                                     draft=False)["choices"][0]["text"]
+        assert opened[key] == 0
+        first = _greedy(llm, PROMPTS[0], 24, other)
+        second = _greedy(llm, PROMPTS[0], 24, other)
+        comp = llm.create_completion(PROMPTS[0], max_tokens=24, temperature=0, draft=other)
+        assert first == second == plain and comp["choices"][0]["text"] == text
+        assert comp["usage"]["draft_tokens"] > 0
+        assert opened[key] == 1, "the draft model was opened again"
+        # other options are another draft (opened once too); the same options in a new
+        # DraftModel object are the draft already open
+        for _ in range(2):
+            assert _greedy(llm, PROMPTS[0], 24, DraftModel(other, n_max=3)) == plain
+        assert opened[key] == 2
+        drafts = [s.draft.llm for s in llm._speculators.values()]
+        assert len(drafts) == 2 and not any(d._closed for d in drafts)
+    assert all(d._closed for d in drafts), "the drafts outlive their LLM"
+    # the LLM's own draft_model is the one a call naming the same file and options gets
+    with LLM(tm.path, n_ctx=256, n_threads=1, draft_model=other) as llm:
+        assert _greedy(llm, PROMPTS[0], 24, other) == plain
+        assert llm.speculator_for(other) is llm.speculator
+    assert opened[key] == 3
 
 
 @pytest.mark.parametrize("model", [GEMMA, SMOLLM2], ids=["gemma", "smollm2"])

@@ -66,3 +66,71 @@ def test_slots_draft_in_one_batch_and_equal_plain(tiny_models, scalar_path, kind
     finally:
         rs.stop()
         llm.close()
+
+
+def test_draft_model_evaluates_the_prompt_with_the_models_chunks(tiny_models, scalar_path):
+    """`serve -md`: each prompt chunk goes to the draft model in the step that evaluates it for
+    the model, so when admission completes the draft's cache holds the whole prompt and the
+    first round evaluates only the last token in the draft (not the prompt)."""
+    tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=2)
+    other = tiny_models.get(arch="llama", weight_type="q4_0", n_layer=2)
+    prompt = " ".join(PROMPTS * 6)
+    with LLM(tm.path, n_ctx=1024, n_threads=1) as ref:
+        ids = ref.tokenize(prompt)
+        plain = ref.create_completion(prompt, max_tokens=12, temperature=0)["choices"][0]["text"]
+    assert len(ids) > 2 * 128, "the prompt must take several chunks"
+    llm = LLM(tm.path, n_ctx=1024, n_threads=1, n_seq_max=2,
+              draft_model=DraftModel(other.path, n_max=4, n_threads=1))
+    draft = llm.speculator.draft.llm
+    model_steps, draft_steps, at_first_round = [], [], []
+    orig_model, orig_draft = llm.decode_batch, draft.decode_batch
+
+    def model_spy(batch, *a, **k):
+        model_steps.append([(sid, len(t)) for t, sid in batch])
+        return orig_model(batch, *a, **k)
+
+    def draft_spy(batch, *a, **k):
+        draft_steps.append([(sid, len(t)) for t, sid in batch])
+        return orig_draft(batch, *a, **k)
+    llm.decode_batch, draft.decode_batch = model_spy, draft_spy
+    # a tiny step target: the prompt goes in chunks of MIN_PROMPT_CHUNK tokens
+    server = make_server(llm, 2, "m", step_target_s=1e-6)
+    engine = server.engine
+    orig_drafts = engine._drafts
+
+    def drafts_spy(gen_slots):
+        for s in gen_slots:
+            if not s.drafting:          # a job's first round
+                at_first_round.append((s.seq_id, draft.seq_tokens(s.seq_id),
+                                       llm.seq_tokens(s.seq_id), len(model_steps),
+                                       len(draft_steps)))
+        return orig_drafts(gen_slots)
+    engine._drafts = drafts_spy
+    rs = start_in_thread(server)
+    try:
+        r = httpx.post(f"http://127.0.0.1:{rs.port}/v1/completions", timeout=TIMEOUT_S,
+                       json={"prompt": prompt, "max_tokens": 12, "temperature": 0})
+        assert r.status_code == 200, r.text
+        # a second prompt sharing the first's beginning: its slot keeps that prefix, and the
+        # draft evaluates the rest with the model's chunks too
+        prompt2 = " ".join(PROMPTS * 4) + " and something else"
+        ids2 = llm.tokenize(prompt2)
+        r2 = httpx.post(f"http://127.0.0.1:{rs.port}/v1/completions", timeout=TIMEOUT_S,
+                        json={"prompt": prompt2, "max_tokens": 4, "temperature": 0})
+        assert r2.status_code == 200, r2.text
+        assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    finally:
+        rs.stop()
+        llm.decode_batch, draft.decode_batch = orig_model, orig_draft
+        llm.close()
+    assert r.json()["choices"][0]["text"] == plain
+    (sid, draft_held, model_held, n_model_steps, n_draft_steps), second = at_first_round
+    assert second[1] == second[2] == ids2, "the second prompt is not in the draft's cache"
+    assert model_held[:len(ids)] == ids and len(model_held) == len(ids)
+    assert draft_held == ids, "the draft's cache lacks the prompt before the first round"
+    # the draft's prompt went in the model's chunks, one draft batch per prompt step
+    prompt_chunks = [n for step in model_steps[:n_model_steps] for s, n in step if s == sid]
+    assert len(prompt_chunks) >= 3 and sum(prompt_chunks) == len(ids)
+    assert [n for step in draft_steps[:n_draft_steps] for s, n in step] == prompt_chunks
+    # the first round's first draft evaluation is the last sampled token alone
+    assert draft_steps[n_draft_steps] == [(sid, 1)]

@@ -160,7 +160,10 @@ def test_layers_and_timeline_agree_with_the_planner(server, smol):
 
 @pytest.mark.parametrize("body, param, words", [
     ({"args": "-m other.gguf"}, "args", "the model is the one being served"),
-    ({"args": ["--rpc", "10.0.0.1:50052"]}, "args", "rpc"),
+    ({"args": ["--rpc", "10.0.0.1:50052"]}, "args",
+     "rpc-server 10.0.0.1:50052: this server is not connected to it (connected: "),
+    ({"config": "rpc: ['10.0.0.1:50052']\n"}, "config", "10.0.0.1:50052: this server is not"),
+    ({"args": "--rpc nohost"}, "args", "'nohost'"),
     ({"args": "-c /etc/pyggml.yaml"}, "args", "send the config as text"),
     ({"args": "--no-such-flag"}, "args", "--no-such-flag"),
     ({"args": "-ngl x"}, "args", "-ngl"),

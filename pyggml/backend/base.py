@@ -416,10 +416,11 @@ class Registry:
 _default_registry: Registry | None = None
 
 
-def default_registry() -> Registry:
-    """The process-wide registry of the default backend modules, built on first use."""
+def default_registry(create: bool = True) -> Registry | None:
+    """The process-wide registry of the default backend modules, built on first use (create
+    False: None while it was not built; building it loads every backend module)."""
     global _default_registry
-    if _default_registry is None:
+    if _default_registry is None and create:
         _default_registry = Registry()
     return _default_registry
 

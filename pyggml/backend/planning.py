@@ -44,15 +44,25 @@ class PlanningBuffer(Buffer):
 
 
 class PlanningBufferType(BufferType):
-    """A buffer type whose buffers are PlanningBuffers: the name, alignment, size limit and
-    host flag of the type it stands for."""
+    """A buffer type whose buffers are PlanningBuffers: the name, alignment, size limit, host
+    flag and tensor sizes (get_alloc_size: a remote CUDA device pads quantized rows) of the
+    type it stands for (`stands_for`)."""
+
+    stands_for: BufferType | None = None
 
     def alloc_buffer(self, n_bytes: int, usage: BufferUsage = BufferUsage.ANY) -> PlanningBuffer:
         return PlanningBuffer(self, n_bytes, usage)
 
+    def get_alloc_size(self, tensor) -> int:
+        if self.stands_for is None:
+            return super().get_alloc_size(tensor)
+        return self.stands_for.get_alloc_size(tensor)
+
     @classmethod
     def like(cls, buft: BufferType, device: Device) -> "PlanningBufferType":
-        return cls(buft.name, buft.alignment, buft.max_size, buft.is_host, device)
+        t = cls(buft.name, buft.alignment, buft.max_size, buft.is_host, device)
+        t.stands_for = buft
+        return t
 
 
 class PlanningDevice(Device):

@@ -19,7 +19,8 @@ def cmd_plan(args) -> int:
         return 0
     opts = run_options(args)
     with Planner(args.model, virtual=virtual_specs(args)) as planner:
-        cfg = config_from_cli(args, always=True, first_gpu=planner.catalog.default_gpu)
+        # (a callable: this machine's devices are listed only when -ngl needs its first GPU)
+        cfg = config_from_cli(args, always=True, first_gpu=lambda: planner.catalog.default_gpu())
         report = planner.plan(cfg, **opts, **draft_plan_options(args))
         if args.check_fit:
             report.fit_changes = suggest_changes(planner, report)

@@ -26,10 +26,11 @@ from pyggml.llm.models import GraphParams
 from pyggml.llm.options import check_flag, check_int, is_int, token_list, validate_options
 from pyggml.llm.sampler import DEFAULT_SEED, Sampler, SamplingParams
 from pyggml.llm.setup import DEFAULTS, ModelFile, RunOptions, build_run, resolve_offload
-from pyggml.llm.speculative import SpecStats, Speculator, as_draft
+from pyggml.llm.speculative import DraftModel, SpecStats, Speculator, as_draft
 from pyggml.llm.textstream import TextStream
 from pyggml.llm.tokenizer import Tokenizer
 from pyggml.offload import OffloadPlan, pin_phase_ops
+from pyggml.offload.config import load_config
 from pyggml.sched import Scheduler
 
 
@@ -117,6 +118,8 @@ class LLM:
     a PromptLookup, a DraftModel, a GGUF path or LLM (a draft model), or 'lookup' (prompt lookup);
     draft_max / draft_min: tokens drafted per round at most / at least (llama.cpp's --draft-max,
     --draft-min; for a path or 'lookup').
+    `config` afterwards: the loaded Config the run was made from (None: made from n_gpu_layers
+    or an OffloadPlan).
     Defaults: pyggml.llm.setup.RunOptions (the one table of them, shared with the CLI).
     A KV cache larger than the available memory is refused before anything is allocated
     (InsufficientMemoryError, with the n_ctx that would fit).
@@ -158,8 +161,10 @@ class LLM:
                           n_draft=draft.n_max if draft is not None else 0)
         self.file = ModelFile(model_path)
         try:
-            self.offload, opts = resolve_offload(self.file, opts, config=config, offload=offload,
-                                                 gpu_device=device)
+            # loaded once and kept: what the run was made from (the served plan describes it)
+            self.config = None if config is None else load_config(config)
+            self.offload, opts = resolve_offload(self.file, opts, config=self.config,
+                                                 offload=offload, gpu_device=device)
             self.tokenizer = Tokenizer.from_gguf(self.path)
             self.run = build_run(self.file, self.offload, opts, progress=progress)
         except BaseException:
@@ -178,6 +183,9 @@ class LLM:
         self._seq_tokens: list[list[int]] = [[] for _ in range(self.n_seq_max)]   # what each holds
         self._chat_templates: dict = {}
         self.speculator: Speculator | None = None
+        # speculators of draft models by DraftModel.key (file, options): a draft named again
+        # (generate(draft=path), create_completion) is the one already open, not reopened
+        self._speculators: dict[tuple, Speculator] = {}
         if draft is not None:
             try:
                 self.speculator = Speculator(self, draft)
@@ -185,6 +193,9 @@ class LLM:
                 self.run.close()
                 self.file.close()
                 raise
+            key = draft.key() if isinstance(draft, DraftModel) else None
+            if key is not None:
+                self._speculators[key] = self.speculator
         self.stats.t_load_s = time.perf_counter() - t0
 
     # the run's parts (pyggml.llm.setup.Run) under the names users know
@@ -515,7 +526,8 @@ class LLM:
         end-of-generation token or a full context. seed -1 or 0xFFFFFFFF: a random seed
         (llama.cpp); temperature <= 0: greedy. The prompt is evaluated at the first next().
         draft: speculative decoding (None: the LLM's draft_model, if any; False: none; or a
-        PromptLookup / DraftModel): the same tokens as without for greedy, the same
+        PromptLookup / DraftModel / a draft model's GGUF path, opened once and kept: see
+        speculator_for): the same tokens as without for greedy, the same
         distribution when sampling (pyggml/llm/speculative.py)."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, 64,
                                 seed).validate()
@@ -548,12 +560,25 @@ class LLM:
 
     def speculator_for(self, draft=None) -> Speculator | None:
         """The Speculator of a call's `draft` argument: None: the LLM's own (draft_model);
-        False: none; a PromptLookup / DraftModel (or 'lookup', a path): one for this call."""
+        False: none; a PromptLookup / DraftModel (or 'lookup', a path). A draft model on a
+        file is opened once per (file, options) and kept (closed with this LLM): a later call
+        naming the same file and options reuses it, and so does one naming the LLM's own."""
         if draft is None:
             return self.speculator
         if draft is False:
             return None
-        return Speculator(self, as_draft(draft))
+        d = as_draft(draft)
+        key = d.key() if isinstance(d, DraftModel) else None
+        if key is None:
+            return Speculator(self, d)
+        with self.lock:
+            self._check_open()
+            spec = self._speculators.get(key)
+            if spec is None:
+                spec = self._speculators[key] = Speculator(self, d)
+            else:
+                spec.draft.bind(self)       # opens it again if its user closed it
+            return spec
 
     def _check_generation(self, seq_id: int, epoch: int) -> None:
         if self._closed:
@@ -685,8 +710,10 @@ class LLM:
             if self._closed:
                 return
             self._closed = True
-            if self.speculator is not None:
-                self.speculator.close()
+            for spec in {id(s): s for s in [self.speculator, *self._speculators.values()]
+                         if s is not None}.values():
+                spec.close()
+            self._speculators.clear()
             self.run.close()
             self.file.close()
 

@@ -33,6 +33,8 @@ from pyggml.llm.kv_cache import KVCache
 from pyggml.llm.models import GraphParams, build_graph, check_weights, graph_size
 from pyggml.offload import (CPU, DeviceCatalog, OffloadPlan, RunSettings, pin_phase_ops,
                             plan_from_args, plan_from_config)
+from pyggml.offload.config import load_config
+from pyggml.offload.rules import registry_for
 from pyggml.sched import Scheduler
 
 PHASES = ("prefill", "decode")
@@ -129,6 +131,9 @@ def resolve_offload(mf: ModelFile, opts: RunOptions, *, config=None,
     opts.n_gpu_layers on `gpu_device` (default: the catalog's first GPU, as llama.cpp's -ngl)."""
     hp = mf.hparams
     if offload is None and config is not None:
+        config = load_config(config)
+        if catalog is None:         # a CPU-only config lists (and loads) no other backend
+            catalog = DeviceCatalog.from_registry(registry_for(config))
         offload, settings = plan_from_config(config, mf.model.tensors, hp.n_layer,
                                              hp.tied_output, catalog=catalog)
         opts = opts.with_settings(settings)

@@ -179,6 +179,12 @@ class PromptLookup:
     def prefill(self, seq_id: int, tokens: list[int]) -> None:
         pass
 
+    def start_prompt(self, seq_id: int, ids: list[int]) -> list[int]:
+        return []
+
+    def eval_prompt_chunks(self, chunks: list[tuple[list[int], int]]) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -210,6 +216,14 @@ class DraftModel:
     def describe(self) -> str:
         path = self.llm.path if self.llm is not None else os.fspath(self.model)
         return f"draft model {os.path.basename(path)}"
+
+    def key(self) -> tuple | None:
+        """What the draft opens: (file, options) for a path (a target keeps one draft per key,
+        LLM.speculator_for); None for an LLM given as it is (nothing is opened)."""
+        if _is_llm(self.model):
+            return None
+        return (os.path.realpath(os.fspath(self.model)), self.n_max, self.n_min, self.p_min,
+                tuple(sorted((k, repr(v)) for k, v in self.llm_kwargs.items())))
 
     def bind(self, target) -> None:
         """Open the draft model for `target` (an LLM) and check its vocabulary."""
@@ -276,6 +290,22 @@ class DraftModel:
             pending = self._sync(DraftRequest(seq_id, list(tokens) + [-1], 0, None))
             if len(pending) > 1 and len(pending) - 1 <= llm.n_ctx - llm.kv.n_used():
                 llm.decode_batch([(pending[:-1], seq_id)])
+
+    def start_prompt(self, seq_id: int, ids: list[int]) -> list[int]:
+        """A prompt about to be evaluated in chunks (the server, pyggml/server/engine.py): keep
+        the draft's cells of the longest common prefix with `ids`; returns the tokens of `ids`
+        the draft has yet to evaluate (the ends of the chunks: eval_prompt_chunks)."""
+        with self.llm.lock:
+            return self._sync(DraftRequest(seq_id, list(ids) + [-1], 0, None))[:-1]
+
+    def eval_prompt_chunks(self, chunks: list[tuple[list[int], int]]) -> None:
+        """Evaluate prompt chunks [(tokens, seq_id)] in the draft's sequences, in one batch
+        (nothing when the draft's cache has no room: the first round then catches up)."""
+        chunks = [(t, sid) for t, sid in chunks if t]
+        llm = self.llm
+        with llm.lock:
+            if chunks and sum(len(t) for t, _ in chunks) <= llm.n_ctx - llm.kv.n_used():
+                llm.decode_batch(chunks)
 
     def propose(self, reqs: list[DraftRequest]) -> list[Proposal]:
         """Draft for several sequences together: one draft decode_batch per drafted position."""

@@ -231,6 +231,30 @@ def schema_keys(schema=SCHEMA, prefix="") -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def device_refs(data, schema=SCHEMA) -> list:
+    """Every device a config's data names, where the schema says a value is a device (format
+    device / kv_device: names, indices, 'cpu', 'layer') and every rule's buffer_type."""
+    out = []
+    if isinstance(data, list):
+        items = schema.get("items")
+        for x in data if items is not None else ():
+            out += device_refs(x, items)
+        return out
+    if schema.get("format") in ("device", "kv_device"):
+        return [data]
+    if not isinstance(data, dict):
+        return out
+    props = {}
+    for branch in [schema] + list(schema.get("oneOf", [])):
+        props.update(branch.get("properties", {}))
+    for k, v in data.items():
+        if k == "buffer_type":
+            out.append(v)
+        elif k in props:
+            out += device_refs(v, props[k])
+    return out
+
+
 def describe_schema(schema=SCHEMA, prefix="", out=None) -> str:
     """The schema as indented text (`pyggml plan --schema`)."""
     lines = [] if out is None else out

@@ -34,6 +34,7 @@ from pyggml.offload.config import (
     PHASES,
     Config,
     Where,
+    device_refs,
     _did_you_mean,
     _fmt_range,
     format_layers,
@@ -221,6 +222,36 @@ def _info_of(d, assumed: int | None = None) -> DeviceInfo:
     return DeviceInfo(d.name, d.type == DeviceType.CPU, free, total, bts, d.description,
                       planning=virtual, assumed_memory=virtual or assumed is not None,
                       software=d.is_software() and assumed is None)
+
+
+def needs_machine_devices(cfg, virtual=()) -> bool:
+    """Whether a plan of `cfg` (a Config; None: CPU only) may place anything on a device of this
+    machine other than the CPU, so that listing this machine's devices is needed: gpu_layers
+    without `devices` (every GPU found), an rpc-server, or any device, device index or buffer
+    type a rule, `devices` or `kv` names that is not the CPU or a virtual device (`virtual`:
+    VirtualSpecs or names, and the config's own virtual_devices). Listing devices loads every
+    backend module (Vulkan: its loader and drivers, lavapipe's LLVM ~50 MB resident), which a
+    CPU-only plan or run does without."""
+    if cfg is None:
+        return False
+    if cfg.get(("rpc",)):
+        return True
+    ngl = cfg.get(("gpu_layers",), 0)
+    if cfg.get(("devices",)) is None and (ngl == "all" or (ngl or 0) > 0):
+        return True
+    known = {CPU.lower(), "layer"} | {getattr(v, "name", v).lower() for v in virtual} | {
+        str(v.get("name", "")).lower() for v in cfg.get(("virtual_devices",)) or []}
+    return any(not isinstance(d, str) or d.strip().lower() not in known
+               for d in device_refs(cfg.data))
+
+
+def registry_for(cfg, virtual=()):
+    """The registry to list devices from for `cfg`: the CPU's alone when the plan cannot use
+    another device of this machine (needs_machine_devices), else None (the default one)."""
+    if needs_machine_devices(cfg, virtual):
+        return None
+    from pyggml.backend.base import Registry
+    return Registry(("pyggml.backend.cpu",))
 
 
 class DeviceCatalog:
@@ -898,7 +929,9 @@ def llama_flags(cfg: Config, plan: OffloadPlan, tensor_names, n_layer: int,
                            f"llama.cpp (it is token_embd.weight, placed with the output layer)")
         if not matched:
             continue
-        if set(r) - {"name"} <= {"match", "device", "buffer_type"}:
+        if r is None:                   # a plan made by another config: its exact tensors
+            pat = _names_regex(matched, n_layer)
+        elif set(r) - {"name"} <= {"match", "device", "buffer_type"}:
             pat = r["match"]
         elif set(r) - {"name"} <= {"kind", "device"} and r["kind"] in ("experts", ["experts"]):
             pat = r"ffn_\w+_(exps|shexp)\b"          # llama.cpp users write -ot exps=CPU

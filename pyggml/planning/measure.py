@@ -220,8 +220,15 @@ def measure(model=None, *, config=None, n_ctx: int = DEFAULTS.n_ctx,
     if warmup not in WARMUPS:
         raise PyggmlError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
     from pyggml.backend.base import default_registry
+    from pyggml.offload.config import load_config
+    from pyggml.offload.rules import needs_machine_devices
     t0 = time.perf_counter()
-    default_registry().devices()        # backend modules and drivers: part of "before loading"
+    if config is not None:
+        config = load_config(config)
+    if n_gpu_layers or needs_machine_devices(config) or (
+            offload is not None and any(d != CPU for d in offload.devices_used())):
+        default_registry().devices()    # backend modules and drivers: part of "before loading"
+    # (a CPU-only run lists no other device: its backend modules are never loaded)
     peak_reset = reset_peak_rss()
     rss0 = current_rss()
     llm = LLM(model, config=config, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,

@@ -13,6 +13,8 @@ buffer). `RunPlan` is the one report: `pyggml plan` renders its placement (pyggm
 dryrun), `pyggml mem` its memory (pyggml.planning.measure).
 
 Devices. This machine's come from the registry; their backends answer supports_op / offload_op.
+They are listed only for a plan that can use one (offload.rules.needs_machine_devices): a CPU-only
+plan, or one on virtual devices alone, loads no backend module but the CPU's (no Vulkan driver).
 Virtual devices (`--virtual-device NAME=SIZE[:igpu]`, a config's `virtual_devices`) are planning-
 only GPUs with a declared memory that follow the Vulkan backend's rules; a virtual spec with the
 name of a real device declares that device's memory instead. UMA (an integrated GPU, lavapipe, a
@@ -30,9 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pyggml.alloc import PlanReport
 from pyggml.backend.cpu import default_n_threads
 from pyggml.llm.setup import ModelFile, RunOptions, build_run, resolve_offload
+from pyggml.backend.base import Registry
 from pyggml.offload import CPU, DeviceCatalog, OffloadPlan, VirtualSpec, llama_flags
 from pyggml.offload.config import Config, load_config
-from pyggml.offload.rules import config_from_flags, is_expert, layer_of, pin_phase_ops
+from pyggml.offload.rules import (config_from_flags, is_expert, layer_of, needs_machine_devices,
+                                  pin_phase_ops)
 from pyggml.types import VIEW_OPS
 
 
@@ -268,11 +272,44 @@ class Planner:
     def __init__(self, model=None, *, virtual=(), registry=None):
         self.own_model = not isinstance(model, ModelFile)
         self.mf = ModelFile(model) if self.own_model else model
+        self.virtual = list(virtual)
+        self._registry = registry
+        self._catalog: DeviceCatalog | None = None
         try:
-            self.catalog = DeviceCatalog.from_registry(registry, virtual)
+            # the CPU and the virtual devices (checked now); this machine's other devices are
+            # listed only for a plan that can use them (see catalog_for)
+            self._cpu_catalog = DeviceCatalog.from_registry(Registry(("pyggml.backend.cpu",)),
+                                                            self.virtual)
+            if registry is not None:
+                self._catalog = DeviceCatalog.from_registry(registry, self.virtual)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def catalog(self) -> DeviceCatalog:
+        """This machine's devices and the virtual ones, listed on first use (from the default
+        registry unless one was given: listing loads every backend module)."""
+        if self._catalog is None:
+            self._catalog = DeviceCatalog.from_registry(self._registry, self.virtual)
+        return self._catalog
+
+    @catalog.setter
+    def catalog(self, catalog: DeviceCatalog) -> None:
+        self._catalog = catalog
+
+    def catalog_for(self, cfg: Config, offload: OffloadPlan | None = None) -> DeviceCatalog:
+        """The devices a plan of `cfg` (or of `offload`, made by it) is made on: the CPU and the
+        virtual devices alone when it can use no other device of this machine
+        (needs_machine_devices: a CPU-only `pyggml mem` / `pyggml plan` loads no Vulkan
+        driver), unless this machine's devices were listed already or a registry was given."""
+        if self._catalog is not None:
+            return self._catalog
+        if offload is not None:
+            machine = any(d != CPU for d in offload.devices_used()) or bool(cfg.get(("rpc",)))
+        else:
+            machine = needs_machine_devices(cfg, self.virtual)
+        return self.catalog if machine else self._cpu_catalog
 
     @property
     def path(self) -> str:
@@ -300,7 +337,9 @@ class Planner:
              with_nodes: bool = False, draft_model=None, **options) -> RunPlan:
         """Plan `config` (a path, Config or dict, amended by `sets`; its sizes, threads and KV
         types replace the options, as in the runtime), or n_gpu_layers on gpu_device, or an
-        OffloadPlan as given; overrides: -ot rules [(regex, device)]. options: RunOptions fields
+        OffloadPlan as given (with the config that made it, if any: its rpc-servers and
+        virtual devices are listed and its llama.cpp flags derived, its placement is not
+        resolved again); overrides: -ot rules [(regex, device)]. options: RunOptions fields
         (n_ctx, n_ubatch, logits_all, n_draft, ...). with_nodes: also where every node of the
         worst-case graph runs and why (RunPlan.nodes). draft_model: a draft model's GGUF path
         (speculative decoding): planned as the runtime opens it (CPU, the model's n_ctx,
@@ -315,7 +354,7 @@ class Planner:
         cfg = self.config_of(config, sets=sets, n_gpu_layers=n_gpu_layers,
                              gpu_device=gpu_device, **({"overrides": list(overrides)}
                                                        if overrides else {}))
-        catalog = self.catalog.with_virtual(cfg)
+        catalog = self.catalog_for(cfg, offload).with_virtual(cfg)
         plan, opts = resolve_offload(mf, opts, config=None if offload else cfg, offload=offload,
                                      catalog=catalog)
         threads = opts.n_threads or default_n_threads()

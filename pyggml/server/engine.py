@@ -14,7 +14,9 @@ next step. Events go back to the asyncio side through `loop.call_soon_threadsafe
 With a draft (LLM(draft_model=...), `serve -md / --lookup`), each generating slot first drafts
 (all slots together, pyggml/llm/speculative.py) and puts its last token and drafted tokens into
 the same one decode_batch, with logits for every row; its round's accepted tokens then go to its
-completion one by one.
+completion one by one. A draft model evaluates each prompt chunk right after the model's, in the
+same step (timed with it, so the step-time chunks cover both): when a prompt is done, the
+draft's cache holds it too, and the first round drafts at once.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Slot:
     seq_id: int
     job: Job | None = None
     todo: list[int] = field(default_factory=list)     # prompt tokens still to evaluate
+    draft_todo: list[int] = field(default_factory=list)   # ... by the draft model (a suffix
+    #                                 of the prompt: todo, and any prefix the draft lacks)
     started: bool = False                             # a chunk of this job's prompt ran
     last_used: float = 0.0
     drafting: bool = False          # speculative rounds started for this job (k was reset)
@@ -241,6 +245,8 @@ class Engine:
             job.n_reused = n
             self.metrics.prompt_tokens_reused_total += n
             slot.todo = list(job.ids[n:])
+            spec = self.llm.speculator
+            slot.draft_todo = spec.draft.start_prompt(slot.seq_id, job.ids) if spec else []
 
     def _prompt_budget(self, n_decoding: int) -> int:
         """Prompt tokens this step may take besides `n_decoding` generating slots' tokens: what
@@ -262,7 +268,7 @@ class Engine:
                 self._release(s)
 
     def _release(self, s: Slot) -> None:
-        s.job, s.todo, s.last_used = None, [], time.perf_counter()
+        s.job, s.todo, s.draft_todo, s.last_used = None, [], [], time.perf_counter()
         s.started = s.drafting = False
 
     def _fail(self, s: Slot, status: int, message: str) -> None:
@@ -300,6 +306,7 @@ class Engine:
                          key=lambda s: len(s.todo))
         if any(not s.started for s in waiting):      # new requests first, in a short step
             waiting = [s for s in waiting if not s.started]
+        draft_chunks = []
         for s in waiting:
             if budget <= 0:
                 break
@@ -309,6 +316,11 @@ class Engine:
             budget -= len(chunk)
             batch.append((chunk, s.seq_id))
             m.prompt_tokens_total += len(chunk)
+            # the draft takes what it lacks up to where the model stands after this chunk
+            k = max(0, len(s.draft_todo) - len(s.todo))
+            if k:
+                draft_chunks.append((s.draft_todo[:k], s.seq_id))
+                s.draft_todo = s.draft_todo[k:]
             if not s.todo:
                 sampled.append(s)
         if not batch:
@@ -320,6 +332,11 @@ class Engine:
             for tokens, sid in batch:
                 self._fail(self.slots[sid], 400 if "context" in str(e) else 500, str(e))
             return
+        if draft_chunks:
+            try:
+                llm.speculator.draft.eval_prompt_chunks(draft_chunks)
+            except PyggmlError:         # the first round evaluates what the draft lacks
+                pass
         dt = time.perf_counter() - t0
         n_rows = sum(len(t) for t, _ in batch)
         if n_rows >= 8:                    # one token's step is mostly fixed costs: not a rate

@@ -32,10 +32,11 @@ N_AT_PEAK = 8               # tensors listed as alive at a buffer's peak
 N_CACHED_PLANS = 16         # what-if plans kept (by request)
 MAX_PLANS_WAITING = 4       # what-if requests waiting for the planner; more: 503
 MAX_CONFIG_CHARS = 64_000
-# flags of `pyggml mem` a request may not give: the model is the served one, a config comes as
-# text (no file of the server is read), and planning connects to nothing
+# flags of `pyggml mem` a request may not give: the model is the served one, and a config comes
+# as text (no file of the server is read). --rpc (and a config's `rpc`) may name only servers
+# this process is connected to (check_rpc): planning opens no connection.
 REFUSED_FLAGS = {"-m": "the model is the one being served", "--model": "the model is the one "
-                 "being served", "--rpc": "planning does not connect to rpc-servers"}
+                 "being served"}
 
 
 class PlanRequestError(PyggmlError):
@@ -83,6 +84,28 @@ def _request_config(text: str):
         raise PlanRequestError(f"'config': {e}", "config") from None
 
 
+def check_rpc(endpoints, param: str) -> None:
+    """A what-if may name the rpc-servers this process is connected to (the served run's: their
+    devices are planned with the memory the live connection reports); any other is refused:
+    planning would open a connection from the server to wherever the request says, and an
+    rpc-server serves one client at a time."""
+    if not endpoints:
+        return
+    from pyggml.backend.rpc import RpcError, connected_endpoints, parse_endpoints
+    try:
+        wanted = parse_endpoints(endpoints)
+    except RpcError as e:
+        raise PlanRequestError(f"'{param}': {e}", param) from None
+    have = connected_endpoints()
+    other = [e for e in wanted if e not in have]
+    if other:
+        raise PlanRequestError(
+            f"'{param}': rpc-server {', '.join(other)}: this server is not connected to it "
+            f"(connected: {', '.join(have) or 'none'}); a what-if plan opens no connection, so "
+            f"it can name only those (plan others with `pyggml mem --plan-only --rpc ...` where "
+            f"they can be reached)", param)
+
+
 def what_if_args(body: dict):
     """The argparse namespace `pyggml mem` would get for a POST body {"args": "-ngl 99
     --virtual-device laptop=8GiB" or [...], "config": "YAML text"} (the config in args.ctx)."""
@@ -108,8 +131,10 @@ def what_if_args(body: dict):
     if path is not None:
         raise PlanRequestError(f"'args': -c {path}: a config file of the server is not read; "
                                f"send the config as text in 'config'")
+    check_rpc(args.rpc or "", "args")
     cfg = _request_config(body["config"]) if body.get("config") is not None else None
     if cfg is not None:
+        check_rpc(cfg.get(("rpc",)) or [], "config")
         # split_ctx takes anything but an integer as the config: a Config object works like a
         # path (config_from_flags loads either), so the flags amend it exactly as on the CLI
         args.ctx = ([str(n_ctx)] if n_ctx is not None else []) + [cfg]
@@ -135,14 +160,17 @@ def estimate_what_if(model_path: str, body: dict):
 
 
 def estimate_running(llm):
-    """The MemReport of the run being served: its offload plan and options as given. A
-    CPU-only run is planned with the CPU only (listing devices would load every backend
-    module into the server: Vulkan's driver is ~50 MB resident)."""
+    """The MemReport of the run being served: its offload plan, options and the config that
+    made them (its rules, rpc-servers and llama.cpp flags; None for a run made from -ngl
+    alone). Remote devices are the served run's own (the live connections: their memory is
+    asked there). A CPU-only run is planned with the CPU only (listing devices would load
+    every backend module into the server: Vulkan's driver is ~50 MB resident)."""
     from pyggml.backend.base import Registry
     from pyggml.offload import CPU
     from pyggml.planning.measure import estimate
     cpu_only = all(n == CPU for n in llm.offload.devices_used())
-    return estimate(llm.path, offload=llm.offload, opts=llm.run.opts, with_nodes=True,
+    return estimate(llm.path, config=llm.config, offload=llm.offload, opts=llm.run.opts,
+                    with_nodes=True,
                     registry=Registry(("pyggml.backend.cpu",)) if cpu_only else None)
 
 

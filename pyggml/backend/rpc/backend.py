@@ -155,6 +155,10 @@ def why_unsupported(node: Tensor) -> str | None:
     if op in (Op.SCALE, Op.RMS_NORM, Op.NORM, Op.DIAG_MASK_INF):
         if a.type != F32 or node.type != F32 or not _rows_dense(a) or not _rows_dense(node):
             return f"{op.name} needs F32 with dense rows"
+        # ggml asserts ggml_is_contiguous on both (a permuted input aborts the server)
+        if op in (Op.SCALE, Op.DIAG_MASK_INF) and not (a.is_contiguous()
+                                                       and node.is_contiguous()):
+            return f"{op.name} needs a contiguous input and result (ggml's CPU kernel asserts it)"
         return None
     if op == Op.SOFT_MAX:
         if a.type != F32 or node.type != F32 or (b is not None and b.type not in (F32, F16)):
@@ -658,6 +662,15 @@ def rpc_regs(registry: Registry | None = None) -> list[RpcReg]:
     for r in reg.backend_regs():
         out.extend(r.regs if isinstance(r, _MultiReg) else [r] if isinstance(r, RpcReg) else [])
     return out
+
+
+def connected_endpoints(registry: Registry | None = None) -> list[str]:
+    """Endpoints of the servers in `registry` (default: the process-wide one, if it was built:
+    this does not build it) whose connection is alive."""
+    reg = registry if registry is not None else default_registry(create=False)
+    if reg is None:
+        return []
+    return [r.endpoint for r in rpc_regs(reg) if r.conn.broken is None]
 
 
 class _MultiReg(BackendReg):
