@@ -455,6 +455,100 @@ PG_GEMM_KQUANT_512(gemm_q4_K_512, 4)
 PG_GEMM_KQUANT_512(gemm_q5_K_512, 5)
 PG_GEMM_KQUANT_512(gemm_q6_K_512, 6)
 
+/* ---- vec_dot8 (decode): eight weight rows · one activation row, K-quants -------------------- */
+
+/* p0 (rows 0..3), p1 (rows 4..7): each 128-bit lane one row's four int32 partial sums -> the
+ * eight rows' totals (exact integers, any order) */
+AINL __m256i rows8_totals(__m512i p0, __m512i p1) {
+    p0 = _mm512_add_epi32(p0, _mm512_shuffle_epi32(p0, _MM_PERM_BADC));
+    p1 = _mm512_add_epi32(p1, _mm512_shuffle_epi32(p1, _MM_PERM_BADC));
+    p0 = _mm512_add_epi32(p0, _mm512_shuffle_epi32(p0, _MM_PERM_CDAB));
+    p1 = _mm512_add_epi32(p1, _mm512_shuffle_epi32(p1, _MM_PERM_CDAB));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castsi512_si256(_mm512_permutex2var_epi32(p0, idx, p1));
+}
+
+/* the fp16 field at byte o of block b of the eight rows, as floats */
+AINL __m256 rows8_fp16(const char *const *x, int64_t b, size_t bsize, int o) {
+    uint16_t h[8];
+    for (int i = 0; i < 8; i++) memcpy(&h[i], x[i] + (size_t)b * bsize + (size_t)o, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* Rows in lanes, each lane the scalar kernel's super-block terms added in block order (the
+ * integer sums as kquant_512 forms them, one activation row broadcast to the four rows of a
+ * register): the bits of vec_dot. type 4, 5, 6 = Q4_K, Q5_K, Q6_K. */
+AINL void kquant_rows8(int64_t n, float *s, const void *vx, size_t bx, const void *vy,
+                       const int type) {
+    const char *x[8];
+    PG_UNROLL for (int i = 0; i < 8; i++) x[i] = (const char *)vx + (size_t)i * bx;
+    const pg_block_q8_K *y = vy;
+    const size_t bsize = type == 4 ? sizeof(pg_block_q4_K)
+                                   : type == 5 ? sizeof(pg_block_q5_K) : sizeof(pg_block_q6_K);
+    __m256 acc = _mm256_setzero_ps();
+    /* decode calls this for consecutive groups of 8 rows: while one group's super-block b is
+     * computed, fetch the next group's share (its 8 rows are contiguous; rows of a few hundred
+     * bytes are too short for the hardware prefetcher to catch up within a row) */
+    const int64_t nb = n / PG_QK_K;
+    const size_t next = 8 * bx, share = (next / (size_t)nb + 63) & ~(size_t)63;
+    for (int64_t b = 0; b < nb; b++) {
+        for (size_t o = 0; o < share; o += 64)
+            _mm_prefetch((const char *)vx + next + (size_t)b * share + o, _MM_HINT_T0);
+        kgroup k[2];
+        PG_UNROLL for (int g = 0; g < 2; g++) {
+            if (type == 6) kgroup_q6(x + 4 * g, b, &k[g]);
+            else kgroup_k4(x + 4 * g, b, type == 5, &k[g]);
+        }
+        const __m512i bl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y[b].bsums));
+        const __m512i bh =
+            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[b].bsums + 8)));
+        __m512i p[2], mins[2];
+        PG_UNROLL for (int g = 0; g < 2; g++) {
+            const __m512i m = _mm512_add_epi32(_mm512_madd_epi16(k[g].w16lo, bl),
+                                               _mm512_madd_epi16(k[g].w16hi, bh));
+            if (type == 6) {   /* the −32 offset of the levels: −32·Σ sc·bsums */
+                p[g] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(m, 5));
+                mins[g] = _mm512_setzero_si512();
+            } else {
+                p[g] = _mm512_setzero_si512();
+                mins[g] = m;
+            }
+        }
+        PG_UNROLL for (int t = 0; t < 16; t++) {
+            const __m512i a =
+                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[b].qs + 16 * t)));
+            PG_UNROLL for (int g = 0; g < 2; g++)
+                p[g] = _mm512_dpwssd_epi32(p[g], _mm512_maddubs_epi16(kslice(x + 4 * g, b, type, t), a),
+                                           k[g].sc[type == 6 ? t : t / 2]);
+        }
+        const __m256 fi = _mm256_cvtepi32_ps(rows8_totals(p[0], p[1]));
+        const __m256 dy = _mm256_set1_ps(y[b].d);
+        __m256 term;
+        if (type == 6) {   /* (d·dy)·isum */
+            term = _mm256_mul_ps(_mm256_mul_ps(rows8_fp16(x, b, bsize, 208), dy), fi);
+        } else {           /* (dy·d)·isum − (dy·dmin)·summs */
+            const __m256 fm = _mm256_cvtepi32_ps(rows8_totals(mins[0], mins[1]));
+            term = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(dy, rows8_fp16(x, b, bsize, 0)), fi),
+                                 _mm256_mul_ps(_mm256_mul_ps(dy, rows8_fp16(x, b, bsize, 2)), fm));
+        }
+        acc = _mm256_add_ps(acc, term);
+    }
+    _mm256_storeu_ps(s, acc);
+}
+
+static void rows8_q4_K(int64_t n, float *restrict s, const void *restrict x, size_t bx,
+                       const void *restrict y) {
+    kquant_rows8(n, s, x, bx, y, 4);
+}
+static void rows8_q5_K(int64_t n, float *restrict s, const void *restrict x, size_t bx,
+                       const void *restrict y) {
+    kquant_rows8(n, s, x, bx, y, 5);
+}
+static void rows8_q6_K(int64_t n, float *restrict s, const void *restrict x, size_t bx,
+                       const void *restrict y) {
+    kquant_rows8(n, s, x, bx, y, 6);
+}
+
 /* ---- table ------------------------------------------------------------------------------- */
 
 void pg_fill_gemm_avx512(pg_type_traits *tbl) {
@@ -469,4 +563,7 @@ void pg_fill_gemm_avx512(pg_type_traits *tbl) {
     tbl[PG_TYPE_Q4_K].gemm = gemm_q4_K_512;
     tbl[PG_TYPE_Q5_K].gemm = gemm_q5_K_512;
     tbl[PG_TYPE_Q6_K].gemm = gemm_q6_K_512;
+    tbl[PG_TYPE_Q4_K].vec_dot8 = rows8_q4_K;
+    tbl[PG_TYPE_Q5_K].vec_dot8 = rows8_q5_K;
+    tbl[PG_TYPE_Q6_K].vec_dot8 = rows8_q6_K;
 }

@@ -12,7 +12,7 @@
  *      are one strided block a gemm kernel can take;
  *   3. for each expert that has entries, every thread computes its own range of the N weight
  *      rows for all of that expert's entries, so only the selected experts' rows are read and
- *      no weight row is read by two threads. One entry: vec_dot per row (decode); several: the
+ *      no weight row is read by two threads. One entry: vec_dot8 / vec_dot (decode); several: the
  *      weight type's gemm in blocks of PG_GEMM_MAX_NR rows x PG_GEMM_MAX_NC entries (each block
  *      decodes a weight block once for all its entries), with outer blocks of about
  *      PG_MMID_ACT_BYTES of activations that the weight rows then reuse from cache.
@@ -111,7 +111,10 @@ static void expert_rows(const pg_type_traits *tr, pg_tensor *t, const uint8_t *w
         for (int64_t j = 0; j < cnt; j++) {
             float *dst = pg_ptr(t, 0, ent[j] % n_ids, ent[j] / n_ids, 0);
             const uint8_t *xr = rows + (size_t)j * rb;
-            for (int64_t n = n0; n < n1; n++) tr->vec_dot(K, &dst[n], w + (size_t)n * wnb1, xr);
+            int64_t n = n0;
+            if (tr->vec_dot8)
+                for (; n + 8 <= n1; n += 8) tr->vec_dot8(K, &dst[n], w + (size_t)n * wnb1, wnb1, xr);
+            for (; n < n1; n++) tr->vec_dot(K, &dst[n], w + (size_t)n * wnb1, xr);
         }
         return;
     }

@@ -211,6 +211,11 @@ PG_DOT_Q8_1_KERNEL(vec_dot_q5_1_q8_1, pg_block_q5_1, q5_1_block)
  * activation block is loaded once for eight rows, the block terms need no horizontal reduction
  * and no in-order scalar adds, and short rows have no tail (Gemma's output matrix: 262,144 rows
  * of 20 blocks). */
+/* decode calls a vec_dot8 for consecutive groups of 8 rows: while one group's block b is
+ * computed, its share of the next group's bytes is fetched (rows of a few hundred bytes are
+ * too short for the hardware prefetcher to catch up within a row; Qwen 1.5B decode 1.24x) */
+#define PG_PREFETCH_SHARE(p, share)                                                             \
+    for (size_t o_ = 0; o_ < (share); o_ += 64) _mm_prefetch((p) + o_, _MM_HINT_T0)
 #define PG_ROW8(xb, bx, r, XT) ((const XT *)((const char *)(xb) + (size_t)(r) * (bx)))
 #define PG_FOLD_ROWS8(BLOCK, xb, bx, yb, XT)                                                    \
     fold8(BLOCK(PG_ROW8(xb, bx, 0, XT), yb), BLOCK(PG_ROW8(xb, bx, 1, XT), yb),                 \
@@ -223,7 +228,10 @@ PG_DOT_Q8_1_KERNEL(vec_dot_q5_1_q8_1, pg_block_q5_1, q5_1_block)
                      const void *restrict vy) {                                                 \
         const pg_block_q8_0 *y = vy;                                                            \
         __m256 acc = _mm256_setzero_ps();                                                       \
-        for (int64_t b = 0; b < n / PG_QK32; b++) {                                             \
+        const int64_t nb = n / PG_QK32;                                                         \
+        const size_t next = 8 * bx, share = (next / (size_t)nb + 63) & ~(size_t)63;             \
+        for (int64_t b = 0; b < nb; b++) {                                                      \
+            PG_PREFETCH_SHARE((const char *)vx + next + (size_t)b * share, share);              \
             const XT *xb = (const XT *)vx + b;                                                  \
             const __m256i p = PG_FOLD_ROWS8(BLOCK, xb, bx, &y[b], XT);                          \
             const __m256 dx = fp16x8(xb, bx), dy = _mm256_set1_ps(h2f(y[b].d));                 \
@@ -237,7 +245,10 @@ PG_DOT_Q8_1_KERNEL(vec_dot_q5_1_q8_1, pg_block_q5_1, q5_1_block)
                      const void *restrict vy) {                                                 \
         const pg_block_q8_1 *y = vy;                                                            \
         __m256 acc = _mm256_setzero_ps();                                                       \
-        for (int64_t b = 0; b < n / PG_QK32; b++) {                                             \
+        const int64_t nb = n / PG_QK32;                                                         \
+        const size_t next = 8 * bx, share = (next / (size_t)nb + 63) & ~(size_t)63;             \
+        for (int64_t b = 0; b < nb; b++) {                                                      \
+            PG_PREFETCH_SHARE((const char *)vx + next + (size_t)b * share, share);              \
             const XT *xb = (const XT *)vx + b;                                                  \
             const __m256i p = PG_FOLD_ROWS8(BLOCK, xb, bx, &y[b], XT);                          \
             const __m256 dd = _mm256_mul_ps(fp16x8(xb, bx), _mm256_set1_ps(h2f(y[b].d)));      \
