@@ -77,6 +77,8 @@ overrides it).
 from __future__ import annotations
 
 import sys
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from pyggml import settings
@@ -215,6 +217,9 @@ class Scheduler:
         self.n_splits_made = 0        # counters for tests and benchmarks
         self.n_reserves = 0
         self.n_computes = 0
+        self.n_unparked = 0
+        # graphs kept split and allocated besides the current one (see _park)
+        self._parked: OrderedDict[int, tuple] = OrderedDict()
         self.reset()
 
     # ---- state ---------------------------------------------------------------------------------
@@ -233,6 +238,65 @@ class Scheduler:
         self._graph_uid = -1
         self._n_nodes = -1
         self._is_alloc = False
+
+    #: how many graphs _park keeps: the runtime switches between a few shapes (decode, the
+    #: verification of k drafts, prompt chunks of a server step), and splitting and allocating
+    #: a 1.5B model's graph again costs ~25-45 ms per switch, most of a decode step
+    PARKED_MAX = 8
+    _PARK_FIELDS = ("_tb", "_cause", "_keep", "_copies", "_graph_inputs", "_splits",
+                    "_graph_copy", "_graph", "_graph_uid", "_n_nodes", "_node_ids", "_leaf_ids",
+                    "_prev_bufts", "_sup", "cur_copy")
+
+    def _memory_key(self) -> tuple:
+        """Where the compute memory is: a parked graph's addresses hold while it is unchanged."""
+        g = self.galloc
+        return tuple(tuple(g.memory_ranges(b)) for b in range(g.n_buffers))
+
+    def _park(self) -> bool:
+        """Set the current graph aside, split and allocated, for a later compute; False (nothing
+        done) when it cannot be kept as it is: several input copies, or sources rewired to copies
+        or flags changed for the split (multi-device graphs), which other graphs could disturb.
+        A parked graph's tensors keep their addresses in the compute buffers; computing another
+        graph there overwrites only intermediate values, which each compute writes anew."""
+        g = self._graph
+        if (g is None or not self._is_alloc or self.n_copies != 1 or self._rewired
+                or self._flags_set):
+            return False
+        state = {name: getattr(self, name) for name in self._PARK_FIELDS}
+        self._parked[id(g)] = (weakref.ref(g), self._memory_key(), state)
+        self._parked.move_to_end(id(g))
+        while len(self._parked) > self.PARKED_MAX:
+            self._parked.popitem(last=False)
+        self._graph = None            # forget it as current, undoing nothing (nothing to undo)
+        self.reset()
+        return True
+
+    def holds(self, graph: Graph) -> bool:
+        """Whether computing `graph` needs no new split or allocation: it is the current graph or
+        a parked one that is still valid."""
+        if self._is_alloc and graph is self._graph and graph.uid == self._graph_uid:
+            return True
+        entry = self._parked.get(id(graph))
+        return (entry is not None and entry[0]() is graph and entry[2]["_graph_uid"] == graph.uid
+                and entry[2]["_n_nodes"] == len(graph.nodes) and entry[1] == self._memory_key())
+
+    def _unpark(self, graph: Graph) -> bool:
+        """Make a parked `graph` current again as it was allocated; False if it is not parked
+        (or its uid, node count or the compute memory changed since)."""
+        entry = self._parked.pop(id(graph), None)
+        if entry is None:
+            return False
+        ref, mem, state = entry
+        if (ref() is not graph or state["_graph_uid"] != graph.uid
+                or state["_n_nodes"] != len(graph.nodes) or mem != self._memory_key()):
+            return False
+        if self._is_alloc and not self._park():
+            self.reset()
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._is_alloc = True
+        self.n_unparked += 1
+        return True
 
     def _restore_graph(self) -> None:
         if self._rewired:
@@ -256,9 +320,9 @@ class Scheduler:
 
     def set_tensor_backend(self, tensor: Tensor, backend) -> None:
         """Pin `tensor` to `backend` (object, index or name) for the next split (cause "usr").
-        After a graph was allocated, this resets the scheduler first."""
+        After a graph was allocated, this parks it (_park) or resets the scheduler first."""
         b = self._backend_index(backend)
-        if self._is_alloc:
+        if self._is_alloc and not self._park():
             self.reset()
         self._tb[id(tensor)] = b
         self._cause[id(tensor)] = "usr"
@@ -733,8 +797,10 @@ class Scheduler:
 
     def alloc_graph(self, graph: Graph) -> bool:
         """Assign backends, split, and give every tensor of `graph` its memory (resets first if
-        a graph is allocated). Rotates the input copy (n_copies > 1). Raises on failure."""
-        if self._is_alloc:
+        a graph is allocated, parking it when it can be kept: _park). Rotates the input copy
+        (n_copies > 1). Raises on failure."""
+        self._parked.pop(id(graph), None)
+        if self._is_alloc and not self._park():
             self.reset()
         self.cur_copy = self.next_copy
         self.next_copy = (self.next_copy + 1) % self.n_copies
@@ -760,7 +826,7 @@ class Scheduler:
         """Compute `graph`; backends may still be running when this returns (synchronize()).
         The graph last allocated (same object, same uid) is computed again as it is."""
         if not (self._is_alloc and graph is self._graph and graph.uid == self._graph_uid
-                and len(graph.nodes) == self._n_nodes):
+                and len(graph.nodes) == self._n_nodes) and not self._unpark(graph):
             self.alloc_graph(graph)
         return self._compute_splits()
 

@@ -86,3 +86,27 @@ def test_prompt_in_one_ubatch_equals_token_by_token(llm, path):
     assert whole.tobytes() == one.tobytes(), (
         f"{path}: the last position's logits differ (max |diff| "
         f"{float(np.max(np.abs(whole - one))):.3g})")
+
+
+def test_alternating_shapes_reuse_the_kept_graphs(llm):
+    """Speculative rounds alternate a k+1-row verification with one-row steps: the LLM keeps the
+    built graphs and the scheduler keeps them allocated (parked), so switching builds nothing
+    after the first round, and the logits are those of the first, freshly built round."""
+    toks = llm.tokenize(PROMPT_A)
+
+    def rounds():
+        llm.reset()
+        out = [llm.decode_batch([(toks, 0)])[0]]
+        for i in range(4):
+            out.append(llm.decode_batch([([20 + i, 30 + i, 40 + i], 0)], all_logits=(0,))[0])
+            out.append(llm.decode_batch([([50 + i], 0)])[0])
+        return out
+
+    first = rounds()
+    built = llm.stats.graphs_built
+    unparked = llm.sched["prefill"].n_unparked + llm.sched["decode"].n_unparked
+    second = rounds()
+    assert llm.stats.graphs_built == built, "a graph was built again"
+    assert llm.sched["prefill"].n_unparked + llm.sched["decode"].n_unparked > unparked
+    for a, b in zip(first, second):
+        assert a.tobytes() == b.tobytes()

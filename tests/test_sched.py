@@ -624,3 +624,43 @@ def test_split_graph_without_memory_then_compute(cpu, dev):
     assert s.get_assignment(g.nodes[0]).cause == "usr"
     assert tensor_get(out) == cpu_reference(cpu, xv)
     tb.close()
+
+
+# ---- parked graphs: switching between a few graphs re-splits and re-allocates none -------------
+
+def test_switching_graphs_unparks_instead_of_splitting_again(cpu, dev):
+    ctx = Context(no_alloc=True)
+    w = make_weights(ctx, BLOCK_SPECS, {k: cpu_buffer_type() for k in BLOCK_SPECS})
+    s = Scheduler([cpu])
+    xs = [RNG.standard_normal((M, K)).astype(np.float32) for _ in range(2)]
+    built = [build_block(ctx, w) for _ in range(2)]        # two graphs of the same weights
+    want = [cpu_reference(cpu, x) for x in xs]
+    for g in (built[0][1], built[1][1]):
+        s.alloc_graph(g)
+    splits = s.n_splits_made
+    for rnd in range(3):
+        for (x, g, out), xv, wv in zip(built, xs, want):
+            tensor_set(x, xv)
+            s.graph_compute(g)
+            assert np.array_equal(tensor_get(out), wv), f"round {rnd}: wrong values"
+    assert s.n_splits_made == splits                       # no graph was split again
+    assert s.n_unparked == 6
+    assert s.holds(built[0][1]) and s.holds(built[1][1])
+    s.reserve(built[0][1])                                 # the compute memory may move:
+    assert not s.holds(built[1][1])                        # a parked graph is not trusted
+    tensor_set(built[1][0], xs[1])
+    s.graph_compute(built[1][1])
+    assert np.array_equal(tensor_get(built[1][2]), want[1])
+
+
+def test_graphs_with_copies_between_devices_are_not_parked(cpu, dev):
+    tb = new_test_backend(dev, unsupported={Op.SILU})
+    s = Scheduler([tb, cpu])
+    (x0, g0, _, _), (x1, g1, _, _) = block_on(dev.default_buffer_type()), \
+        block_on(dev.default_buffer_type())
+    s.alloc_graph(g0)
+    assert any(sp.inputs for sp in s.splits)               # sources rewired to copies
+    s.alloc_graph(g1)
+    assert not s.holds(g0)                                 # reset as before, not parked
+    assert s.n_unparked == 0
+    tb.close()

@@ -37,7 +37,6 @@ def _hidden_states(llm, ids: list[int], seq_id: int) -> np.ndarray:
         # the node is found once per ubatch graph, not per token
         hidden = next(t for t in g.nodes if t.name == "result_norm").set_output()
         sched = llm.sched["prefill"]
-        llm._graph = None                     # the decode graph's placement is replaced
         pin_phase_ops(sched, g, llm.offload, "prefill", llm.weights)
         sched.alloc_graph(g)
         views = llm._input_views(inp, T)

@@ -1,10 +1,12 @@
 """`LLM`: load a GGUF model and run it — batches split into ubatches, a KV cache, graph reuse,
 sampling. The public entry point of pyggml for text generation.
 
-Per ubatch: find KV cells → GraphParams(n_tokens, n_outputs, n_kv, n_kv_swa). Equal to the last graph's
-params: the reuse path writes the inputs and computes the same graph again (no build, no
-allocator planning, the CPU backend replays its marshalled node array). Otherwise a new graph is
-built and placed with `alloc_graph` from the plan reserved at start-up for the worst case.
+Per ubatch: find KV cells → GraphParams(n_tokens, n_outputs, n_kv, n_kv_swa). Equal to the params
+of one of the last few graphs (GRAPHS_KEPT; decoding, the verification of k drafts and prompt
+chunks take turns): the reuse path writes the inputs and computes that graph again (no build, no
+allocator planning — the scheduler keeps it allocated, `Scheduler._park` — and the CPU backend
+replays its marshalled node array). Otherwise a new graph is built and placed with
+`alloc_graph` from the plan reserved at start-up for the worst case.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -50,9 +52,13 @@ class RunStats:
     spec: SpecStats = field(default_factory=SpecStats)    # speculative decoding: drafted, accepted
 
 
+#: built graphs kept per LLM (the scheduler keeps as many allocated: Scheduler.PARKED_MAX)
+GRAPHS_KEPT = 8
+
+
 @dataclass
 class _BuiltGraph:
-    """The graph of the last ubatch, kept for reuse: its params, inputs' numpy views, output."""
+    """A graph of a recent ubatch, kept for reuse: its params, inputs' numpy views, output."""
     params: GraphParams
     graph: object
     logits: object
@@ -173,7 +179,7 @@ class LLM:
         self.settings = self.offload.settings
         self.verbose = verbose
         self.stats = RunStats(allocator_plans=sum(1 for _ in self.run.scheds()))
-        self._graph: _BuiltGraph | None = None
+        self._graphs: OrderedDict[tuple, _BuiltGraph] = OrderedDict()   # (params, sched) ->
         self._seq_pos = [0] * self.n_seq_max
         self._seq_epoch = [0] * self.n_seq_max    # bumped by every change of a sequence from outside
         self.last_finish_reason: str | None = None    # of the last generation that ended
@@ -381,19 +387,23 @@ class LLM:
         gp = GraphParams(T, len(out_ids), n_kv["full"], n_kv.get("swa", 0))
         self.stats.ubatch_sizes.append(T)
         sched = self.sched["decode" if T == 1 else "prefill"]
-        if self._graph is not None and self._graph.params == gp and self._graph.sched is sched:
+        key = (gp, id(sched))
+        built = self._graphs.get(key)
+        if built is not None and built.sched is sched and sched.holds(built.graph):
+            self._graphs.move_to_end(key)
             self.stats.graphs_reused += 1
         else:
-            self._graph = None
             g, inp, logits = self.run.build_graph(gp)
             before = sched.n_reserves
             pin_phase_ops(sched, g, self.offload, "decode" if T == 1 else "prefill", self.weights)
             sched.alloc_graph(g)
             self.stats.allocator_plans += sched.n_reserves - before
             views = self._input_views(inp, T)
-            self._graph = _BuiltGraph(gp, g, logits, views, sched)
+            built = self._graphs[key] = _BuiltGraph(gp, g, logits, views, sched)
+            while len(self._graphs) > GRAPHS_KEPT:
+                self._graphs.popitem(last=False)
             self.stats.graphs_built += 1
-        g, logits, views = self._graph.graph, self._graph.logits, self._graph.views
+        g, logits, views = built.graph, built.logits, built.views
         self._write_inputs(views, toks, pos, sids, cells, out_ids, n_kv)
         self.backend.set_n_threads(self.backend.n_threads if T == 1 else self.backend.n_threads_batch)
         sched.graph_compute(g)
