@@ -35,9 +35,11 @@ from pyggml.llm.speculative import Proposal
 _NONE = Proposal()          # no draft tokens
 
 
-#: fewest prompt tokens a step takes: smaller chunks cost prefill speed (Gemma 3 270M, 2 threads:
-#: 1536 prompt tokens in chunks of 128 run at 0.92x the speed of chunks of 512, of 64 at 0.74x)
-MIN_PROMPT_CHUNK = 128
+#: fewest prompt tokens a step takes: smaller chunks cost prefill speed (Qwen2.5-Coder-1.5B, 2
+#: threads, amx path: 1536 prompt tokens in chunks of 128 run at 0.84x the speed of chunks of 512,
+#: of 64 at 0.76x), larger ones keep a short request waiting behind a long prompt's chunk (64: its
+#: time to first token 1.39x idle, 128: 2.57x; Gemma 3 270M's 250 ms steps take 128 anyway)
+MIN_PROMPT_CHUNK = 64
 
 
 class QueueFullError(PyggmlError):
