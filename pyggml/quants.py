@@ -226,5 +226,26 @@ def bench_read(buf: np.ndarray) -> int:
     return int(_native.fn("pg_bench_read")(buf.ctypes.data, buf.nbytes))
 
 
+def read_bandwidth(n_threads: int, runs: int = 5, n_bytes: int = 512 << 20) -> float:
+    """This machine's memory read bandwidth in GB/s: n_threads threads each read their share of
+    n_bytes (bench_read; ctypes releases the GIL), median of `runs` (benchmarks put decode speed
+    next to it)."""
+    import statistics
+    import threading
+    import time
+    buf = np.ones(n_bytes, dtype=np.uint8)
+    parts = np.array_split(buf, n_threads)
+    times = []
+    for _ in range(runs):
+        ths = [threading.Thread(target=bench_read, args=(p,)) for p in parts]
+        t0 = time.perf_counter()
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        times.append(time.perf_counter() - t0)
+    return n_bytes / statistics.median(times) / 1e9
+
+
 __all__ = ["quantize", "quantize_act", "dequantize", "vec_dot", "vec_dot_type", "matvec",
            "block_size", "row_bytes", "matvec_scratch_size", "bench_read"]

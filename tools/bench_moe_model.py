@@ -41,20 +41,9 @@ DEFAULT_MODEL = Path.home() / ".cache/pyggml/bench/olmoe-1b-7b-shape-q4_k_m.gguf
 LLAMA_BENCH = Path.home() / ".cache/pyggml/llamacpp-0.3.36/bin/llama-bench"
 
 
-def read_bandwidth(n_threads: int, runs: int = 5, n_bytes: int = 512 << 20) -> float:
+def read_bandwidth(n_threads: int) -> float:
     from pyggml import quants
-    buf = np.ones(n_bytes, dtype=np.uint8)
-    parts = np.array_split(buf, n_threads)
-    times = []
-    for _ in range(runs):
-        ths = [threading.Thread(target=quants.bench_read, args=(p,)) for p in parts]
-        t0 = time.perf_counter()
-        for t in ths:
-            t.start()
-        for t in ths:
-            t.join()
-        times.append(time.perf_counter() - t0)
-    return n_bytes / statistics.median(times) / 1e9
+    return quants.read_bandwidth(n_threads)
 
 
 def predicted(model: str) -> tuple[int, dict]:
