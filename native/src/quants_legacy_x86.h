@@ -223,10 +223,20 @@ PG_DOT_Q8_1_KERNEL(vec_dot_q5_1_q8_1, pg_block_q5_1, q5_1_block)
           BLOCK(PG_ROW8(xb, bx, 4, XT), yb), BLOCK(PG_ROW8(xb, bx, 5, XT), yb),                 \
           BLOCK(PG_ROW8(xb, bx, 6, XT), yb), BLOCK(PG_ROW8(xb, bx, 7, XT), yb))
 
-#define PG_DOT8_Q8_0_KERNEL(name, XT, BLOCK, TERM)                                              \
+/* the block terms of eight rows, one per lane (as the scalar kernels form them, see above) */
+#define PG_TERM8_X_Y(p, xb, bx, yb)                                                             \
+    PG_TERM_X_Y(_mm256_cvtepi32_ps(p), fp16x8(xb, bx), _mm256_set1_ps(h2f((yb)->d)))
+#define PG_TERM8_XY(p, xb, bx, yb)                                                              \
+    PG_TERM_XY(_mm256_cvtepi32_ps(p), fp16x8(xb, bx), _mm256_set1_ps(h2f((yb)->d)))
+#define PG_TERM8_Q8_1(p, xb, bx, yb)                                                            \
+    _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(fp16x8(xb, bx), _mm256_set1_ps(h2f((yb)->d))),    \
+                                _mm256_cvtepi32_ps(p)),                                         \
+                  _mm256_mul_ps(fp16x8((const char *)(xb) + 2, bx), _mm256_set1_ps(h2f((yb)->s))))
+
+#define PG_DOT8_KERNEL(name, XT, YT, BLOCK, TERM8)                                              \
     static void name(int64_t n, float *restrict s, const void *restrict vx, size_t bx,          \
                      const void *restrict vy) {                                                 \
-        const pg_block_q8_0 *y = vy;                                                            \
+        const YT *y = vy;                                                                       \
         __m256 acc = _mm256_setzero_ps();                                                       \
         const int64_t nb = n / PG_QK32;                                                         \
         const size_t next = 8 * bx, share = (next / (size_t)nb + 63) & ~(size_t)63;             \
@@ -234,36 +244,16 @@ PG_DOT_Q8_1_KERNEL(vec_dot_q5_1_q8_1, pg_block_q5_1, q5_1_block)
             PG_PREFETCH_SHARE((const char *)vx + next + (size_t)b * share, share);              \
             const XT *xb = (const XT *)vx + b;                                                  \
             const __m256i p = PG_FOLD_ROWS8(BLOCK, xb, bx, &y[b], XT);                          \
-            const __m256 dx = fp16x8(xb, bx), dy = _mm256_set1_ps(h2f(y[b].d));                 \
-            acc = _mm256_add_ps(acc, TERM(_mm256_cvtepi32_ps(p), dx, dy));                      \
+            acc = _mm256_add_ps(acc, TERM8(p, xb, bx, &y[b]));                                  \
         }                                                                                       \
         _mm256_storeu_ps(s, acc);                                                               \
     }
 
-#define PG_DOT8_Q8_1_KERNEL(name, XT, BLOCK)                                                    \
-    static void name(int64_t n, float *restrict s, const void *restrict vx, size_t bx,          \
-                     const void *restrict vy) {                                                 \
-        const pg_block_q8_1 *y = vy;                                                            \
-        __m256 acc = _mm256_setzero_ps();                                                       \
-        const int64_t nb = n / PG_QK32;                                                         \
-        const size_t next = 8 * bx, share = (next / (size_t)nb + 63) & ~(size_t)63;             \
-        for (int64_t b = 0; b < nb; b++) {                                                      \
-            PG_PREFETCH_SHARE((const char *)vx + next + (size_t)b * share, share);              \
-            const XT *xb = (const XT *)vx + b;                                                  \
-            const __m256i p = PG_FOLD_ROWS8(BLOCK, xb, bx, &y[b], XT);                          \
-            const __m256 dd = _mm256_mul_ps(fp16x8(xb, bx), _mm256_set1_ps(h2f(y[b].d)));      \
-            const __m256 ms = _mm256_mul_ps(fp16x8((const char *)xb + 2, bx),                   \
-                                            _mm256_set1_ps(h2f(y[b].s)));                       \
-            acc = _mm256_add_ps(acc, _mm256_add_ps(_mm256_mul_ps(dd, _mm256_cvtepi32_ps(p)), ms)); \
-        }                                                                                       \
-        _mm256_storeu_ps(s, acc);                                                               \
-    }
-
-PG_DOT8_Q8_0_KERNEL(vec_dot8_q4_0_q8_0, pg_block_q4_0, q4_0_block, PG_TERM_X_Y)
-PG_DOT8_Q8_0_KERNEL(vec_dot8_q5_0_q8_0, pg_block_q5_0, q5_0_block, PG_TERM_X_Y)
-PG_DOT8_Q8_0_KERNEL(vec_dot8_q8_0_q8_0, pg_block_q8_0, q8_0_block, PG_TERM_XY)
-PG_DOT8_Q8_1_KERNEL(vec_dot8_q4_1_q8_1, pg_block_q4_1, q4_1_block)
-PG_DOT8_Q8_1_KERNEL(vec_dot8_q5_1_q8_1, pg_block_q5_1, q5_1_block)
+PG_DOT8_KERNEL(vec_dot8_q4_0_q8_0, pg_block_q4_0, pg_block_q8_0, q4_0_block, PG_TERM8_X_Y)
+PG_DOT8_KERNEL(vec_dot8_q5_0_q8_0, pg_block_q5_0, pg_block_q8_0, q5_0_block, PG_TERM8_X_Y)
+PG_DOT8_KERNEL(vec_dot8_q8_0_q8_0, pg_block_q8_0, pg_block_q8_0, q8_0_block, PG_TERM8_XY)
+PG_DOT8_KERNEL(vec_dot8_q4_1_q8_1, pg_block_q4_1, pg_block_q8_1, q4_1_block, PG_TERM8_Q8_1)
+PG_DOT8_KERNEL(vec_dot8_q5_1_q8_1, pg_block_q5_1, pg_block_q8_1, q5_1_block, PG_TERM8_Q8_1)
 
 #define PG_FILL_LEGACY_DOT8(tbl) do {                                                           \
     (tbl)[PG_TYPE_Q4_0].vec_dot8 = vec_dot8_q4_0_q8_0;                                          \

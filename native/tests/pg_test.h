@@ -2,7 +2,19 @@
  * test file needs no edit elsewhere. CHECK records a failure with file:line and keeps going. */
 #ifndef PG_TEST_H
 #define PG_TEST_H
+#include <stdint.h>
 #include <stdio.h>
+
+/* Deterministic test data: splitmix64 over a file's own state, and a float uniform in [-1, 1). */
+static inline uint64_t pg_test_splitmix(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static inline float pg_test_unit(uint64_t r) {
+    return (float)((double)(r >> 11) / 9007199254740992.0) * 2 - 1;
+}
 
 extern int pg_test_failures;
 extern int pg_test_checks;

@@ -15,13 +15,8 @@
 #include "quants.h"
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) {   /* splitmix64 */
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-static float rndf(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0) * 2 - 1; }
+static uint64_t rnd(void) { return pg_test_splitmix(&g_rng); }
+static float rndf(void) { return pg_test_unit(rnd()); }   /* uniform in [-1, 1) */
 
 static void set_h(uint8_t *p, float v) { const pg_fp16 h = pg_fp32_to_fp16(v); memcpy(p, &h, 2); }
 

@@ -30,13 +30,8 @@
 #include "quants_legacy.h"
 
 static uint64_t g_rng = 0x243F6A8885A308D3ull;
-static uint64_t rnd(void) {   /* splitmix64 */
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-static float rndf(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0) * 2 - 1; }
+static uint64_t rnd(void) { return pg_test_splitmix(&g_rng); }
+static float rndf(void) { return pg_test_unit(rnd()); }   /* uniform in [-1, 1) */
 
 static const int32_t k_types[] = {PG_TYPE_Q4_0, PG_TYPE_Q4_1, PG_TYPE_Q5_0, PG_TYPE_Q5_1,
                                   PG_TYPE_Q8_0, PG_TYPE_Q2_K, PG_TYPE_Q3_K, PG_TYPE_Q4_K,
