@@ -73,6 +73,7 @@ PROBES = [
     (["run", "-m", "{m}", "--set", "gpu_layers=many"], 1, "gpu_layers"),
     # other commands
     (["bench", "-m", "{m}", "-r", "0"], 2, "-r 0"),
+    (["bench", "-m", "{m}", "-p", "0", "-n", "0"], 2, "nothing to measure"),
     (["bench", "-m", "{m}", "-p", "abc"], 2, "comma-separated integers"),
     (["bench", "-m", "{m}", "-t", "1,x"], 2, "comma-separated integers"),
     (["bench", "-m", "{m}", "-n", "-2"], 2, "token counts >= 0"),

@@ -15,6 +15,8 @@ def cmd_bench(args) -> int:
     from pyggml.models_default import ensure_default_model
     if args.repetitions < 1:
         raise UsageError(f"-r {args.repetitions}: expected at least 1 repetition")
+    if not any(args.n_prompt) and not any(args.n_gen):
+        raise UsageError("-p and -n are all 0: nothing to measure (llama-bench's 0 skips a test)")
     model = args.model or ensure_default_model()
     fa = args.flash_attn != "off"
     config = config_from_cli(args)
