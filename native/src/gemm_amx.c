@@ -2,7 +2,7 @@
  * MUL_MAT of K-quant weights (Q4_K, Q5_K, Q6_K) with Q8_K activations on the tile unit.
  *
  * One TDPBUSD / TDPBSSD multiplies a 16 × 64 int8 tile by a 64 × 16 one into 16 × 16 int32:
- * 16 K cells of work for one instruction, where a VNNI dot does 64 MACs. The K-quants' scales
+ * 16,384 multiply-adds for one instruction, where a 512-bit VNNI dot does 64. The K-quants' scales
  * change every 16 or 32 elements of K, so the tile products cannot run over a super-block as
  * they are. Instead each weight block is unpacked once into a few *planes* of small products
  * level × digit, the digits being those of the sub-block scale in a small base, so that
@@ -14,13 +14,13 @@
  *   Q6_K  q−32 in −32..31, sc −128..127 written in balanced base 7 (three digits in −3..3):
  *         planes (q−32)·d0, (q−32)·d1, (q−32)·d2                        (|·| ≤ 96, s8)
  * so one super-block of one 16 × 16 tile is 8 (Q4_K, Q5_K) or 12 (Q6_K) tile products (2 or 3
- * planes × 4 chunks of 64) and one pass over their int32 results. The integer block sums equal the scalar reference's
- * (quants_kquants.c) exactly, and the fp32 block terms repeat its operations in its order, so
+ * planes × 4 chunks of 64) and one pass over their int32 results. The integer block sums equal
+ * the scalar reference's (quants_kquants.c) exactly, and the fp32 block terms repeat its operations in its order, so
  * every output has the bits of the scalar vec_dot (and of every other path's vec_dot and
  * gemm): a token's row does not depend on the batch it is computed in.
  *
- * Roles: the weights are the tile A operand (16 weight rows × 64 bytes, rows of a plane K bytes
- * apart: no transposition when unpacking), the activations the B operand in the tile unit's
+ * Roles: the weights are the tile A operand (16 weight rows × 64 bytes, each plane's chunk one
+ * contiguous tile: no transposition when unpacking), the activations the B operand in the tile unit's
  * four-byte-interleaved layout (pg_amx_pack_act, once per MUL_MAT), so C is 16 weight rows ×
  * 16 activation rows. Activation tiles are padded with zero rows (their outputs are dropped)
  * and weight blocks with zero rows: any M and N work. */
