@@ -30,6 +30,7 @@
 #include "amx.h"
 #include "fp16.h"
 #include "kquants.h"
+#include "kquants_x86.h"
 
 #define AINL static inline __attribute__((always_inline))
 #define T 16   /* rows of a tile, both operands */
@@ -180,24 +181,14 @@ AINL void decode_block(const void *blk, int type, __m512i lv[4], __m256i dig[3],
     (void)mins;
     *d = _cvtsh_ss(x->d);
     *dmin = 0.0f;
+    const __m256i off = _mm256_set1_epi8(32);
     for (int h = 0; h < 2; h++) {
-        const __m256i l0 = _mm256_loadu_si256((const void *)(x->ql + 64 * h));
-        const __m256i l1 = _mm256_loadu_si256((const void *)(x->ql + 64 * h + 32));
-        const __m256i qh = _mm256_loadu_si256((const void *)(x->qh + 32 * h));
-        const __m256i m4y = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(0x30);
-        const __m256i off = _mm256_set1_epi8(32);
-        const __m256i g0 = _mm256_or_si256(_mm256_and_si256(l0, m4y),
-                                           _mm256_and_si256(_mm256_slli_epi16(qh, 4), m3));
-        const __m256i g1 = _mm256_or_si256(_mm256_and_si256(l1, m4y),
-                                           _mm256_and_si256(_mm256_slli_epi16(qh, 2), m3));
-        const __m256i g2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4y),
-                                           _mm256_and_si256(qh, m3));
-        const __m256i g3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4y),
-                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m3));
-        lv[2 * h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_sub_epi8(g0, off)),
-                                       _mm256_sub_epi8(g1, off), 1);
-        lv[2 * h + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_sub_epi8(g2, off)),
-                                           _mm256_sub_epi8(g3, off), 1);
+        __m256i u[4];
+        pg_q6k_half_levels(x, h, u);
+        lv[2 * h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_sub_epi8(u[0], off)),
+                                       _mm256_sub_epi8(u[1], off), 1);
+        lv[2 * h + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_sub_epi8(u[2], off)),
+                                           _mm256_sub_epi8(u[3], off), 1);
     }
 }
 

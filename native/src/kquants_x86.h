@@ -1,5 +1,5 @@
-/* Helpers shared by the x86 K-quant kernels (quants_kquants_avx2.c, quants_kquants_avx512.c;
- * both are compiled with at least AVX2 + FMA + F16C). */
+/* Helpers shared by the x86 K-quant kernels (quants_kquants_avx2.c, quants_kquants_avx512.c,
+ * gemm_*.c; all compiled with at least AVX2 + FMA + F16C). */
 #ifndef PG_KQUANTS_X86_H
 #define PG_KQUANTS_X86_H
 
@@ -9,6 +9,22 @@
 #include "kquants.h"
 
 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+/* Q6_K half h (elements 128h .. 128h + 127) of a block as unsigned levels 0..63 (the −32 offset
+ * not applied): u[g] holds elements 128h + 32g .. +31, from the low or high nibbles of ql and two
+ * bits of qh */
+static inline void pg_q6k_half_levels(const pg_block_q6_K *x, int h, __m256i u[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+    u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+    u[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+    u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_and_si256(qh, m30));
+    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+}
 
 static inline float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

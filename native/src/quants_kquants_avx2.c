@@ -290,7 +290,6 @@ static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *restrict s, const void *res
 
 static inline void vec_dot_q6_K_q8_K_avx2_blk(const pg_block_q6_K *x, const pg_block_q8_K *y, int64_t i,
         kq_blk *o) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
     const float d = h2f(x[i].d) * y[i].d;
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
     /* level q = u - 32 with u = lo4 | hi2 << 4 in 0..63: subtract 32 Σ_k sc_k bsum_k */
@@ -301,21 +300,13 @@ static inline void vec_dot_q6_K_q8_K_avx2_blk(const pg_block_q6_K *x, const pg_b
     for (int h = 0; h < 2; h++) {
         const __m256i sc = h ? _mm256_permute4x64_epi64(sc16, 0xEE)
                              : _mm256_permute4x64_epi64(sc16, 0x44);
-        const __m256i l0 = loadu(x[i].ql + 64 * h), l1 = loadu(x[i].ql + 64 * h + 32);
-        const __m256i qh = loadu(x[i].qh + 32 * h);
         const int8_t *a = y[i].qs + 128 * h;
-        const __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                           _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                           _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-        const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                           _mm256_and_si256(qh, m30));
-        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-        sum0 = _mm256_add_epi32(sum0, dot32(u0, a, sc, pair16_mask(0)));
-        sum1 = _mm256_add_epi32(sum1, dot32(u1, a + 32, sc, pair16_mask(1)));
-        sum0 = _mm256_add_epi32(sum0, dot32(u2, a + 64, sc, pair16_mask(2)));
-        sum1 = _mm256_add_epi32(sum1, dot32(u3, a + 96, sc, pair16_mask(3)));
+        __m256i u[4];
+        pg_q6k_half_levels(&x[i], h, u);
+        sum0 = _mm256_add_epi32(sum0, dot32(u[0], a, sc, pair16_mask(0)));
+        sum1 = _mm256_add_epi32(sum1, dot32(u[1], a + 32, sc, pair16_mask(1)));
+        sum0 = _mm256_add_epi32(sum0, dot32(u[2], a + 64, sc, pair16_mask(2)));
+        sum1 = _mm256_add_epi32(sum1, dot32(u[3], a + 96, sc, pair16_mask(3)));
     }
     o->is = _mm256_add_epi32(sum0, sum1);
     o->ms = _mm256_setzero_si256();
