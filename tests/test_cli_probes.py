@@ -74,6 +74,7 @@ PROBES = [
     # other commands
     (["bench", "-m", "{m}", "-r", "0"], 2, "-r 0"),
     (["bench", "-m", "{m}", "-p", "0", "-n", "0"], 2, "nothing to measure"),
+    (["bench", "-m", "{m}", "-t", "0"], 2, "thread counts >= 1"),
     (["bench", "-m", "{m}", "-p", "abc"], 2, "comma-separated integers"),
     (["bench", "-m", "{m}", "-t", "1,x"], 2, "comma-separated integers"),
     (["bench", "-m", "{m}", "-n", "-2"], 2, "token counts >= 0"),
@@ -98,7 +99,7 @@ PROBES = [
     (["run", "-m", "{m}", "-t", "300"], 1, "got 300"),
     (["run", "-m", "{m}", "-tb", "300"], 1, "got 300"),
     (["run", "-m", "{m}", "-t", "-2"], 1, "got -2"),
-    (["bench", "-m", "{m}", "-t", "-1", "-p", "8", "-n", "0", "-r", "1"], 1, "got -1"),
+    (["bench", "-m", "{m}", "-t", "-1", "-p", "8", "-n", "0", "-r", "1"], 2, "thread counts >= 1, got '-1'"),
     (["info", "extra"], 2, "unrecognized arguments"),
     (["nosuchcommand"], 2, "invalid choice: 'nosuchcommand'"),
     ([], 2, "required"),

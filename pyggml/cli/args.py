@@ -65,6 +65,14 @@ def int_list(s: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}")
 
 
+def thread_list(s: str) -> list[int]:
+    """Comma-separated thread counts (each >= 1)."""
+    out = int_list(s)
+    if not out or any(n < 1 for n in out):
+        raise argparse.ArgumentTypeError(f"expected thread counts >= 1, got {s!r}")
+    return out
+
+
 def count_list(s: str) -> list[int]:
     """Comma-separated token counts (>= 0; llama-bench's 0 skips that test)."""
     out = int_list(s)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pyggml.cli.args import add_offload_args, config_from_cli, count_list, int_list
+from pyggml.cli.args import add_offload_args, config_from_cli, count_list, thread_list
 from pyggml.errors import PyggmlError, UsageError
 
 
@@ -50,7 +50,7 @@ def add_commands(sub) -> None:
     b.add_argument("-m", "--model", default=None)
     b.add_argument("-p", "--n-prompt", type=count_list, default=[64, 512])
     b.add_argument("-n", "--n-gen", type=count_list, default=[32, 128])
-    b.add_argument("-t", "--threads", type=int_list, default=[1, 2])
+    b.add_argument("-t", "--threads", type=thread_list, default=[1, 2])
     b.add_argument("-r", "--repetitions", type=int, default=3)
     b.add_argument("-fa", "--flash-attn", choices=("on", "off"), default="on")
     b.add_argument("-c", "--ctx-size", dest="ctx", action="append",
