@@ -17,6 +17,9 @@ or a byte count that does not match raises ShapeError. All name the type and the
 from __future__ import annotations
 
 import ctypes
+import statistics
+import threading
+import time
 
 import numpy as np
 
@@ -230,9 +233,6 @@ def read_bandwidth(n_threads: int, runs: int = 5, n_bytes: int = 512 << 20) -> f
     """This machine's memory read bandwidth in GB/s: n_threads threads each read their share of
     n_bytes (bench_read; ctypes releases the GIL), median of `runs` (benchmarks put decode speed
     next to it)."""
-    import statistics
-    import threading
-    import time
     buf = np.ones(n_bytes, dtype=np.uint8)
     parts = np.array_split(buf, n_threads)
     times = []

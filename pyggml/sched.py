@@ -77,7 +77,6 @@ overrides it).
 from __future__ import annotations
 
 import sys
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -263,7 +262,7 @@ class Scheduler:
                 or self._flags_set):
             return False
         state = {name: getattr(self, name) for name in self._PARK_FIELDS}
-        self._parked[id(g)] = (weakref.ref(g), self._memory_key(), state)
+        self._parked[id(g)] = (self._memory_key(), state)   # state holds g: its id stays its
         self._parked.move_to_end(id(g))
         while len(self._parked) > self.PARKED_MAX:
             self._parked.popitem(last=False)
@@ -271,27 +270,31 @@ class Scheduler:
         self.reset()
         return True
 
+    def _set_aside(self) -> None:
+        """Before another graph is split: park the current one if it can be kept, else reset."""
+        if self._is_alloc and not self._park():
+            self.reset()
+
     def holds(self, graph: Graph) -> bool:
         """Whether computing `graph` needs no new split or allocation: it is the current graph or
         a parked one that is still valid."""
         if self._is_alloc and graph is self._graph and graph.uid == self._graph_uid:
             return True
         entry = self._parked.get(id(graph))
-        return (entry is not None and entry[0]() is graph and entry[2]["_graph_uid"] == graph.uid
-                and entry[2]["_n_nodes"] == len(graph.nodes) and entry[1] == self._memory_key())
+        return entry is not None and self._parked_valid(graph, *entry)
+
+    def _parked_valid(self, graph: Graph, mem: tuple, state: dict) -> bool:
+        return (state["_graph"] is graph and state["_graph_uid"] == graph.uid
+                and state["_n_nodes"] == len(graph.nodes) and mem == self._memory_key())
 
     def _unpark(self, graph: Graph) -> bool:
         """Make a parked `graph` current again as it was allocated; False if it is not parked
         (or its uid, node count or the compute memory changed since)."""
         entry = self._parked.pop(id(graph), None)
-        if entry is None:
+        if entry is None or not self._parked_valid(graph, *entry):
             return False
-        ref, mem, state = entry
-        if (ref() is not graph or state["_graph_uid"] != graph.uid
-                or state["_n_nodes"] != len(graph.nodes) or mem != self._memory_key()):
-            return False
-        if self._is_alloc and not self._park():
-            self.reset()
+        state = entry[1]
+        self._set_aside()
         for name, value in state.items():
             setattr(self, name, value)
         self._is_alloc = True
@@ -322,8 +325,7 @@ class Scheduler:
         """Pin `tensor` to `backend` (object, index or name) for the next split (cause "usr").
         After a graph was allocated, this parks it (_park) or resets the scheduler first."""
         b = self._backend_index(backend)
-        if self._is_alloc and not self._park():
-            self.reset()
+        self._set_aside()
         self._tb[id(tensor)] = b
         self._cause[id(tensor)] = "usr"
         self._keep[id(tensor)] = tensor
@@ -800,8 +802,7 @@ class Scheduler:
         a graph is allocated, parking it when it can be kept: _park). Rotates the input copy
         (n_copies > 1). Raises on failure."""
         self._parked.pop(id(graph), None)
-        if self._is_alloc and not self._park():
-            self.reset()
+        self._set_aside()
         self.cur_copy = self.next_copy
         self.next_copy = (self.next_copy + 1) % self.n_copies
         try:

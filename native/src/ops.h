@@ -38,6 +38,16 @@ static inline void pg_report_bad_data(const pg_cparams *p) {
     atomic_compare_exchange_strong(p->error_node, &expected, p->node_index);
 }
 
+/* dst[n] = dot(weight row n, xr) for n in [n0, n1), rows nb1 bytes apart from w: vec_dot8 for
+ * groups of eight where the type has it, vec_dot for the rest (the same bits either way) */
+static inline void pg_dot_rows(const pg_type_traits *tr, int64_t K, float *dst, const uint8_t *w,
+                               size_t nb1, int64_t n0, int64_t n1, const void *xr) {
+    int64_t n = n0;
+    if (tr->vec_dot8)
+        for (; n + 8 <= n1; n += 8) tr->vec_dot8(K, &dst[n], w + (size_t)n * nb1, nb1, xr);
+    for (; n < n1; n++) tr->vec_dot(K, &dst[n], w + (size_t)n * nb1, xr);
+}
+
 #define PG_SRC(all, t, k) ((t)->src[k] >= 0 ? &(all)[(t)->src[k]] : NULL)
 
 static inline void *pg_ptr(const pg_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {

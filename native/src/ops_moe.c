@@ -111,10 +111,7 @@ static void expert_rows(const pg_type_traits *tr, pg_tensor *t, const uint8_t *w
         for (int64_t j = 0; j < cnt; j++) {
             float *dst = pg_ptr(t, 0, ent[j] % n_ids, ent[j] / n_ids, 0);
             const uint8_t *xr = rows + (size_t)j * rb;
-            int64_t n = n0;
-            if (tr->vec_dot8)
-                for (; n + 8 <= n1; n += 8) tr->vec_dot8(K, &dst[n], w + (size_t)n * wnb1, wnb1, xr);
-            for (; n < n1; n++) tr->vec_dot(K, &dst[n], w + (size_t)n * wnb1, xr);
+            pg_dot_rows(tr, K, dst, w, wnb1, n0, n1, xr);
         }
         return;
     }

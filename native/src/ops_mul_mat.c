@@ -203,11 +203,7 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
                                          : (const void *)pg_ptr(x, 0, i1, i2, i3);
                 const uint8_t *wplane = pg_ptr(w, 0, 0, i2 / r2, i3 / r3);
                 float *dst = pg_ptr(t, 0, i1, i2, i3);
-                int64_t n = nt;
-                if (tr->vec_dot8)
-                    for (; n + 8 <= nt1; n += 8)
-                        tr->vec_dot8(K, &dst[n], wplane + n * w->nb[1], (size_t)w->nb[1], xr);
-                for (; n < nt1; n++) tr->vec_dot(K, &dst[n], wplane + n * w->nb[1], xr);
+                pg_dot_rows(tr, K, dst, wplane, (size_t)w->nb[1], nt, nt1, xr);
             }
         }
     }

@@ -52,8 +52,8 @@ class RunStats:
     spec: SpecStats = field(default_factory=SpecStats)    # speculative decoding: drafted, accepted
 
 
-#: built graphs kept per LLM (the scheduler keeps as many allocated: Scheduler.PARKED_MAX)
-GRAPHS_KEPT = 8
+#: built graphs kept per LLM: as many as the scheduler keeps allocated
+GRAPHS_KEPT = Scheduler.PARKED_MAX
 
 
 @dataclass
