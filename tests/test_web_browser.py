@@ -381,8 +381,9 @@ def test_live_view_shows_a_busy_slot(browser, server):
     stop = threading.Event()
 
     def stream():
+        # long enough for several 1 s polls of the page however fast decode is: no early end
         body = {"messages": [{"role": "user", "content": "Tell me a long story."}],
-                "max_tokens": 400, "stream": True}
+                "max_tokens": 900, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
             for _ in r.iter_lines():
                 if stop.is_set():
