@@ -50,6 +50,7 @@ PATH_NAMES = settings.CPU_PATHS            # pg_path order
 CPU_FEATURE_BITS = {
     "sse3": 1 << 0, "avx": 1 << 1, "avx2": 1 << 2, "fma": 1 << 3, "f16c": 1 << 4,
     "avx512f": 1 << 5, "avx512bw": 1 << 6, "avx512vl": 1 << 7, "avx512vnni": 1 << 8, "amx_int8": 1 << 9,
+    "avx_vnni": 1 << 10,
     "neon": 1 << 16, "dotprod": 1 << 17, "fp16": 1 << 18,
 }
 

@@ -3,6 +3,7 @@
 | variable                | values                                   | default                    |
 |-------------------------|------------------------------------------|----------------------------|
 | `PYGGML_CPU_PATH`       | `scalar`, `avx2`, `avx512`, `amx`, `neon`| the best path of the CPU   |
+| `PYGGML_AVXVNNI`        | `0` (off) or `1`                         | `1` where the CPU has it   |
 | `PYGGML_LIB`            | path of a `libpyggml.so`                 | `build/native/libpyggml.so`|
 | `PYGGML_MODEL_DIR`      | folder of the default model (and of the  | `~/.cache/gemma3_270m_...`|
 |                         | instruct models, pyggml/models_pypi.py)  | (`~/.cache/pyggml/models`)|
@@ -16,6 +17,9 @@
 - `PYGGML_CPU_PATH` forces the C kernel path. The C library reads it itself when it loads (its
   own tests run without Python); `pyggml._native` then applies `Settings.cpu_path` and warns if
   this CPU or build cannot run it (the best path stays in use).
+- `PYGGML_AVXVNNI=0`: the C library treats the CPU as one without AVX-VNNI (read by the library
+  itself when it loads): the avx2 path's prompt gemms take their AVX2-only form (maddubs +
+  madd), as on CPUs without it, so both forms can be tested and measured on one machine.
 - `PYGGML_SCHED_DEBUG`: 1 prints the scheduler's splits and their inputs after each split, 2 also
   every node with its backend and cause tag (a Scheduler's `debug=` argument overrides it).
 - `PYGGML_VULKAN_DEVICES`: which Vulkan devices to open, in that order (`0,0` opens device 0
@@ -50,7 +54,7 @@ from pyggml.errors import SettingsError
 CPU_PATHS = ("scalar", "avx2", "avx512", "neon", "amx")     # pg_path order (native/include/pyggml.h)
 SCHED_DEBUG_LEVELS = (0, 1, 2)
 VULKAN_DISABLED = ("none", "off", "-1")
-VARIABLES = ("PYGGML_CPU_PATH", "PYGGML_LIB", "PYGGML_MODEL_DIR", "PYGGML_SCHED_DEBUG",
+VARIABLES = ("PYGGML_CPU_PATH", "PYGGML_AVXVNNI", "PYGGML_LIB", "PYGGML_MODEL_DIR", "PYGGML_SCHED_DEBUG",
              "PYGGML_VULKAN_DEVICES", "PYGGML_SHADER_DIR", "PYGGML_RPC", "PYGGML_RPC_TIMEOUT",
              "PYGGML_RPC_HASH_MIN")
 
@@ -61,6 +65,7 @@ class Settings:
 
     vulkan_devices: the Vulkan device indices to open (None: every device; (): Vulkan off)."""
     cpu_path: str | None = None
+    avx_vnni: bool | None = None
     lib: Path | None = None
     model_dir: Path | None = None
     sched_debug: int = 0
@@ -83,7 +88,8 @@ class Settings:
             v = raw(name)
             return None if v is None else Path(v).expanduser()
 
-        return cls(cpu_path=_cpu_path(raw("PYGGML_CPU_PATH")), lib=path("PYGGML_LIB"),
+        return cls(cpu_path=_cpu_path(raw("PYGGML_CPU_PATH")),
+                   avx_vnni=_avx_vnni(raw("PYGGML_AVXVNNI")), lib=path("PYGGML_LIB"),
                    model_dir=path("PYGGML_MODEL_DIR"),
                    sched_debug=_sched_debug(raw("PYGGML_SCHED_DEBUG")),
                    vulkan_devices=_vulkan_devices(raw("PYGGML_VULKAN_DEVICES")),
@@ -101,6 +107,14 @@ def _cpu_path(v: str | None) -> str | None:
     if v.lower() not in CPU_PATHS:
         raise SettingsError(f"PYGGML_CPU_PATH={v!r}: expected one of {', '.join(CPU_PATHS)}")
     return v.lower()
+
+
+def _avx_vnni(v: str | None) -> bool | None:
+    if v is None:
+        return None
+    if v not in ("0", "1"):
+        raise SettingsError(f"PYGGML_AVXVNNI={v!r}: expected 0 or 1")
+    return v == "1"
 
 
 def _sched_debug(v: str | None) -> int:

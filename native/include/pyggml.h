@@ -142,6 +142,7 @@ typedef enum pg_cpu_feature {
     PG_CPU_AVX512VL    = 1u << 7,
     PG_CPU_AVX512VNNI  = 1u << 8,
     PG_CPU_AMXINT8     = 1u << 9,    /* AMX-TILE + AMX-INT8, tile state granted by the OS      */
+    PG_CPU_AVXVNNI     = 1u << 10,   /* AVX-VNNI: VPDPBUSD / VPDPWSSD on ymm (VEX), no AVX-512 */
     PG_CPU_NEON        = 1u << 16,
     PG_CPU_DOTPROD     = 1u << 17,
     PG_CPU_FP16        = 1u << 18,

@@ -50,6 +50,7 @@ static uint32_t detect_features(void) {
     if (os_avx && (c & (1u << 29))) f |= PG_CPU_F16C;
     if (__get_cpuid_max(0, NULL) >= 7) {
         __cpuid_count(7, 0, a, b, c, d);
+        const uint32_t max_subleaf = a;
         if (os_avx && (b & (1u << 5))) f |= PG_CPU_AVX2;
         if (os_avx512) {
             if (b & (1u << 16)) f |= PG_CPU_AVX512F;
@@ -63,6 +64,12 @@ static uint32_t detect_features(void) {
         const int os_amx = (xcr0 & 0x60000) == 0x60000;
         if (os_avx512 && os_amx && (d & (1u << 24)) && (d & (1u << 25)) && amx_permitted())
             f |= PG_CPU_AMXINT8;
+        /* AVX-VNNI (VEX-encoded VPDPBUSD / VPDPWSSD on ymm, without AVX-512): leaf 7 subleaf 1,
+         * eax bit 4 (Alder Lake and later, Zen 5) */
+        if (max_subleaf >= 1) {
+            __cpuid_count(7, 1, a, b, c, d);
+            if (os_avx && (a & (1u << 4))) f |= PG_CPU_AVXVNNI;
+        }
     }
     return f;
 }
@@ -142,6 +149,10 @@ static int32_t path_from_name(const char *s) {
 
 __attribute__((constructor)) static void pg_cpu_init(void) {
     pg_g_cpu_features = detect_features();
+    /* PYGGML_AVXVNNI=0: behave as a CPU without AVX-VNNI (the avx2 path's gemms then take their
+     * maddubs + madd form, as on CPUs without it: tests and benchmarks compare both forms) */
+    const char *vnni = getenv("PYGGML_AVXVNNI");
+    if (vnni && strcmp(vnni, "0") == 0) pg_g_cpu_features &= ~(uint32_t)PG_CPU_AVXVNNI;
     int32_t path = best_path(pg_g_cpu_features);
     /* An unknown or unsupported name keeps the best path; Python reports the mismatch. */
     const int32_t forced = path_from_name(getenv("PYGGML_CPU_PATH"));

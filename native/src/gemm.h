@@ -43,6 +43,12 @@ static inline pg_gemm_rows pg_gemm_rows_of(const void *x, size_t bx, const void 
                       by, nr - i0 < PG_GR ? nr - i0 : PG_GR, nc - j0 < PG_GC ? nc - j0 : PG_GC);   \
     }
 
+#if defined(__x86_64__)
+/* gemm_avx2.c: the avx2 path's gemm column for a CPU with `features` (PG_CPU_AVXVNNI: the
+ * AVX-VNNI form, else the AVX2-only one); pg_fill_gemm_avx2 passes this CPU's. Tests fill both. */
+void pg_fill_gemm_avx2_for(pg_type_traits *tbl, uint32_t features);
+#endif
+
 #if defined(__aarch64__)
 /* gemm_dotprod.c: the SDOT kernels, installed by pg_fill_gemm_neon when the CPU has them. */
 void pg_fill_gemm_dotprod(pg_type_traits *tbl);

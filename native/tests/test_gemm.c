@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "fp16.h"
+#include "gemm.h"
 #include "kquants.h"
 #include "ops.h"
 #include "pg_test.h"
@@ -223,6 +224,22 @@ static int variants(variant *out) {
         if (pg_path_compiled(p) && pg_set_cpu_path(p) == PG_OK)
             out[n++] = (variant){names[p], pg_get_type_traits_for_path(0, p)};
     pg_set_cpu_path(cur);
+#if defined(__x86_64__)
+    /* the avx2 path installs the AVX-VNNI form of its gemms where the CPU has it (and
+     * PYGGML_AVXVNNI is not 0): both forms, whichever the path took */
+    if (pg_set_cpu_path(PG_PATH_AVX2) == PG_OK) {
+        pg_set_cpu_path(cur);
+        static pg_type_traits plain[PG_TYPE_COUNT], vnni[PG_TYPE_COUNT];
+        for (int32_t t = 0; t < PG_TYPE_COUNT; t++)
+            plain[t] = vnni[t] = *pg_get_type_traits_for_path(t, PG_PATH_AVX2);
+        pg_fill_gemm_avx2_for(plain, 0);
+        out[n++] = (variant){"avx2-no-vnni", plain};
+        if (pg_cpu_features() & PG_CPU_AVXVNNI) {
+            pg_fill_gemm_avx2_for(vnni, PG_CPU_AVXVNNI);
+            out[n++] = (variant){"avx2-vnni", vnni};
+        }
+    }
+#endif
 #if defined(__aarch64__)
     /* the neon path uses the dotprod kernels where the CPU has them: the plain ones too */
     static pg_type_traits plain[PG_TYPE_COUNT];
