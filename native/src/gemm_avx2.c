@@ -110,35 +110,69 @@ AINL void store_pairs(float *s, size_t bs, const __m256 acc[PG_GEMM_MAX_NR / 2][
     }
 }
 
-/* ---- legacy formats: the levels of a row pair ------------------------------------------------ */
+/* ---- legacy formats: the levels of a group of 4 rows ---------------------------------------- */
 
-/* Block p0 (row 2g) and p1 (row 2g + 1): w0 = [row 2g elements 0..15 | row 2g + 1 elements
- * 0..15], w1 the same for 16..31. QS, QH (0: none): offsets of qs and qh; Q8: Q8_0 (signed). */
-AINL void leg_pair(const char *p0, const char *p1, int QS, int QH, int Q8, __m256i *w0,
-                   __m256i *w1) {
+/* the 8 bytes at p in every 64-bit lane */
+AINL __m256i bcast8(const char *p) {
+    int64_t v;
+    memcpy(&v, p, 8);
+    return _mm256_set1_epi64x(v);
+}
+
+/* Block p[0..3] of 4 weight rows: w[q] = elements 8q..8q+7 of the rows, in the 64-bit lanes
+ * [row 0 | row 2 || row 1 | row 3]. QS, QH (0: none): offsets of qs and qh; Q8: Q8_0 (signed). */
+AINL void grp4_levels(const char *const *p, int QS, int QH, int Q8, __m256i *w) {
     if (Q8) {
-        *w0 = load2x16(p0 + QS, p1 + QS);
-        *w1 = load2x16(p0 + QS + 16, p1 + QS + 16);
+        const __m256i a0 = load2x16(p[0] + QS, p[1] + QS), b0 = load2x16(p[2] + QS, p[3] + QS);
+        const __m256i a1 = load2x16(p[0] + QS + 16, p[1] + QS + 16);
+        const __m256i b1 = load2x16(p[2] + QS + 16, p[3] + QS + 16);
+        w[0] = _mm256_unpacklo_epi64(a0, b0);
+        w[1] = _mm256_unpackhi_epi64(a0, b0);
+        w[2] = _mm256_unpacklo_epi64(a1, b1);
+        w[3] = _mm256_unpackhi_epi64(a1, b1);
         return;
     }
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i z = load2x16(p0 + QS, p1 + QS);   /* low nibbles 0..15, high 16..31 */
-    *w0 = _mm256_and_si256(z, m4);
-    *w1 = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
-    if (QH) {   /* bit e of qh -> 0x10 in the byte of element e */
-        uint32_t h0, h1;
-        memcpy(&h0, p0 + QH, 4);
-        memcpy(&h1, p1 + QH, 4);
-        const __m256i v = _mm256_set_m128i(_mm_set1_epi32((int)h1), _mm_set1_epi32((int)h0));
-        const __m256i pick0 = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                               0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        const __m256i pick1 = _mm256_add_epi8(pick0, _mm256_set1_epi8(2));
+    const __m256i a = load2x16(p[0] + QS, p[1] + QS), b = load2x16(p[2] + QS, p[3] + QS);
+    const __m256i lo = _mm256_unpacklo_epi64(a, b), hi = _mm256_unpackhi_epi64(a, b);
+    w[0] = _mm256_and_si256(lo, m4);                          /* low nibbles: elements 0..15 */
+    w[1] = _mm256_and_si256(hi, m4);
+    w[2] = _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);    /* high: 16..31 */
+    w[3] = _mm256_and_si256(_mm256_srli_epi16(hi, 4), m4);
+    if (QH) {   /* bit e of a row's qh -> 0x10 in the byte of element e */
+        uint32_t h[4];
+        PG_UNROLL for (int i = 0; i < 4; i++) memcpy(&h[i], p[i] + QH, 4);
+        const __m256i v = _mm256_setr_epi32((int)h[0], (int)h[2], 0, 0, (int)h[1], (int)h[3], 0, 0);
         const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
         const __m256i b4 = _mm256_set1_epi8(0x10);
-        const __m256i s0 = _mm256_and_si256(_mm256_shuffle_epi8(v, pick0), bit);
-        const __m256i s1 = _mm256_and_si256(_mm256_shuffle_epi8(v, pick1), bit);
-        *w0 = _mm256_or_si256(*w0, _mm256_and_si256(_mm256_cmpeq_epi8(s0, bit), b4));
-        *w1 = _mm256_or_si256(*w1, _mm256_and_si256(_mm256_cmpeq_epi8(s1, bit), b4));
+        PG_UNROLL for (int q = 0; q < 4; q++) {   /* byte q of each row's qh, 8 times */
+            const __m256i pick = _mm256_setr_epi8(q, q, q, q, q, q, q, q, 4 + q, 4 + q, 4 + q,
+                                                  4 + q, 4 + q, 4 + q, 4 + q, 4 + q, q, q, q, q,
+                                                  q, q, q, q, 4 + q, 4 + q, 4 + q, 4 + q, 4 + q,
+                                                  4 + q, 4 + q, 4 + q);
+            const __m256i sel = _mm256_and_si256(_mm256_shuffle_epi8(v, pick), bit);
+            w[q] = _mm256_or_si256(w[q], _mm256_and_si256(_mm256_cmpeq_epi8(sel, bit), b4));
+        }
+    }
+}
+
+/* the fp16 at p0..p3 as floats in the dots' layout, [f0 f2 f0 f2 | f1 f3 f1 f3] */
+AINL __m256 grp4_fp16(const char *p0, const char *p1, const char *p2, const char *p3) {
+    const __m256 f = fp16x4x2(p0, p1, p2, p3, 0);
+    return _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 0, 2, 1, 3, 1, 3));
+}
+
+/* acc[g][v]: the dots of weight rows 4g..4g+3 and activation rows 2v, 2v + 1, lanes [(0, 2v)
+ * (2, 2v) (0, 2v+1) (2, 2v+1) | (1, 2v) (3, 2v) (1, 2v+1) (3, 2v+1)] (row in the group, act) */
+AINL void store_grp4(float *s, size_t bs, const __m256 acc[PG_GEMM_MAX_NR / 4][4], int nr,
+                     int nc) {
+    static const int lane_of_row[4] = {0, 4, 1, 5};
+    float v[PG_GEMM_MAX_NR / 4][4][8];
+    for (int g = 0; g < (nr + 3) / 4; g++)
+        for (int k = 0; k < (nc + 1) / 2; k++) _mm256_storeu_ps(v[g][k], acc[g][k]);
+    for (int j = 0; j < nc; j++) {
+        float *d = (float *)((char *)s + (size_t)j * bs);
+        for (int i = 0; i < nr; i++) d[i] = v[i / 4][j / 2][lane_of_row[i % 4] + 2 * (j % 2)];
     }
 }
 

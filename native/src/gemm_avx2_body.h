@@ -31,90 +31,120 @@ AINL __m256i GA_FN(dotw)(__m256i acc, __m256i p16, __m256i sc) {
 
 /* ---- legacy formats -------------------------------------------------------------------------- */
 
-/* Per block, the values of C groups of 4 activation rows that every weight row pair uses. */
+/* Σ over q of w[q]·a[q] per 4-byte group (w unsigned, a signed). The AVX2-only form adds the
+ * four maddubs' words before the madd: with w <= 31 (levels, or the offsets c <= 16) and
+ * |a| <= 128 a word is at most 8·31·128 = 31744. */
+AINL __m256i GA_FN(dot4)(const __m256i *w, const __m256i *a) {
+#if GA_VNNI
+    const __m256i z = _mm256_setzero_si256();
+    return _mm256_add_epi32(_mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(z, w[0], a[0]), w[1], a[1]),
+                            _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(z, w[2], a[2]), w[3], a[3]));
+#else
+    return madd1(_mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[0], a[0]),
+                                                   _mm256_maddubs_epi16(w[1], a[1])),
+                                  _mm256_add_epi16(_mm256_maddubs_epi16(w[2], a[2]),
+                                                   _mm256_maddubs_epi16(w[3], a[3]))));
+#endif
+}
+
+/* Per block, what the activation rows give every group of 4 weight rows, in the layout of the
+ * dots of pair v of activation rows (2v, 2v + 1): [2v 2v 2v+1 2v+1 | the same]. */
 typedef struct {
-    __m256 dy[2], sy[2];   /* [d_j (or s_j) of rows 4h..4h+3 | the same] */
-    __m256i off[2];        /* [c·Σa_j of rows 4h..4h+3 | the same] (OFF: the levels' offset c) */
+    __m256 dy[4], sy[4];   /* d (and s) of the rows */
+    __m256i off[4];        /* c·Σa of the rows (OFF: the levels' offset c) */
 } GA_FN(leg_act);
 
-/* G rows pairs (xr[0..2G)) × C groups of 4 activation rows (yr[0..4C)), see legacy_avx2's
- * comment in gemm_avx2.c. STRIDE: weight block bytes; QS, QH (0: none), M (0: none): offsets of
- * qs, qh and m in the block (M: activations in Q8_1); OFF: offset c of the levels (Q8_0 on the
- * VNNI form: its bytes + 128); Q8: Q8_0. */
+/* G groups of 4 weight rows (xr[0..4G)) × 2·NV activation rows (yr), see the legacy comment in
+ * gemm_avx2.c. STRIDE: weight block bytes; QS, QH (0: none), M (0: none): offsets of qs, qh and
+ * m in the block (M: activations in Q8_1); OFF: offset c of the levels (Q8_0 on the VNNI form:
+ * its bytes + 128); Q8: Q8_0. */
 AINL void GA_FN(legacy)(int64_t n, float *s, size_t bs, const char *const *xr,
-                        const char *const *yr, int nr, int nc, const int C, const int STRIDE,
+                        const char *const *yr, int nr, int nc, const int NV, const int STRIDE,
                         const int QS, const int QH, const int M, const int OFF, const int Q8) {
     const int ys = M ? 36 : 34, yq = M ? 4 : 2;
     const int64_t nb = n / PG_QK32;
-    const int npair = (nr + 1) / 2;
-    __m256 acc[PG_GEMM_MAX_NR / 2][2];
-    for (int g = 0; g < npair; g++) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+    const int ngrp = (nr + 3) / 4;
+    __m256 acc[PG_GEMM_MAX_NR / 4][4];
     GA_FN(leg_act) act[GA_CHUNK];
     for (int64_t b0 = 0; b0 < nb; b0 += GA_CHUNK) {
         const int nbc = nb - b0 < GA_CHUNK ? (int)(nb - b0) : GA_CHUNK;
         for (int k = 0; k < nbc; k++) {
-            PG_UNROLL for (int h = 0; h < C; h++) {
+            PG_UNROLL for (int h = 0; h < NV / 2; h++) {   /* activation rows 4h..4h+3 */
                 const char *y[4];
                 PG_UNROLL for (int j = 0; j < 4; j++) y[j] = yr[4 * h + j] + (b0 + k) * ys;
-                act[k].dy[h] = fp16x4x2(y[0], y[1], y[2], y[3], 1);
-                if (M) act[k].sy[h] = fp16x4x2(y[0] + 2, y[1] + 2, y[2] + 2, y[3] + 2, 1);
+                const __m256 d4 = fp16x4x2(y[0], y[1], y[2], y[3], 1);
+                act[k].dy[2 * h] = _mm256_unpacklo_ps(d4, d4);
+                act[k].dy[2 * h + 1] = _mm256_unpackhi_ps(d4, d4);
+                if (M) {
+                    const __m256 s4 = fp16x4x2(y[0] + 2, y[1] + 2, y[2] + 2, y[3] + 2, 1);
+                    act[k].sy[2 * h] = _mm256_unpacklo_ps(s4, s4);
+                    act[k].sy[2 * h + 1] = _mm256_unpackhi_ps(s4, s4);
+                }
                 if (OFF) {
                     const __m256i c = _mm256_set1_epi8((char)OFF), z = _mm256_setzero_si256();
                     __m256i o[4];
                     PG_UNROLL for (int j = 0; j < 4; j++)
                         o[j] = GA_FN(dot2)(z, c, bcast16(y[j] + yq), c, bcast16(y[j] + yq + 16));
-                    act[k].off[h] = tadd4(o[0], o[1], o[2], o[3]);
+                    const __m256i o4 = tadd4(o[0], o[1], o[2], o[3]);
+                    act[k].off[2 * h] = _mm256_unpacklo_epi32(o4, o4);
+                    act[k].off[2 * h + 1] = _mm256_unpackhi_epi32(o4, o4);
                 }
             }
         }
-        for (int g = 0; g < npair; g++) {
-            const char *x0 = xr[2 * g], *x1 = xr[2 * g + 1];
-            __m256 a0 = acc[g][0], a1 = acc[g][1];
+        for (int g = 0; g < ngrp; g++) {
+            const char *const *x = xr + 4 * g;
+            __m256 a[4];
+            PG_UNROLL for (int v = 0; v < NV; v++)
+                a[v] = b0 ? acc[g][v] : _mm256_setzero_ps();
             for (int k = 0; k < nbc; k++) {
                 const int64_t b = b0 + k;
-                const char *p0 = x0 + b * STRIDE, *p1 = x1 + b * STRIDE;
-                __m256i w0, w1;   /* [row 2g | row 2g + 1] elements 0..15 and 16..31 */
-                leg_pair(p0, p1, QS, QH, Q8, &w0, &w1);
-                if (Q8 && GA_VNNI) {
-                    w0 = _mm256_xor_si256(w0, _mm256_set1_epi8((char)0x80));
-                    w1 = _mm256_xor_si256(w1, _mm256_set1_epi8((char)0x80));
-                }
-                const __m256i u0 = _mm256_abs_epi8(w0), u1 = _mm256_abs_epi8(w1);
-                const __m256 dx = pair_ps(fp16_at(p0), fp16_at(p1));
-                const __m256 mx = M ? pair_ps(fp16_at(p0 + M), fp16_at(p1 + M)) : dx;
-                PG_UNROLL for (int h = 0; h < C; h++) {
-                    __m256i p[4];
-                    PG_UNROLL for (int j = 0; j < 4; j++) {
-                        const char *y = yr[4 * h + j] + b * ys + yq;
-                        const __m256i c0 = bcast16(y), c1 = bcast16(y + 16);
-                        if (Q8 && !GA_VNNI)   /* signed weights: |w| × a·sign(w) */
-                            p[j] = _mm256_add_epi32(
-                                madd1(_mm256_maddubs_epi16(u0, _mm256_sign_epi8(c0, w0))),
-                                madd1(_mm256_maddubs_epi16(u1, _mm256_sign_epi8(c1, w1))));
-                        else
-                            p[j] = GA_FN(dot2)(_mm256_setzero_si256(), w0, c0, w1, c1);
+                const char *p[4];
+                PG_UNROLL for (int i = 0; i < 4; i++) p[i] = x[i] + b * STRIDE;
+                __m256i w[4];   /* w[q]: elements 8q..8q+7 of rows 0, 2 | 1, 3 */
+                grp4_levels(p, QS, QH, Q8, w);
+                if (Q8 && GA_VNNI)
+                    PG_UNROLL for (int q = 0; q < 4; q++)
+                        w[q] = _mm256_xor_si256(w[q], _mm256_set1_epi8((char)0x80));
+                __m256i u[4];
+                if (Q8 && !GA_VNNI)
+                    PG_UNROLL for (int q = 0; q < 4; q++) u[q] = _mm256_abs_epi8(w[q]);
+                const __m256 dx = grp4_fp16(p[0], p[1], p[2], p[3]);
+                const __m256 mx = M ? grp4_fp16(p[0] + M, p[1] + M, p[2] + M, p[3] + M) : dx;
+                PG_UNROLL for (int v = 0; v < NV; v++) {
+                    __m256i pj[2];
+                    PG_UNROLL for (int e = 0; e < 2; e++) {
+                        const char *y = yr[2 * v + e] + b * ys + yq;
+                        __m256i c[4];
+                        PG_UNROLL for (int q = 0; q < 4; q++) c[q] = bcast8(y + 8 * q);
+                        if (Q8 && !GA_VNNI) {   /* signed weights: |w| × a·sign(w), a word each */
+                            pj[e] = _mm256_setzero_si256();
+                            PG_UNROLL for (int q = 0; q < 4; q++)
+                                pj[e] = _mm256_add_epi32(pj[e], madd1(_mm256_maddubs_epi16(
+                                                                    u[q], _mm256_sign_epi8(c[q], w[q]))));
+                        } else {
+                            pj[e] = GA_FN(dot4)(w, c);
+                        }
                     }
-                    __m256i dots = tadd4(p[0], p[1], p[2], p[3]);
-                    if (OFF) dots = _mm256_sub_epi32(dots, act[k].off[h]);
+                    /* [row 0 · 2v, row 2 · 2v, row 0 · 2v+1, row 2 · 2v+1 | rows 1, 3] */
+                    __m256i dots = _mm256_hadd_epi32(pj[0], pj[1]);
+                    if (OFF) dots = _mm256_sub_epi32(dots, act[k].off[v]);
                     /* the scalar kernels' block terms (quants_legacy.c), one lane per dot */
-                    const __m256 isum = _mm256_cvtepi32_ps(dots), dy = act[k].dy[h];
+                    const __m256 isum = _mm256_cvtepi32_ps(dots), dy = act[k].dy[v];
                     __m256 t;
                     if (M)
                         t = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(dx, dy), isum),
-                                          _mm256_mul_ps(mx, act[k].sy[h]));
+                                          _mm256_mul_ps(mx, act[k].sy[v]));
                     else if (Q8)
                         t = _mm256_mul_ps(isum, _mm256_mul_ps(dx, dy));
                     else
                         t = _mm256_mul_ps(_mm256_mul_ps(isum, dx), dy);
-                    if (h == 0) a0 = _mm256_add_ps(a0, t);
-                    else a1 = _mm256_add_ps(a1, t);
+                    a[v] = _mm256_add_ps(a[v], t);
                 }
             }
-            acc[g][0] = a0;
-            acc[g][1] = a1;
+            PG_UNROLL for (int v = 0; v < NV; v++) acc[g][v] = a[v];
         }
     }
-    store_pairs(s, bs, acc, nr, nc);
+    store_grp4(s, bs, acc, nr, nc);
 }
 
 #define GA_LEGACY(name, STRIDE, QS, QH, M, OFF, Q8)                                                \
@@ -122,8 +152,8 @@ AINL void GA_FN(legacy)(int64_t n, float *s, size_t bs, const char *const *xr,
                             size_t bx, const void *restrict vy, size_t by, int nr, int nc) {       \
         const char *x[PG_GEMM_MAX_NR], *y[PG_GEMM_MAX_NC];                                         \
         rows_of(vx, bx, vy, by, nr, nc, x, y);                                                     \
-        if (nc <= 4) GA_FN(legacy)(n, s, bs, x, y, nr, nc, 1, STRIDE, QS, QH, M, OFF, Q8);         \
-        else GA_FN(legacy)(n, s, bs, x, y, nr, nc, 2, STRIDE, QS, QH, M, OFF, Q8);                 \
+        if (nc <= 4) GA_FN(legacy)(n, s, bs, x, y, nr, nc, 2, STRIDE, QS, QH, M, OFF, Q8);         \
+        else GA_FN(legacy)(n, s, bs, x, y, nr, nc, 4, STRIDE, QS, QH, M, OFF, Q8);                 \
     }
 
 GA_LEGACY(gemm_q4_0, 18, 2, 0, 0, 8, 0)
