@@ -9,25 +9,27 @@
  * order. The fp32 work is elementwise over dots (a lane per dot), so a token's result never
  * depends on the batch it is computed in.
  *
- * Layout (the AVX-512 kernels' four-rows layout at half the width, gemm_avx512.c): a pair of
- * weight rows shares each register, one 128-bit lane per row, and each activation row's 16 bytes
- * of a slice are broadcast to both lanes, so one maddubs (or VPDPBUSD) serves both rows; per
- * block a 4 × 4 transpose-add of four activation rows' vectors leaves the 8 dots of two weight
- * rows × four activation rows in one register, [row 2g: act 0..3 | row 2g + 1: act 0..3],
- * converted and scaled once. A call computes up to 8 × 8 dots: each row pair against all 8
- * activation rows (the pair's weights are decoded once for the 8), pair after pair.
- *   - legacy formats, per 32-element block: the two rows' levels in two registers (elements
- *     0..15, 16..31); what depends on the activation rows only (their scales, and the offset
- *     c·Σa of Q4_0 / Q5_0 whose levels are q − c) is computed once per call and block for all
- *     row pairs (a chunk of GA_CHUNK blocks at a time);
- *   - K-quants, per super-block: slice by slice (16 elements) the pair's levels, one maddubs per
- *     activation row, then the slice's scale (an int16 per lane: per row) by madd (or VPDPWSSD);
- *     Q4_K / Q5_K add the maddubs of the two slices of a 32-element sub-block first (one scale).
- *     Mins (or the −4 / −32 offsets) through madd of the rows' int16 mins / scales with the
- *     activation rows' bsums.
+ * A call computes up to 8 × 8 dots; the weights are decoded once for all its activation rows.
+ *   - legacy formats, per 32-element block: 8 weight rows in one register, one int32 lane per
+ *     row: w[m] lane i holds elements 4m..4m+3 of row i (a 4 × 4 int32 transpose of the rows'
+ *     bytes), and int32 m of an activation row is broadcast to all lanes, so eight VPDPBUSD (or
+ *     maddubs, then one madd per four) give the 8 rows' block dots with that activation row in
+ *     one register, with no reduction, converted and scaled once. What depends on the
+ *     activation rows only (their d, s, and the offset c·Σa of Q4_0 / Q5_0, whose levels are
+ *     q − c, or of Q8_0 stored + 128 on the VNNI form) is computed once per call and block
+ *     (GA_CHUNK blocks at a time);
+ *   - K-quants, per super-block, the AVX-512 kernels' layout at half the width (gemm_avx512.c):
+ *     a pair of weight rows shares each register, one 128-bit lane per row; slice by slice (16
+ *     elements) the pair's levels, one maddubs per activation row with its 16 bytes broadcast
+ *     to both lanes, then the slice's scale (an int16 per lane: per row) by madd (or VPDPWSSD);
+ *     Q4_K / Q5_K add the maddubs of the two slices of a 32-element sub-block first (one
+ *     scale). Mins (or the −4 / −32 offsets) through madd of the rows' int16 mins / scales with
+ *     the activation rows' bsums; per super-block a 4 × 4 transpose-add of four activation
+ *     rows' vectors leaves [row 2g: act 0..3 | row 2g + 1: act 0..3] in one register. Each pair
+ *     against all 8 activation rows, pair after pair.
  * maddubs never saturates: unsigned levels <= 63 (or |q| <= 128 with |a| <= 127) times
- * activations in −128..127, two products per int16 (four where two maddubs are added: levels
- * <= 31). */
+ * activations in −128..127, two products per int16; where maddubs words are added first, the
+ * levels are <= 31 (or 15) and at most 8·31·128 = 31744 per word. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -40,25 +42,12 @@
 
 #define AINL static inline __attribute__((always_inline))
 #define PG_UNROLL _Pragma("GCC unroll 16")
-/* legacy blocks whose activation-row values are computed together (3 KiB on the stack) */
+/* legacy blocks whose activation-row values are computed together (1.5 KiB on the stack) */
 #define GA_CHUNK 16
 
 /* ---- shared pieces --------------------------------------------------------------------------- */
 
 AINL __m256i madd1(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
-
-/* The fp16 at p0..p3, twice: [f0 f1 f2 f3 | f0 f1 f2 f3] (hi = 0: upper half zero). */
-AINL __m256 fp16x4x2(const void *p0, const void *p1, const void *p2, const void *p3, int hi) {
-    uint16_t h[4];
-    memcpy(&h[0], p0, 2);
-    memcpy(&h[1], p1, 2);
-    memcpy(&h[2], p2, 2);
-    memcpy(&h[3], p3, 2);
-    uint64_t u;
-    memcpy(&u, h, 8);
-    const __m128i v = _mm_cvtsi64_si128((long long)u);
-    return _mm256_cvtph_ps(hi ? _mm_unpacklo_epi64(v, v) : v);
-}
 
 /* [a × 4 | b × 4] */
 AINL __m256 pair_ps(float a, float b) { return _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a)); }
