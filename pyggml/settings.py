@@ -54,7 +54,8 @@ from pyggml.errors import SettingsError
 CPU_PATHS = ("scalar", "avx2", "avx512", "neon", "amx")     # pg_path order (native/include/pyggml.h)
 SCHED_DEBUG_LEVELS = (0, 1, 2)
 VULKAN_DISABLED = ("none", "off", "-1")
-VARIABLES = ("PYGGML_CPU_PATH", "PYGGML_AVXVNNI", "PYGGML_LIB", "PYGGML_MODEL_DIR", "PYGGML_SCHED_DEBUG",
+VARIABLES = ("PYGGML_CPU_PATH", "PYGGML_AVXVNNI", "PYGGML_LIB", "PYGGML_MODEL_DIR",
+             "PYGGML_SCHED_DEBUG",
              "PYGGML_VULKAN_DEVICES", "PYGGML_SHADER_DIR", "PYGGML_RPC", "PYGGML_RPC_TIMEOUT",
              "PYGGML_RPC_HASH_MIN")
 

@@ -1,6 +1,9 @@
 """pyggml.settings: the one reader of the PYGGML_* environment variables, typed and checked."""
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,9 +26,11 @@ def test_defaults_when_nothing_is_set():
 def test_every_variable_is_read_and_typed(tmp_path):
     env = {"PYGGML_CPU_PATH": "AVX2", "PYGGML_LIB": str(tmp_path / "lib.so"),
            "PYGGML_MODEL_DIR": str(tmp_path / "models"), "PYGGML_SCHED_DEBUG": "2",
-           "PYGGML_VULKAN_DEVICES": "1, 0,0", "PYGGML_SHADER_DIR": str(tmp_path / "spv")}
+           "PYGGML_VULKAN_DEVICES": "1, 0,0", "PYGGML_SHADER_DIR": str(tmp_path / "spv"),
+           "PYGGML_AVXVNNI": "0"}
     s = Settings.from_env(env)
-    assert s == Settings(cpu_path="avx2", lib=tmp_path / "lib.so", model_dir=tmp_path / "models",
+    assert s == Settings(cpu_path="avx2", avx_vnni=False, lib=tmp_path / "lib.so",
+                         model_dir=tmp_path / "models",
                          sched_debug=2, vulkan_devices=(1, 0, 0), shader_dir=tmp_path / "spv")
     for off in ("none", "OFF", "-1"):
         assert Settings.from_env({"PYGGML_VULKAN_DEVICES": off}).vulkan_devices == ()
@@ -35,6 +40,7 @@ def test_every_variable_is_read_and_typed(tmp_path):
 
 @pytest.mark.parametrize("var,value,allowed", [
     ("PYGGML_CPU_PATH", "sse9", "expected one of scalar, avx2, avx512, neon, amx"),
+    ("PYGGML_AVXVNNI", "no", "expected 0 or 1"),
     ("PYGGML_SCHED_DEBUG", "yes", "expected 0, 1 or 2"),
     ("PYGGML_SCHED_DEBUG", "3", "expected 0, 1 or 2"),
     ("PYGGML_VULKAN_DEVICES", "0,x", "expected device indices like '0' or '1,0', or 'none'"),
@@ -46,6 +52,21 @@ def test_invalid_values_name_the_variable_and_the_allowed_values(var, value, all
         Settings.from_env({var: value})
     assert str(e.value).startswith(f"{var}={value!r}: {allowed}")
     assert isinstance(e.value, ValueError)
+
+
+def test_avx_vnni_off_hides_the_feature_from_the_library():
+    """PYGGML_AVXVNNI=0: the C library (which reads it when it loads) reports no AVX-VNNI, so the
+    avx2 path's gemms take their AVX2-only form; unset, it reports what the CPU has."""
+    code = "from pyggml import _native; print(_native.cpu_features()['avx_vnni'])"
+    env = {k: v for k, v in os.environ.items() if k != "PYGGML_AVXVNNI"}
+    on = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
+                        text=True, timeout=60)
+    off = subprocess.run([sys.executable, "-c", code], env={**env, "PYGGML_AVXVNNI": "0"},
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert off.returncode == 0 and off.stdout.strip() == "False", off.stderr
+    cpuinfo = Path("/proc/cpuinfo")
+    has = bool(re.search(r"\bavx_vnni\b", cpuinfo.read_text())) if cpuinfo.exists() else False
+    assert on.returncode == 0 and on.stdout.strip() == str(has), on.stderr
 
 
 def test_current_reads_the_environment_when_called_and_override_wins(monkeypatch, tmp_path):

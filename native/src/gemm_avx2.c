@@ -99,7 +99,7 @@ AINL void store_pairs(float *s, size_t bs, const __m256 acc[PG_GEMM_MAX_NR / 2][
     }
 }
 
-/* ---- legacy formats: the levels of 8 rows, one per int32 lane --------------------------------- */
+/* ---- legacy formats: the levels of 8 rows, one per int32 lane ------------------------------- */
 
 /* the 4 bytes at p in every int32 lane */
 AINL __m256i bcast4(const char *p) {
@@ -164,7 +164,7 @@ AINL __m256 rows8_fp16(const char *const *p, int o) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
-/* ---- K-quants: a row pair's super-block -------------------------------------------------------- */
+/* ---- K-quants: a row pair's super-block ------------------------------------------------------ */
 
 /* Scales of one super-block of a row pair: sc[t] the int16 scale of slice t (Q4_K / Q5_K: of
  * sub-block t), one per lane (row); w16lo / w16hi the int16 weights of bsums 0..7 / 8..15 (mins

@@ -113,9 +113,10 @@ AINL void GA_FN(legacy)(int64_t n, float *s, size_t bs, const char *const *xr,
                 __m256i dots;
                 if (Q8 && !GA_VNNI) {   /* signed weights: |w| × a·sign(w), a word each */
                     dots = _mm256_setzero_si256();
-                    PG_UNROLL for (int m = 0; m < 8; m++)
-                        dots = _mm256_add_epi32(dots, madd1(_mm256_maddubs_epi16(
-                                                          w[m], _mm256_sign_epi8(bcast4(y + 4 * m), sg[m]))));
+                    PG_UNROLL for (int m = 0; m < 8; m++) {
+                        const __m256i a = _mm256_sign_epi8(bcast4(y + 4 * m), sg[m]);
+                        dots = _mm256_add_epi32(dots, madd1(_mm256_maddubs_epi16(w[m], a)));
+                    }
                 } else {
                     dots = GA_FN(dot8)(w, y);
                 }
@@ -157,7 +158,7 @@ GA_LEGACY(gemm_q8_0, 34, 2, 0, 0, GA_VNNI ? 128 : 0, 1)
 GA_LEGACY(gemm_q4_1, 20, 4, 0, 2, 0, 0)
 GA_LEGACY(gemm_q5_1, 24, 8, 4, 2, 0, 0)
 
-/* ---- K-quants × Q8_K ------------------------------------------------------------------------- */
+/* ---- K-quants × Q8_K ----------------------------------------------------------------------- */
 
 /* One weight row pair × C groups of 4 activation rows at a time, super-block by super-block
  * (see kquant_avx2's comment in gemm_avx2.c); type 2..6 = Q2_K..Q6_K. */
