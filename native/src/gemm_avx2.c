@@ -10,14 +10,15 @@
  * depends on the batch it is computed in.
  *
  * A call computes up to 8 × 8 dots; the weights are decoded once for all its activation rows.
- *   - legacy formats, per 32-element block: 8 weight rows in one register, one int32 lane per
- *     row: w[m] lane i holds elements 4m..4m+3 of row i (a 4 × 4 int32 transpose of the rows'
- *     bytes), and int32 m of an activation row is broadcast to all lanes, so eight VPDPBUSD (or
- *     maddubs, then one madd per four) give the 8 rows' block dots with that activation row in
- *     one register, with no reduction, converted and scaled once. What depends on the
+ *   - legacy formats, per 32-element block: a group of 4 weight rows in one register, 8 bytes
+ *     per row and 64-bit lane ([row 0 | row 2 || row 1 | row 3]): w[q] holds elements 8q..8q+7
+ *     of each row, and 8 bytes of an activation row are broadcast to the four lanes, so four
+ *     VPDPBUSD (or maddubs, then one madd) leave each row's dot with that activation row in two
+ *     int32 of its lane; one hadd per two activation rows gives 8 dots ((row, act) for 4 rows
+ *     × 2 activation rows) in one register, converted and scaled once. What depends on the
  *     activation rows only (their d, s, and the offset c·Σa of Q4_0 / Q5_0, whose levels are
  *     q − c, or of Q8_0 stored + 128 on the VNNI form) is computed once per call and block
- *     (GA_CHUNK blocks at a time);
+ *     (GA_CHUNK blocks at a time) for both groups of 4 rows;
  *   - K-quants, per super-block, the AVX-512 kernels' layout at half the width (gemm_avx512.c):
  *     a pair of weight rows shares each register, one 128-bit lane per row; slice by slice (16
  *     elements) the pair's levels, one maddubs per activation row with its 16 bytes broadcast
@@ -29,7 +30,11 @@
  *     against all 8 activation rows, pair after pair.
  * maddubs never saturates: unsigned levels <= 63 (or |q| <= 128 with |a| <= 127) times
  * activations in −128..127, two products per int16; where maddubs words are added first, the
- * levels are <= 31 (or 15) and at most 8·31·128 = 31744 per word. */
+ * levels are <= 31 and a word is at most 8·31·128 = 31744.
+ * (Measured alternatives, in-cache: 8 rows in int32 lanes with no reduction was as fast at 64
+ * activation rows of 2048 elements but 15–25% slower at 512 rows of 640; per-row-pair legacy
+ * blocks with a transpose-add per block 20% slower; K-quant accumulators kept to 4 per pass
+ * (fewer spills) 3% slower.) */
 #include <immintrin.h>
 #include <string.h>
 
@@ -42,12 +47,25 @@
 
 #define AINL static inline __attribute__((always_inline))
 #define PG_UNROLL _Pragma("GCC unroll 16")
-/* legacy blocks whose activation-row values are computed together (1.5 KiB on the stack) */
+/* legacy blocks whose activation-row values are computed together (6 KiB on the stack) */
 #define GA_CHUNK 16
 
 /* ---- shared pieces --------------------------------------------------------------------------- */
 
 AINL __m256i madd1(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
+
+/* The fp16 at p0..p3, twice: [f0 f1 f2 f3 | f0 f1 f2 f3] (hi = 0: upper half zero). */
+AINL __m256 fp16x4x2(const void *p0, const void *p1, const void *p2, const void *p3, int hi) {
+    uint16_t h[4];
+    memcpy(&h[0], p0, 2);
+    memcpy(&h[1], p1, 2);
+    memcpy(&h[2], p2, 2);
+    memcpy(&h[3], p3, 2);
+    uint64_t u;
+    memcpy(&u, h, 8);
+    const __m128i v = _mm_cvtsi64_si128((long long)u);
+    return _mm256_cvtph_ps(hi ? _mm_unpacklo_epi64(v, v) : v);
+}
 
 /* [a × 4 | b × 4] */
 AINL __m256 pair_ps(float a, float b) { return _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a)); }
@@ -99,69 +117,70 @@ AINL void store_pairs(float *s, size_t bs, const __m256 acc[PG_GEMM_MAX_NR / 2][
     }
 }
 
-/* ---- legacy formats: the levels of 8 rows, one per int32 lane ------------------------------- */
+/* ---- legacy formats: the levels of a group of 4 rows ---------------------------------------- */
 
-/* the 4 bytes at p in every int32 lane */
-AINL __m256i bcast4(const char *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
+/* the 8 bytes at p in every 64-bit lane */
+AINL __m256i bcast8(const char *p) {
+    int64_t v;
+    memcpy(&v, p, 8);
+    return _mm256_set1_epi64x(v);
 }
 
-/* v[i] = [row i's int32 q | row i + 4's int32 q] (q = 0..3) -> t[q] = int32 q of rows 0..7 */
-AINL void transpose8x4(const __m256i *v, __m256i *t) {
-    const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
-    t[0] = _mm256_unpacklo_epi64(t0, t2);
-    t[1] = _mm256_unpackhi_epi64(t0, t2);
-    t[2] = _mm256_unpacklo_epi64(t1, t3);
-    t[3] = _mm256_unpackhi_epi64(t1, t3);
-}
-
-/* Block p[0..7] of 8 weight rows: w[m] lane i = elements 4m..4m+3 of row i. QS, QH (0: none):
- * offsets of qs and qh; Q8: Q8_0 (signed bytes). */
-AINL void rows8_levels(const char *const *p, int QS, int QH, int Q8, __m256i *w) {
-    __m256i v[4];
-    PG_UNROLL for (int i = 0; i < 4; i++) v[i] = load2x16(p[i] + QS, p[i + 4] + QS);
+/* Block p[0..3] of 4 weight rows: w[q] = elements 8q..8q+7 of the rows, in the 64-bit lanes
+ * [row 0 | row 2 || row 1 | row 3]. QS, QH (0: none): offsets of qs and qh; Q8: Q8_0 (signed). */
+AINL void grp4_levels(const char *const *p, int QS, int QH, int Q8, __m256i *w) {
     if (Q8) {
-        transpose8x4(v, w);
-        PG_UNROLL for (int i = 0; i < 4; i++) v[i] = load2x16(p[i] + QS + 16, p[i + 4] + QS + 16);
-        transpose8x4(v, w + 4);
+        const __m256i a0 = load2x16(p[0] + QS, p[1] + QS), b0 = load2x16(p[2] + QS, p[3] + QS);
+        const __m256i a1 = load2x16(p[0] + QS + 16, p[1] + QS + 16);
+        const __m256i b1 = load2x16(p[2] + QS + 16, p[3] + QS + 16);
+        w[0] = _mm256_unpacklo_epi64(a0, b0);
+        w[1] = _mm256_unpackhi_epi64(a0, b0);
+        w[2] = _mm256_unpacklo_epi64(a1, b1);
+        w[3] = _mm256_unpackhi_epi64(a1, b1);
         return;
     }
-    __m256i t[4];   /* qs bytes 4q..4q+3: low nibbles elements 4q.., high 16 + 4q.. */
-    transpose8x4(v, t);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    PG_UNROLL for (int q = 0; q < 4; q++) {
-        w[q] = _mm256_and_si256(t[q], m4);
-        w[q + 4] = _mm256_and_si256(_mm256_srli_epi16(t[q], 4), m4);
-    }
-    if (QH) {   /* bit e of row i's qh -> 0x10 in the byte of element e */
-        uint32_t h[8];
-        PG_UNROLL for (int i = 0; i < 8; i++) memcpy(&h[i], p[i] + QH, 4);
-        const __m256i hv = _mm256_loadu_si256((const __m256i *)h);
-        /* bits 4m..4m+3 (in byte m / 2) to bits 4..7 of every byte of lane i: from hv for odd
-         * m, from hv << 4 for even m; min(bit, 0x10) is 0x10 where the bit is set */
-        const __m256i h4 = _mm256_slli_epi32(hv, 4), b4 = _mm256_set1_epi8(0x10);
-        const __m256i bits = _mm256_set1_epi32((int)0x80402010);
-        PG_UNROLL for (int m = 0; m < 8; m++) {
-            const int k = m / 2;
-            const __m256i pick = _mm256_setr_epi8(k, k, k, k, 4 + k, 4 + k, 4 + k, 4 + k, 8 + k,
-                                                  8 + k, 8 + k, 8 + k, 12 + k, 12 + k, 12 + k,
-                                                  12 + k, k, k, k, k, 4 + k, 4 + k, 4 + k, 4 + k,
-                                                  8 + k, 8 + k, 8 + k, 8 + k, 12 + k, 12 + k,
-                                                  12 + k, 12 + k);
-            const __m256i sel = _mm256_and_si256(_mm256_shuffle_epi8(m % 2 ? hv : h4, pick), bits);
-            w[m] = _mm256_or_si256(w[m], _mm256_min_epu8(sel, b4));
+    const __m256i a = load2x16(p[0] + QS, p[1] + QS), b = load2x16(p[2] + QS, p[3] + QS);
+    const __m256i lo = _mm256_unpacklo_epi64(a, b), hi = _mm256_unpackhi_epi64(a, b);
+    w[0] = _mm256_and_si256(lo, m4);                          /* low nibbles: elements 0..15 */
+    w[1] = _mm256_and_si256(hi, m4);
+    w[2] = _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);    /* high: 16..31 */
+    w[3] = _mm256_and_si256(_mm256_srli_epi16(hi, 4), m4);
+    if (QH) {   /* bit e of a row's qh -> 0x10 in the byte of element e */
+        uint32_t h[4];
+        PG_UNROLL for (int i = 0; i < 4; i++) memcpy(&h[i], p[i] + QH, 4);
+        const __m256i v = _mm256_setr_epi32((int)h[0], (int)h[2], 0, 0, (int)h[1], (int)h[3], 0, 0);
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        const __m256i b4 = _mm256_set1_epi8(0x10);
+        PG_UNROLL for (int q = 0; q < 4; q++) {   /* byte q of each row's qh, 8 times */
+            const __m256i pick = _mm256_setr_epi8(q, q, q, q, q, q, q, q, 4 + q, 4 + q, 4 + q,
+                                                  4 + q, 4 + q, 4 + q, 4 + q, 4 + q, q, q, q, q,
+                                                  q, q, q, q, 4 + q, 4 + q, 4 + q, 4 + q, 4 + q,
+                                                  4 + q, 4 + q, 4 + q);
+            const __m256i sel = _mm256_and_si256(_mm256_shuffle_epi8(v, pick), bit);
+            w[q] = _mm256_or_si256(w[q], _mm256_and_si256(_mm256_cmpeq_epi8(sel, bit), b4));
         }
     }
 }
 
-/* the fp16 at byte o of p[0..7] as floats, lane i = f(p[i] + o) */
-AINL __m256 rows8_fp16(const char *const *p, int o) {
-    uint16_t h[8];
-    PG_UNROLL for (int i = 0; i < 8; i++) memcpy(&h[i], p[i] + o, 2);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+/* the fp16 at p0..p3 as floats in the dots' layout, [f0 f2 f0 f2 | f1 f3 f1 f3] */
+AINL __m256 grp4_fp16(const char *p0, const char *p1, const char *p2, const char *p3) {
+    const __m256 f = fp16x4x2(p0, p1, p2, p3, 0);
+    return _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 0, 2, 1, 3, 1, 3));
+}
+
+/* acc[g][v]: the dots of weight rows 4g..4g+3 and activation rows 2v, 2v + 1, lanes [(0, 2v)
+ * (2, 2v) (0, 2v+1) (2, 2v+1) | (1, 2v) (3, 2v) (1, 2v+1) (3, 2v+1)] (row in the group, act) */
+AINL void store_grp4(float *s, size_t bs, const __m256 acc[PG_GEMM_MAX_NR / 4][4], int nr,
+                     int nc) {
+    static const int lane_of_row[4] = {0, 4, 1, 5};
+    float v[PG_GEMM_MAX_NR / 4][4][8];
+    for (int g = 0; g < (nr + 3) / 4; g++)
+        for (int k = 0; k < (nc + 1) / 2; k++) _mm256_storeu_ps(v[g][k], acc[g][k]);
+    for (int j = 0; j < nc; j++) {
+        float *d = (float *)((char *)s + (size_t)j * bs);
+        for (int i = 0; i < nr; i++) d[i] = v[i / 4][j / 2][lane_of_row[i % 4] + 2 * (j % 2)];
+    }
 }
 
 /* ---- K-quants: a row pair's super-block ------------------------------------------------------ */

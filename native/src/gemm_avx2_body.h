@@ -9,11 +9,21 @@
 /* ---- the integer steps of the two forms ------------------------------------------------------ */
 
 #if GA_VNNI
+/* acc + Σ over each 4-byte group of w0·a0 + w1·a1 (unsigned w, signed a) */
+AINL __m256i GA_FN(dot2)(__m256i acc, __m256i w0, __m256i a0, __m256i w1, __m256i a1) {
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, w0, a0), w1, a1);
+}
 /* acc + madd(p16, sc) */
 AINL __m256i GA_FN(dotw)(__m256i acc, __m256i p16, __m256i sc) {
     return _mm256_dpwssd_avx_epi32(acc, p16, sc);
 }
 #else
+/* the two maddubs' int16 words are added before the madd: with levels <= 31 (or the offsets
+ * c <= 16) and |a| <= 128 a word is at most 4·31·128 = 15872 */
+AINL __m256i GA_FN(dot2)(__m256i acc, __m256i w0, __m256i a0, __m256i w1, __m256i a1) {
+    return _mm256_add_epi32(acc, madd1(_mm256_add_epi16(_mm256_maddubs_epi16(w0, a0),
+                                                        _mm256_maddubs_epi16(w1, a1))));
+}
 AINL __m256i GA_FN(dotw)(__m256i acc, __m256i p16, __m256i sc) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, sc));
 }
@@ -21,126 +31,122 @@ AINL __m256i GA_FN(dotw)(__m256i acc, __m256i p16, __m256i sc) {
 
 /* ---- legacy formats -------------------------------------------------------------------------- */
 
-/* Σ over m of w[m]·(the activation row's int32 m in every lane) per int32 lane (w unsigned,
- * activations signed): lane i = the dot of weight row i's block with the activation row's. The
- * AVX2-only form adds four maddubs' words before each madd: with w <= 31 and |a| <= 128 a word
- * is at most 8·31·128 = 31744. */
-AINL __m256i GA_FN(dot8)(const __m256i *w, const char *a) {
+/* Σ over q of w[q]·a[q] per 4-byte group (w unsigned, a signed). The AVX2-only form adds the
+ * four maddubs' words before the madd: with w <= 31 (levels, or the offsets c <= 16) and
+ * |a| <= 128 a word is at most 8·31·128 = 31744. */
+AINL __m256i GA_FN(dot4)(const __m256i *w, const __m256i *a) {
 #if GA_VNNI
     __m256i p = _mm256_setzero_si256();
-    PG_UNROLL for (int m = 0; m < 8; m++) p = _mm256_dpbusd_avx_epi32(p, w[m], bcast4(a + 4 * m));
+    PG_UNROLL for (int q = 0; q < 4; q++) p = _mm256_dpbusd_avx_epi32(p, w[q], a[q]);
     return p;
 #else
-    __m256i h[2];
-    PG_UNROLL for (int k = 0; k < 2; k++) {
-        const char *ak = a + 16 * k;
-        const __m256i *wk = w + 4 * k;
-        h[k] = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wk[0], bcast4(ak)),
-                                                 _mm256_maddubs_epi16(wk[1], bcast4(ak + 4))),
-                                _mm256_add_epi16(_mm256_maddubs_epi16(wk[2], bcast4(ak + 8)),
-                                                 _mm256_maddubs_epi16(wk[3], bcast4(ak + 12))));
-    }
-    return _mm256_add_epi32(madd1(h[0]), madd1(h[1]));
+    return madd1(_mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[0], a[0]),
+                                                   _mm256_maddubs_epi16(w[1], a[1])),
+                                  _mm256_add_epi16(_mm256_maddubs_epi16(w[2], a[2]),
+                                                   _mm256_maddubs_epi16(w[3], a[3]))));
 #endif
 }
 
-/* Σ of the 32 signed bytes at a, in each 4-byte group (eight int32 partial sums) */
-AINL __m256i GA_FN(bytesum)(const char *a) {
-    const __m256i v = _mm256_loadu_si256((const __m256i *)a), one = _mm256_set1_epi8(1);
-#if GA_VNNI
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), one, v);
-#else
-    return madd1(_mm256_maddubs_epi16(one, v));
-#endif
-}
-
-/* Per block, what each activation row gives all weight rows (scalars, broadcast where used). */
+/* Per block, what the activation rows give every group of 4 weight rows, in the layout of the
+ * dots of pair v of activation rows (2v, 2v + 1): [2v 2v 2v+1 2v+1 | the same]. */
 typedef struct {
-    float dy[PG_GEMM_MAX_NC], sy[PG_GEMM_MAX_NC];
-    int32_t off[PG_GEMM_MAX_NC];   /* c·Σa (OFF: the levels' offset c) */
+    __m256 dy[4], sy[4];   /* d (and s) of the rows */
+    __m256i off[4];        /* c·Σa of the rows (OFF: the levels' offset c) */
 } GA_FN(leg_act);
 
-/* 8 weight rows (xr) × NC activation rows (yr), see the legacy comment in gemm_avx2.c.
- * STRIDE: weight block bytes; QS, QH (0: none), M (0: none): offsets of qs, qh and m in the
- * block (M: activations in Q8_1); OFF: offset c of the levels (a power of 2; Q8_0 on the VNNI
- * form: its bytes + 128); Q8: Q8_0. */
+/* G groups of 4 weight rows (xr[0..4G)) × 2·NV activation rows (yr), see the legacy comment in
+ * gemm_avx2.c. STRIDE: weight block bytes; QS, QH (0: none), M (0: none): offsets of qs, qh and
+ * m in the block (M: activations in Q8_1); OFF: offset c of the levels (Q8_0 on the VNNI form:
+ * its bytes + 128); Q8: Q8_0. */
 AINL void GA_FN(legacy)(int64_t n, float *s, size_t bs, const char *const *xr,
-                        const char *const *yr, int nr, int nc, const int NC, const int STRIDE,
+                        const char *const *yr, int nr, int nc, const int NV, const int STRIDE,
                         const int QS, const int QH, const int M, const int OFF, const int Q8) {
     const int ys = M ? 36 : 34, yq = M ? 4 : 2;
-    const int off_shift = OFF == 8 ? 3 : OFF == 16 ? 4 : 7;
     const int64_t nb = n / PG_QK32;
-    __m256 acc[PG_GEMM_MAX_NC];   /* acc[j] lane i: the dot of weight row i, activation row j */
-    PG_UNROLL for (int j = 0; j < NC; j++) acc[j] = _mm256_setzero_ps();
+    const int ngrp = (nr + 3) / 4;
+    __m256 acc[PG_GEMM_MAX_NR / 4][4];
     GA_FN(leg_act) act[GA_CHUNK];
     for (int64_t b0 = 0; b0 < nb; b0 += GA_CHUNK) {
         const int nbc = nb - b0 < GA_CHUNK ? (int)(nb - b0) : GA_CHUNK;
         for (int k = 0; k < nbc; k++) {
-            const char *py[PG_GEMM_MAX_NC];
-            PG_UNROLL for (int j = 0; j < 8; j++) py[j] = yr[j < NC ? j : 0] + (b0 + k) * ys;
-            _mm256_storeu_ps(act[k].dy, rows8_fp16(py, 0));
-            if (M) _mm256_storeu_ps(act[k].sy, rows8_fp16(py, 2));
-            if (OFF)
-                PG_UNROLL for (int h = 0; h < NC / 4; h++) {
-                    __m256i v[4];
+            PG_UNROLL for (int h = 0; h < NV / 2; h++) {   /* activation rows 4h..4h+3 */
+                const char *y[4];
+                PG_UNROLL for (int j = 0; j < 4; j++) y[j] = yr[4 * h + j] + (b0 + k) * ys;
+                const __m256 d4 = fp16x4x2(y[0], y[1], y[2], y[3], 1);
+                act[k].dy[2 * h] = _mm256_unpacklo_ps(d4, d4);
+                act[k].dy[2 * h + 1] = _mm256_unpackhi_ps(d4, d4);
+                if (M) {
+                    const __m256 s4 = fp16x4x2(y[0] + 2, y[1] + 2, y[2] + 2, y[3] + 2, 1);
+                    act[k].sy[2 * h] = _mm256_unpacklo_ps(s4, s4);
+                    act[k].sy[2 * h + 1] = _mm256_unpackhi_ps(s4, s4);
+                }
+                if (OFF) {
+                    const __m256i c = _mm256_set1_epi8((char)OFF), z = _mm256_setzero_si256();
+                    __m256i o[4];
                     PG_UNROLL for (int j = 0; j < 4; j++)
-                        v[j] = GA_FN(bytesum)(yr[4 * h + j] + (b0 + k) * ys + yq);
-                    const __m256i t = tadd4(v[0], v[1], v[2], v[3]);
-                    const __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(t),
-                                                      _mm256_extracti128_si256(t, 1));
-                    _mm_storeu_si128((__m128i *)&act[k].off[4 * h], _mm_slli_epi32(sum, off_shift));
+                        o[j] = GA_FN(dot2)(z, c, bcast16(y[j] + yq), c, bcast16(y[j] + yq + 16));
+                    const __m256i o4 = tadd4(o[0], o[1], o[2], o[3]);
+                    act[k].off[2 * h] = _mm256_unpacklo_epi32(o4, o4);
+                    act[k].off[2 * h + 1] = _mm256_unpackhi_epi32(o4, o4);
                 }
-        }
-        for (int k = 0; k < nbc; k++) {
-            const int64_t b = b0 + k;
-            const char *p[PG_GEMM_MAX_NR];
-            PG_UNROLL for (int i = 0; i < 8; i++) p[i] = xr[i] + b * STRIDE;
-            __m256i w[8];   /* w[m] lane i: elements 4m..4m+3 of row i (|levels| for Q8_0) */
-            __m256i sg[8];  /* Q8_0 on the AVX2-only form: the signed levels */
-            rows8_levels(p, QS, QH, Q8, w);
-            if (Q8)
-                PG_UNROLL for (int m = 0; m < 8; m++) {
-                    if (GA_VNNI) w[m] = _mm256_xor_si256(w[m], _mm256_set1_epi8((char)0x80));
-                    else {
-                        sg[m] = w[m];
-                        w[m] = _mm256_abs_epi8(w[m]);
-                    }
-                }
-            const __m256 dx = rows8_fp16(p, 0);
-            const __m256 mx = M ? rows8_fp16(p, M) : dx;
-            PG_UNROLL for (int j = 0; j < NC; j++) {
-                const char *y = yr[j] + b * ys + yq;
-                __m256i dots;
-                if (Q8 && !GA_VNNI) {   /* signed weights: |w| × a·sign(w), a word each */
-                    dots = _mm256_setzero_si256();
-                    PG_UNROLL for (int m = 0; m < 8; m++) {
-                        const __m256i a = _mm256_sign_epi8(bcast4(y + 4 * m), sg[m]);
-                        dots = _mm256_add_epi32(dots, madd1(_mm256_maddubs_epi16(w[m], a)));
-                    }
-                } else {
-                    dots = GA_FN(dot8)(w, y);
-                }
-                if (OFF) dots = _mm256_sub_epi32(dots, _mm256_set1_epi32(act[k].off[j]));
-                /* the scalar kernels' block terms (quants_legacy.c), one lane per dot */
-                const __m256 isum = _mm256_cvtepi32_ps(dots), dy = _mm256_set1_ps(act[k].dy[j]);
-                __m256 t;
-                if (M)
-                    t = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(dx, dy), isum),
-                                      _mm256_mul_ps(mx, _mm256_set1_ps(act[k].sy[j])));
-                else if (Q8)
-                    t = _mm256_mul_ps(isum, _mm256_mul_ps(dx, dy));
-                else
-                    t = _mm256_mul_ps(_mm256_mul_ps(isum, dx), dy);
-                acc[j] = _mm256_add_ps(acc[j], t);
             }
         }
+        for (int g = 0; g < ngrp; g++) {
+            const char *const *x = xr + 4 * g;
+            __m256 a[4];
+            PG_UNROLL for (int v = 0; v < NV; v++)
+                a[v] = b0 ? acc[g][v] : _mm256_setzero_ps();
+            for (int k = 0; k < nbc; k++) {
+                const int64_t b = b0 + k;
+                const char *p[4];
+                PG_UNROLL for (int i = 0; i < 4; i++) p[i] = x[i] + b * STRIDE;
+                __m256i w[4];   /* w[q]: elements 8q..8q+7 of rows 0, 2 | 1, 3 */
+                grp4_levels(p, QS, QH, Q8, w);
+                if (Q8 && GA_VNNI)
+                    PG_UNROLL for (int q = 0; q < 4; q++)
+                        w[q] = _mm256_xor_si256(w[q], _mm256_set1_epi8((char)0x80));
+                __m256i u[4];
+                if (Q8 && !GA_VNNI)
+                    PG_UNROLL for (int q = 0; q < 4; q++) u[q] = _mm256_abs_epi8(w[q]);
+                const __m256 dx = grp4_fp16(p[0], p[1], p[2], p[3]);
+                const __m256 mx = M ? grp4_fp16(p[0] + M, p[1] + M, p[2] + M, p[3] + M) : dx;
+                PG_UNROLL for (int v = 0; v < NV; v++) {
+                    __m256i pj[2];
+                    PG_UNROLL for (int e = 0; e < 2; e++) {
+                        const char *y = yr[2 * v + e] + b * ys + yq;
+                        __m256i c[4];
+                        PG_UNROLL for (int q = 0; q < 4; q++) c[q] = bcast8(y + 8 * q);
+                        if (Q8 && !GA_VNNI) {   /* signed weights: |w| × a·sign(w), a word each */
+                            pj[e] = _mm256_setzero_si256();
+                            PG_UNROLL for (int q = 0; q < 4; q++) {
+                                const __m256i sa = _mm256_sign_epi8(c[q], w[q]);
+                                pj[e] = _mm256_add_epi32(pj[e],
+                                                         madd1(_mm256_maddubs_epi16(u[q], sa)));
+                            }
+                        } else {
+                            pj[e] = GA_FN(dot4)(w, c);
+                        }
+                    }
+                    /* [row 0 · 2v, row 2 · 2v, row 0 · 2v+1, row 2 · 2v+1 | rows 1, 3] */
+                    __m256i dots = _mm256_hadd_epi32(pj[0], pj[1]);
+                    if (OFF) dots = _mm256_sub_epi32(dots, act[k].off[v]);
+                    /* the scalar kernels' block terms (quants_legacy.c), one lane per dot */
+                    const __m256 isum = _mm256_cvtepi32_ps(dots), dy = act[k].dy[v];
+                    __m256 t;
+                    if (M)
+                        t = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(dx, dy), isum),
+                                          _mm256_mul_ps(mx, act[k].sy[v]));
+                    else if (Q8)
+                        t = _mm256_mul_ps(isum, _mm256_mul_ps(dx, dy));
+                    else
+                        t = _mm256_mul_ps(_mm256_mul_ps(isum, dx), dy);
+                    a[v] = _mm256_add_ps(a[v], t);
+                }
+            }
+            PG_UNROLL for (int v = 0; v < NV; v++) acc[g][v] = a[v];
+        }
     }
-    float v[8];
-    for (int j = 0; j < nc; j++) {
-        float *d = (float *)((char *)s + (size_t)j * bs);
-        _mm256_storeu_ps(v, acc[j]);
-        for (int i = 0; i < nr; i++) d[i] = v[i];
-    }
+    store_grp4(s, bs, acc, nr, nc);
 }
 
 #define GA_LEGACY(name, STRIDE, QS, QH, M, OFF, Q8)                                                \
@@ -148,8 +154,8 @@ AINL void GA_FN(legacy)(int64_t n, float *s, size_t bs, const char *const *xr,
                             size_t bx, const void *restrict vy, size_t by, int nr, int nc) {       \
         const char *x[PG_GEMM_MAX_NR], *y[PG_GEMM_MAX_NC];                                         \
         rows_of(vx, bx, vy, by, nr, nc, x, y);                                                     \
-        if (nc <= 4) GA_FN(legacy)(n, s, bs, x, y, nr, nc, 4, STRIDE, QS, QH, M, OFF, Q8);         \
-        else GA_FN(legacy)(n, s, bs, x, y, nr, nc, 8, STRIDE, QS, QH, M, OFF, Q8);                 \
+        if (nc <= 4) GA_FN(legacy)(n, s, bs, x, y, nr, nc, 2, STRIDE, QS, QH, M, OFF, Q8);         \
+        else GA_FN(legacy)(n, s, bs, x, y, nr, nc, 4, STRIDE, QS, QH, M, OFF, Q8);                 \
     }
 
 GA_LEGACY(gemm_q4_0, 18, 2, 0, 0, 8, 0)
