@@ -78,6 +78,7 @@ def test_counting_proxy_counts_both_directions():
         assert got == b"a" * 2000 + b"b" * 6000
         assert proxy.sent == 4000
         assert proxy.received == 8000
+        assert proxy.turns == 2             # two answers, each after the client's bytes
     finally:
         proxy.close()
         ls.close()

@@ -64,13 +64,16 @@ LLAMA_BENCH = Path.home() / ".cache/pyggml/llamacpp-0.3.36/bin/llama-bench"
 
 
 class CountingProxy:
-    """127.0.0.1:<port> → target; counts bytes client→server (sent) and back (received)."""
+    """127.0.0.1:<port> → target; counts bytes client→server (sent) and back (received), and
+    turns: answers, i.e. server bytes that follow client bytes (a client that waits for each
+    answer makes one turn per round trip; commands without an answer make none)."""
 
     def __init__(self, target: str):
         import socket
         import threading
         self.target = target
-        self.sent = self.received = 0
+        self.sent = self.received = self.turns = 0
+        self._last = "received"
         self._lock = threading.Lock()
         self._ls = socket.socket()
         self._ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -102,6 +105,9 @@ class CountingProxy:
                     break
                 with self._lock:                # counted before it is forwarded
                     setattr(self, field, getattr(self, field) + len(data))
+                    if field == "received" and self._last == "sent":
+                        self.turns += 1
+                    self._last = field
                 b.sendall(data)
         except OSError:
             pass
