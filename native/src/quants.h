@@ -42,7 +42,7 @@ typedef void (*pg_gemm_fn)(int64_t n, float *restrict s, size_t bs, const void *
  * (speculative verification, a few server streams) reading each weight row once. */
 typedef void (*pg_vec_dot8_fn)(int64_t n, float *restrict s, size_t bs, const void *restrict x,
                                size_t bx, const void *restrict y, size_t by, int nc);
-#define PG_DOT8_MAX_NC 4
+#define PG_DOT8_MAX_NC 8
 /* The AMX tile gemm (amx.h, gemm_amx.c): for nrows weight rows (x, rows bx bytes apart) and
  * the M activation rows packed in `act` (pg_amx_pack_act tiles),
  *     ((float *)((char *)s + m·bs))[i] = dot(x row i, activation row m),

@@ -537,7 +537,7 @@ PG_TEST(test_mul_mat_row_independent_of_batch) {
     static const int32_t types[] = {PG_TYPE_Q4_0, PG_TYPE_Q4_1, PG_TYPE_Q5_0, PG_TYPE_Q5_1,
                                     PG_TYPE_Q8_0, PG_TYPE_Q2_K, PG_TYPE_Q3_K, PG_TYPE_Q4_K,
                                     PG_TYPE_Q5_K, PG_TYPE_Q6_K, PG_TYPE_F16, PG_TYPE_F32};
-    static const int64_t Ms[] = {2, 3, 4, 5, 9, 19, 35};
+    static const int64_t Ms[] = {2, 3, 4, 5, 8, 9, 19, 35};
     enum { K = 768, N = 37, MMAX = 35 };
     const int32_t cur = pg_cpu_path();
     pg_threadpool *tp = pg_threadpool_new(2);
