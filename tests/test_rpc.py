@@ -268,6 +268,31 @@ def test_small_commands_wait_for_the_next_write(remote):
 
 
 @needs_server
+def test_answers_are_received_into_a_kept_buffer(remote, monkeypatch):
+    """The logits of every token land in the same (already mapped) buffer and are copied out:
+    what an earlier read returned stays as it was; an answer past the limit gets its own."""
+    from pyggml.backend.rpc import protocol
+    _, r, be = remote
+    ctx = Context(no_alloc=True)
+    a = ctx.new_tensor_1d("f32", 4096, name="a")
+    buf = base.alloc_tensors(be.get_default_buffer_type(), [a], base.BufferUsage.COMPUTE)
+    base.tensor_set(a, np.full(4096, 1, np.float32))
+    first = base.tensor_get(a)
+    kept = r.conn._recv_buf
+    assert len(kept) >= 4096 * 4
+    base.tensor_set(a, np.full(4096, 2, np.float32))
+    second = base.tensor_get(a)
+    assert r.conn._recv_buf is kept
+    assert isinstance(first, bytes) and isinstance(second, bytes)
+    assert np.all(np.frombuffer(first, np.float32) == 1)
+    assert np.all(np.frombuffer(second, np.float32) == 2)
+    monkeypatch.setattr(protocol, "RECV_BUFFER_MAX_BYTES", 1024)
+    assert np.all(np.frombuffer(base.tensor_get(a), np.float32) == 2)
+    assert r.conn._recv_buf is kept
+    del buf
+
+
+@needs_server
 def test_buffer_clear_memset_and_copy_on_the_server(remote):
     _, r, be = remote
     ctx = Context(no_alloc=True)
