@@ -343,7 +343,8 @@ static inline __m256i kq_fold8(const __m256i p[8]) {
 /* the fp16 field at byte o of block b of the eight rows (rows bx bytes apart), as floats */
 static inline __m256 kq_rows8_fp16(const char *x, size_t bx, int64_t b, size_t bsize, int o) {
     uint16_t h[8];
-    KQ_UNROLL for (int r = 0; r < 8; r++) memcpy(&h[r], x + (size_t)r * bx + (size_t)b * bsize + o, 2);
+    KQ_UNROLL for (int r = 0; r < 8; r++)
+        memcpy(&h[r], x + (size_t)r * bx + (size_t)b * bsize + o, 2);
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
@@ -436,7 +437,7 @@ static inline __attribute__((always_inline)) void kq_rows8(int64_t n, float *s, 
                 ms[j][r] = rm[j];
             }
         }
-        /* the scalar kernels' terms: (d_x·d_y)·isum − (dmin_x·d_y)·summs, or (d_x·d_y)·isum */
+        /* the scalar kernels' terms (d_x·d_y)·isum − (dmin_x·d_y)·summs, or (d_x·d_y)·isum */
         const __m256 dx = kq_rows8_fp16(x, bx, b, bsize, type == 6 ? 208 : 0);
         const __m256 mx = type == 6 ? _mm256_setzero_ps() : kq_rows8_fp16(x, bx, b, bsize, 2);
         KQ_UNROLL for (int j = 0; j < C; j++) {
@@ -449,7 +450,8 @@ static inline __attribute__((always_inline)) void kq_rows8(int64_t n, float *s, 
             acc[j] = _mm256_add_ps(acc[j], term);
         }
     }
-    KQ_UNROLL for (int j = 0; j < C; j++) _mm256_storeu_ps((float *)((char *)s + (size_t)j * bs), acc[j]);
+    KQ_UNROLL for (int j = 0; j < C; j++)
+        _mm256_storeu_ps((float *)((char *)s + (size_t)j * bs), acc[j]);
 }
 
 #define KQ_ROWS8(name, TYPE)                                                                    \
