@@ -15,9 +15,9 @@ CPU only, and per decoded token: bytes sent and received, and the commands sent.
 rpc-servers (`--threads` threads each), every client with `--threads` threads, flash attention
 on: `pyggml bench` and `llama-bench` with -p P -n N -r 1, alternating ours / theirs per
 repetition (both run each test once untimed first: a prompt of P tokens, one generated token,
-so neither times the first build and upload of a graph); configs: one server with every layer and the output (-ngl 99), two servers
-(-ngl 99, -ts 1,1), the local CPU and one server (-ngl n_layer/2: the last half of the layers
-and the output remote, llama.cpp's rule). Bytes per decoded token, for both clients alike: a
+so neither times the first build and upload of a graph); configs: one server with every
+layer and the output (-ngl 99), two servers (-ngl 99, -ts 1,1), the local CPU and one server
+(-ngl n_layer/2: the last half of the layers and the output remote, llama.cpp's rule). Bytes per decoded token, for both clients alike: a
 counting TCP proxy sits in front of each server for two extra runs with -n N and -n 2N (-p 0);
 (bytes(2N) - bytes(N)) / N, so the weight upload and the warm-up cancel out.
 """
