@@ -1,5 +1,6 @@
 """The benchmark tools' own logic (no benchmark is run): the OLMoE-shaped MoE model's tensor plan
-(tools/make_moe_bench_model.py) and the byte-counting TCP proxy of tools/bench_rpc.py."""
+(tools/make_moe_bench_model.py), the byte-counting TCP proxy of tools/bench_rpc.py and what
+`pyggml bench` times (pyggml/llm/bench.py)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,35 @@ def test_counting_proxy_counts_both_directions():
         assert got == b"a" * 2000 + b"b" * 6000
         assert proxy.sent == 4000
         assert proxy.received == 8000
+        assert proxy.turns == 2             # two answers, each after the client's bytes
     finally:
         proxy.close()
         ls.close()
+
+
+def test_bench_times_graphs_that_exist(tiny_models, monkeypatch):
+    """As llama-bench: one untimed run of each test before its repetitions, so no timed run
+    builds a graph (the first run of a shape splits, allocates and, on a remote device,
+    uploads its graph; llama-bench's timed runs of pp64 are recomputes of its warm-up's)."""
+    from pyggml.llm import bench, setup
+    timing = [False]
+    built_while_timed = []
+    real_clock, real_build = time.perf_counter, setup.Run.build_graph
+
+    def clock():                    # the bench's perf_counter() calls start and end each run
+        timing[0] = not timing[0]
+        return real_clock()
+
+    def build(self, params):
+        if timing[0]:
+            built_while_timed.append(params)
+        return real_build(self, params)
+
+    from types import SimpleNamespace
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(setup.Run, "build_graph", build)
+    tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=2, n_embd=64)
+    rows = bench.bench_pyggml(tm.path, [16, 8], [4], [1], 2)
+    assert [r.test for r in rows] == ["pp16", "pp8", "tg4"]
+    assert all(len(r.tps) == 2 and min(r.tps) > 0 for r in rows)
+    assert built_while_timed == []

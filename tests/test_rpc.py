@@ -213,6 +213,86 @@ def test_graph_reuse_recomputes_with_new_inputs(remote):
 
 
 @needs_server
+def test_connection_sets_tcp_nodelay(remote):
+    """Without it, Nagle's algorithm holds a small command back until the previous write is
+    acknowledged: a delayed ACK (tens of ms) per decoded token."""
+    _, r, _ = remote
+    assert r.conn._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+@needs_server
+def test_small_commands_wait_for_the_next_write(remote):
+    """SET_TENSORs of graph inputs are queued and leave in one socket write with the graph
+    compute; a read is one more write and one round trip; a payload past the queue's limit
+    goes out at once. What the server computes shows every queued byte arrived in order."""
+    from pyggml.backend.rpc.protocol import QUEUE_MAX_BYTES
+    _, r, be = remote
+    ctx = Context(no_alloc=True)
+    a, b = ctx.new_tensor_1d("f32", 64, name="a"), ctx.new_tensor_1d("f32", 64, name="b")
+    big = ctx.new_tensor_1d("f32", QUEUE_MAX_BYTES // 4 + 1, name="big")
+    c = ops.mul(ctx, ops.add(ctx, a, b), b, name="c")
+    g = Graph()
+    g.build_forward_expand(c)
+    buf = base.alloc_tensors(be.get_default_buffer_type(), list(ctx.tensors) + [big],
+                             base.BufferUsage.COMPUTE)
+    be.graph_compute(g)                 # the graph is on the server: later ones recompute
+    for k in range(3):
+        w0 = r.traffic()
+        base.tensor_set(a, np.full(64, k, np.float32))
+        base.tensor_set(b, np.full(64, 3, np.float32))
+        assert r.traffic().writes == w0.writes, "a small SET_TENSOR was written at once"
+        be.graph_compute(g)
+        w1 = r.traffic()
+        assert w1.writes - w0.writes == 1                  # both inputs + GRAPH_RECOMPUTE
+        got = np.frombuffer(base.tensor_get(c), np.float32)
+        w2 = r.traffic()
+        assert (w2.writes - w1.writes, w2.round_trips - w1.round_trips) == (1, 1)
+        assert np.all(got == (k + 3) * 3)
+    w0 = r.traffic()
+    data = np.arange(big.ne[0], dtype=np.float32)
+    base.tensor_set(a, np.zeros(64, np.float32))          # queued
+    base.tensor_set(big, data)                            # the queue (+ header), then the data
+    assert r.traffic().writes - w0.writes == 2
+    assert np.array_equal(np.frombuffer(base.tensor_get(big), np.float32), data)
+    assert np.all(np.frombuffer(base.tensor_get(a), np.float32) == 0)
+    base.tensor_set(a, np.ones(64, np.float32))
+    w1 = r.traffic()
+    be.synchronize()            # the scheduler's wait before an input copy: no write
+    assert r.traffic().writes == w1.writes
+    r.conn.flush()
+    assert r.traffic().writes - w1.writes == 1
+    r.conn.flush()                                        # nothing queued: nothing written
+    assert r.traffic().writes - w1.writes == 1
+    assert np.all(np.frombuffer(base.tensor_get(a), np.float32) == 1)
+    del buf
+
+
+@needs_server
+def test_answers_are_received_into_a_kept_buffer(remote, monkeypatch):
+    """The logits of every token land in the same (already mapped) buffer and are copied out:
+    what an earlier read returned stays as it was; an answer past the limit gets its own."""
+    from pyggml.backend.rpc import protocol
+    _, r, be = remote
+    ctx = Context(no_alloc=True)
+    a = ctx.new_tensor_1d("f32", 4096, name="a")
+    buf = base.alloc_tensors(be.get_default_buffer_type(), [a], base.BufferUsage.COMPUTE)
+    base.tensor_set(a, np.full(4096, 1, np.float32))
+    first = base.tensor_get(a)
+    kept = r.conn._recv_buf
+    assert len(kept) >= 4096 * 4
+    base.tensor_set(a, np.full(4096, 2, np.float32))
+    second = base.tensor_get(a)
+    assert r.conn._recv_buf is kept
+    assert isinstance(first, bytes) and isinstance(second, bytes)
+    assert np.all(np.frombuffer(first, np.float32) == 1)
+    assert np.all(np.frombuffer(second, np.float32) == 2)
+    monkeypatch.setattr(protocol, "RECV_BUFFER_MAX_BYTES", 1024)
+    assert np.all(np.frombuffer(base.tensor_get(a), np.float32) == 2)
+    assert r.conn._recv_buf is kept
+    del buf
+
+
+@needs_server
 def test_buffer_clear_memset_and_copy_on_the_server(remote):
     _, r, be = remote
     ctx = Context(no_alloc=True)
@@ -514,6 +594,43 @@ def test_server_lost_mid_generation_is_a_typed_error(fault, tiny_models):
             assert len(greedy(cpu_llm, "hello world", 4)) == 4
     finally:
         rpc.unregister_endpoints([srv.endpoint])
+        srv.stop()
+
+
+@needs_server
+def test_decoded_token_is_one_round_trip(tiny_models):
+    """Every layer and the output remote: a decoded token is its inputs and GRAPH_RECOMPUTE in
+    one write, then GET_TENSOR of the logits: two writes, one round trip (counted by the
+    client and, on the wire, by a counting proxy: the server answers once per token), no graph
+    sent again, and the tokens of the CPU."""
+    import sys
+    sys.path.insert(0, str(REPO / "tools"))
+    from bench_rpc import CountingProxy
+    srv = RpcServer.start()
+    proxy = CountingProxy(srv.endpoint)
+    try:
+        tm, llm = _one_server_llm(tiny_models, type("P", (), {"endpoint": proxy.endpoint}), 20.0)
+        r, = [x for x in rpc.rpc_regs() if x.endpoint == proxy.endpoint]
+        gen = llm.generate("the capital of france is", 12, temperature=0, stop_at_eog=False)
+        ids = [next(gen).id for _ in range(2)]          # the prompt, then the first decode
+        n = 10
+        t0, turns0 = r.traffic(), proxy.turns
+        ids += [t.id for t in gen]
+        t1, turns1 = r.traffic(), proxy.turns
+        assert len(ids) == 2 + n
+        per = {c: (k - t0.commands.get(c, 0)) / n for c, k in t1.commands.items()
+               if k != t0.commands.get(c, 0)}
+        assert per.get("GRAPH_RECOMPUTE") == 1 and "GRAPH_COMPUTE" not in per, per
+        assert per.get("GET_TENSOR") == 1, per
+        assert (t1.round_trips - t0.round_trips) / n == 1
+        assert (t1.writes - t0.writes) / n == 2
+        assert (turns1 - turns0) / n == 1
+        llm.close()
+        with LLM(tm.path, n_ctx=128, n_ubatch=32, n_threads=1) as cpu_llm:
+            assert greedy(cpu_llm, "the capital of france is", 12) == ids
+    finally:
+        rpc.unregister_endpoints([proxy.endpoint])
+        proxy.close()
         srv.stop()
 
 

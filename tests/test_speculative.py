@@ -562,3 +562,31 @@ def test_cost_model_picks_k_by_expected_tokens_per_second():
         free.add_verify(n, 0.030)                           # bandwidth-bound verification
     free.add_draft(10, 1e-5)                                # prompt lookup: drafts cost ~0
     assert free.best_k(0.9, 1, 16) == 16
+
+
+def test_cost_model_follows_a_stepped_verification_cost():
+    """A CPU's verification is flat while one read of the weights serves the rows (pyggml's
+    K-quant decode kernel: up to 8), then steps up (the gemm): k is chosen by the timings of
+    each size, where a line through the same timings would choose fewer drafts."""
+    from pyggml.llm.speculative import CostModel
+    cost = {1: 0.050, 2: 0.054, 3: 0.057, 5: 0.063, 8: 0.072, 9: 0.120, 12: 0.150, 16: 0.200}
+    cm = CostModel()
+    for n, t in cost.items():
+        cm.add_verify(n, t)
+    cm.add_draft(3, 3 * 0.010)                              # a drafted token: 10 ms
+    assert cm.verify_s(8) == pytest.approx(0.072)           # timed
+    assert cm.verify_s(4) == pytest.approx(0.060)           # between 3 and 5
+    assert cm.verify_s(20) >= 0.200                         # past the largest timed size
+    rate = lambda k, a, v: (1 - a ** (k + 1)) / (1 - a) / (k * 0.010 + v(k + 1))
+    sizes = sorted(cost)
+    stepped = lambda n: float(np.interp(n, sizes, [cost[x] for x in sizes]))
+    b = np.polyfit(sizes, [cost[x] for x in sizes], 1)      # a line through the same timings
+    line = lambda n: b[1] + b[0] * n
+    for alpha in (0.8, 0.9, 0.95):
+        want = max(range(1, 16), key=lambda k: rate(k, alpha, stepped))
+        assert cm.best_k(alpha, 1, 15) == want
+        assert max(range(1, 16), key=lambda k: rate(k, alpha, line)) < want
+    assert cm.best_k(0.95, 1, 15) == 7                      # 8 rows: the last flat size
+    for _ in range(3):
+        cm.add_verify(8, 0.200)                             # 8 rows became slow: followed
+    assert cm.verify_s(8) > 0.13 and cm.best_k(0.95, 1, 15) < 7

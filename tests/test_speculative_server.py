@@ -134,3 +134,29 @@ def test_draft_model_evaluates_the_prompt_with_the_models_chunks(tiny_models, sc
     assert [n for step in draft_steps[:n_draft_steps] for s, n in step] == prompt_chunks
     # the first round's first draft evaluation is the last sampled token alone
     assert draft_steps[n_draft_steps] == [(sid, 1)]
+
+
+def test_served_plan_includes_the_draft_model(tiny_models):
+    """GET /v1/pyggml/plan of a server decoding with a draft model lists the draft's memory
+    (its weights as `pyggml mem` plans them, its KV cache for the served n_ctx); with prompt
+    lookup there is no draft model to list."""
+    from pyggml.planning.memory import plan_memory
+    tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=2)
+    other = tiny_models.get(arch="llama", weight_type="q4_0", n_layer=2)
+    for draft in (DraftModel(other.path, n_max=4, n_threads=1), PromptLookup(n_max=4)):
+        llm = LLM(tm.path, n_ctx=256, n_threads=1, n_seq_max=2, draft_model=draft)
+        rs = start_in_thread(make_server(llm, 2, "m"))
+        try:
+            p = httpx.get(f"http://127.0.0.1:{rs.port}/v1/pyggml/plan", timeout=TIMEOUT_S).json()
+        finally:
+            rs.stop()
+            llm.close()
+        plan = p["mem"]["plan"]
+        if isinstance(draft, PromptLookup):
+            assert "draft" not in plan
+            continue
+        alone = plan_memory(other.path, n_ctx=256, n_seq_max=2, swa_full=True)
+        d = plan["draft"]
+        assert d["model"] == alone.model and d["n_ctx"] == 256
+        assert [x["weights"] for x in d["devices"]] == [x.weights for x in alone.devices]
+        assert sum(x["bytes"] for x in d["kv_layers"]) == alone.kv_bytes > 0

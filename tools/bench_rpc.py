@@ -14,9 +14,10 @@ CPU only, and per decoded token: bytes sent and received, and the commands sent.
 ~/.cache/pyggml/llamacpp-0.3.36/bin, `make llamacpp-tools`) against the same unmodified
 rpc-servers (`--threads` threads each), every client with `--threads` threads, flash attention
 on: `pyggml bench` and `llama-bench` with -p P -n N -r 1, alternating ours / theirs per
-repetition; configs: one server with every layer and the output (-ngl 99), two servers
-(-ngl 99, -ts 1,1), the local CPU and one server (-ngl n_layer/2: the last half of the layers
-and the output remote, llama.cpp's rule). Bytes per decoded token, for both clients alike: a
+repetition (both run each test once untimed first: a prompt of P tokens, one generated token,
+so neither times the first build and upload of a graph); configs: one server with every
+layer and the output (-ngl 99), two servers (-ngl 99, -ts 1,1), the local CPU and one server
+(-ngl n_layer/2: the last half of the layers and the output remote, llama.cpp's rule). Bytes per decoded token, for both clients alike: a
 counting TCP proxy sits in front of each server for two extra runs with -n N and -n 2N (-p 0);
 (bytes(2N) - bytes(N)) / N, so the weight upload and the warm-up cancel out.
 """
@@ -64,13 +65,16 @@ LLAMA_BENCH = Path.home() / ".cache/pyggml/llamacpp-0.3.36/bin/llama-bench"
 
 
 class CountingProxy:
-    """127.0.0.1:<port> → target; counts bytes client→server (sent) and back (received)."""
+    """127.0.0.1:<port> → target; counts bytes client→server (sent) and back (received), and
+    turns: answers, i.e. server bytes that follow client bytes (a client that waits for each
+    answer makes one turn per round trip; commands without an answer make none)."""
 
     def __init__(self, target: str):
         import socket
         import threading
         self.target = target
-        self.sent = self.received = 0
+        self.sent = self.received = self.turns = 0
+        self._last = "received"
         self._lock = threading.Lock()
         self._ls = socket.socket()
         self._ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -102,6 +106,9 @@ class CountingProxy:
                     break
                 with self._lock:                # counted before it is forwarded
                     setattr(self, field, getattr(self, field) + len(data))
+                    if field == "received" and self._last == "sent":
+                        self.turns += 1
+                    self._last = field
                 b.sendall(data)
         except OSError:
             pass

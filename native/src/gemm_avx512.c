@@ -477,15 +477,23 @@ AINL __m256 rows8_fp16(const char *const *x, int64_t b, size_t bsize, int o) {
 
 /* Rows in lanes, each lane the scalar kernel's super-block terms added in block order (the
  * integer sums as kquant_512 forms them, one activation row broadcast to the four rows of a
- * register): the bits of vec_dot. type 4, 5, 6 = Q4_K, Q5_K, Q6_K. */
-AINL void kquant_rows8(int64_t n, float *s, const void *vx, size_t bx, const void *vy,
-                       const int type) {
+ * register): the bits of vec_dot. C activation rows (1..PG_DOT8_MAX_NC) share each unpacked
+ * slice of the weights, so a few tokens (speculative verification, a few server streams) read
+ * and unpack the weights once. Only the level sums are accumulated in the slice loop; the
+ * bsums terms (the mins, Q6_K's −32 offset) are exact integers added after it, which keeps
+ * 2·C accumulators live (8 rows × 8 tokens fit the 32 registers). type 4, 5, 6 = Q4_K, Q5_K,
+ * Q6_K. */
+AINL void kquant_rows8(int64_t n, float *s, size_t bs, const void *vx, size_t bx, const void *vy,
+                       size_t by, const int C, const int type) {
     const char *x[8];
     PG_UNROLL for (int i = 0; i < 8; i++) x[i] = (const char *)vx + (size_t)i * bx;
-    const pg_block_q8_K *y = vy;
+    const pg_block_q8_K *yr[PG_DOT8_MAX_NC];
+    PG_UNROLL for (int j = 0; j < C; j++)
+        yr[j] = (const pg_block_q8_K *)((const char *)vy + (size_t)j * by);
     const size_t bsize = type == 4 ? sizeof(pg_block_q4_K)
                                    : type == 5 ? sizeof(pg_block_q5_K) : sizeof(pg_block_q6_K);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[PG_DOT8_MAX_NC];
+    PG_UNROLL for (int j = 0; j < C; j++) acc[j] = _mm256_setzero_ps();
     /* decode calls this for consecutive groups of 8 rows: while one group's super-block b is
      * computed, fetch the next group's share (its 8 rows are contiguous; rows of a few hundred
      * bytes are too short for the hardware prefetcher to catch up within a row) */
@@ -499,55 +507,70 @@ AINL void kquant_rows8(int64_t n, float *s, const void *vx, size_t bx, const voi
             if (type == 6) kgroup_q6(x + 4 * g, b, &k[g]);
             else kgroup_k4(x + 4 * g, b, type == 5, &k[g]);
         }
-        const __m512i bl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y[b].bsums));
-        const __m512i bh =
-            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[b].bsums + 8)));
-        __m512i p[2], mins[2];
-        PG_UNROLL for (int g = 0; g < 2; g++) {
-            const __m512i m = _mm512_add_epi32(_mm512_madd_epi16(k[g].w16lo, bl),
-                                               _mm512_madd_epi16(k[g].w16hi, bh));
-            if (type == 6) {   /* the −32 offset of the levels: −32·Σ sc·bsums */
-                p[g] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(m, 5));
-                mins[g] = _mm512_setzero_si512();
-            } else {
-                p[g] = _mm512_setzero_si512();
-                mins[g] = m;
+        __m512i p[2][PG_DOT8_MAX_NC];
+        PG_UNROLL for (int g = 0; g < 2; g++)
+            PG_UNROLL for (int j = 0; j < C; j++) p[g][j] = _mm512_setzero_si512();
+        PG_UNROLL for (int t = 0; t < 16; t++) {
+            __m512i lv[2];
+            PG_UNROLL for (int g = 0; g < 2; g++) lv[g] = kslice(x + 4 * g, b, type, t);
+            PG_UNROLL for (int j = 0; j < C; j++) {
+                const __m512i a = _mm512_broadcast_i32x4(
+                    _mm_loadu_si128((const __m128i *)((yr[j] + b)->qs + 16 * t)));
+                PG_UNROLL for (int g = 0; g < 2; g++)
+                    p[g][j] = _mm512_dpwssd_epi32(p[g][j], _mm512_maddubs_epi16(lv[g], a),
+                                                  k[g].sc[type == 6 ? t : t / 2]);
             }
         }
-        PG_UNROLL for (int t = 0; t < 16; t++) {
-            const __m512i a =
-                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[b].qs + 16 * t)));
+        const __m256 d = rows8_fp16(x, b, bsize, type == 6 ? 208 : 0);
+        const __m256 dmin = type == 6 ? _mm256_setzero_ps() : rows8_fp16(x, b, bsize, 2);
+        PG_UNROLL for (int j = 0; j < C; j++) {
+            const pg_block_q8_K *y = yr[j] + b;
+            const __m512i bl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y->bsums));
+            const __m512i bh =
+                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y->bsums + 8)));
+            __m512i m[2];   /* Σ mins·bsums (Q4_K, Q5_K) or Σ sc·bsums (Q6_K), per row lane */
             PG_UNROLL for (int g = 0; g < 2; g++)
-                p[g] = _mm512_dpwssd_epi32(p[g], _mm512_maddubs_epi16(kslice(x + 4 * g, b, type, t), a),
-                                           k[g].sc[type == 6 ? t : t / 2]);
+                m[g] = _mm512_add_epi32(_mm512_madd_epi16(k[g].w16lo, bl),
+                                        _mm512_madd_epi16(k[g].w16hi, bh));
+            const __m256 dy = _mm256_set1_ps(y->d);
+            __m256 term;
+            if (type == 6) {   /* (d·dy)·isum, isum with the −32 offset of the levels */
+                const __m256i off = _mm256_slli_epi32(rows8_totals(m[0], m[1]), 5);
+                const __m256 fi =
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(rows8_totals(p[0][j], p[1][j]), off));
+                term = _mm256_mul_ps(_mm256_mul_ps(d, dy), fi);
+            } else {           /* (dy·d)·isum − (dy·dmin)·summs */
+                const __m256 fi = _mm256_cvtepi32_ps(rows8_totals(p[0][j], p[1][j]));
+                const __m256 fm = _mm256_cvtepi32_ps(rows8_totals(m[0], m[1]));
+                term = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(dy, d), fi),
+                                     _mm256_mul_ps(_mm256_mul_ps(dy, dmin), fm));
+            }
+            acc[j] = _mm256_add_ps(acc[j], term);
         }
-        const __m256 fi = _mm256_cvtepi32_ps(rows8_totals(p[0], p[1]));
-        const __m256 dy = _mm256_set1_ps(y[b].d);
-        __m256 term;
-        if (type == 6) {   /* (d·dy)·isum */
-            term = _mm256_mul_ps(_mm256_mul_ps(rows8_fp16(x, b, bsize, 208), dy), fi);
-        } else {           /* (dy·d)·isum − (dy·dmin)·summs */
-            const __m256 fm = _mm256_cvtepi32_ps(rows8_totals(mins[0], mins[1]));
-            term = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(dy, rows8_fp16(x, b, bsize, 0)), fi),
-                                 _mm256_mul_ps(_mm256_mul_ps(dy, rows8_fp16(x, b, bsize, 2)), fm));
-        }
-        acc = _mm256_add_ps(acc, term);
     }
-    _mm256_storeu_ps(s, acc);
+    PG_UNROLL for (int j = 0; j < C; j++)
+        _mm256_storeu_ps((float *)((char *)s + (size_t)j * bs), acc[j]);
 }
 
-static void rows8_q4_K(int64_t n, float *restrict s, const void *restrict x, size_t bx,
-                       const void *restrict y) {
-    kquant_rows8(n, s, x, bx, y, 4);
-}
-static void rows8_q5_K(int64_t n, float *restrict s, const void *restrict x, size_t bx,
-                       const void *restrict y) {
-    kquant_rows8(n, s, x, bx, y, 5);
-}
-static void rows8_q6_K(int64_t n, float *restrict s, const void *restrict x, size_t bx,
-                       const void *restrict y) {
-    kquant_rows8(n, s, x, bx, y, 6);
-}
+/* one compiled body per activation-row count: C is a constant in each */
+#define PG_ROWS8_KQUANT(name, TYPE)                                                                \
+    static void name(int64_t n, float *restrict s, size_t bs, const void *restrict x, size_t bx,   \
+                     const void *restrict y, size_t by, int nc) {                                  \
+        switch (nc) {                                                                              \
+        case 1: kquant_rows8(n, s, bs, x, bx, y, by, 1, TYPE); break;                              \
+        case 2: kquant_rows8(n, s, bs, x, bx, y, by, 2, TYPE); break;                              \
+        case 3: kquant_rows8(n, s, bs, x, bx, y, by, 3, TYPE); break;                              \
+        case 4: kquant_rows8(n, s, bs, x, bx, y, by, 4, TYPE); break;                              \
+        case 5: kquant_rows8(n, s, bs, x, bx, y, by, 5, TYPE); break;                              \
+        case 6: kquant_rows8(n, s, bs, x, bx, y, by, 6, TYPE); break;                              \
+        case 7: kquant_rows8(n, s, bs, x, bx, y, by, 7, TYPE); break;                              \
+        default: kquant_rows8(n, s, bs, x, bx, y, by, 8, TYPE); break;                             \
+        }                                                                                          \
+    }
+
+PG_ROWS8_KQUANT(rows8_q4_K, 4)
+PG_ROWS8_KQUANT(rows8_q5_K, 5)
+PG_ROWS8_KQUANT(rows8_q6_K, 6)
 
 /* ---- table ------------------------------------------------------------------------------- */
 
@@ -566,4 +589,9 @@ void pg_fill_gemm_avx512(pg_type_traits *tbl) {
     tbl[PG_TYPE_Q4_K].vec_dot8 = rows8_q4_K;
     tbl[PG_TYPE_Q5_K].vec_dot8 = rows8_q5_K;
     tbl[PG_TYPE_Q6_K].vec_dot8 = rows8_q6_K;
+    /* up to 8 rows (in cache, 1 thread, K 1536, Q4_K GOP/s against the gemm: 2 rows 92 vs
+     * 61-69, 5 rows 108-142 vs 81-105, 8 rows 150 vs 119-158; the weights are read once either
+     * way, and decode (1 row) 57 vs 39-51 before the bsums terms left the slice loop) */
+    tbl[PG_TYPE_Q4_K].vec_dot8_rows = tbl[PG_TYPE_Q5_K].vec_dot8_rows =
+        tbl[PG_TYPE_Q6_K].vec_dot8_rows = PG_DOT8_MAX_NC;
 }

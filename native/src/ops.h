@@ -38,14 +38,25 @@ static inline void pg_report_bad_data(const pg_cparams *p) {
     atomic_compare_exchange_strong(p->error_node, &expected, p->node_index);
 }
 
-/* dst[n] = dot(weight row n, xr) for n in [n0, n1), rows nb1 bytes apart from w: vec_dot8 for
- * groups of eight where the type has it, vec_dot for the rest (the same bits either way) */
-static inline void pg_dot_rows(const pg_type_traits *tr, int64_t K, float *dst, const uint8_t *w,
-                               size_t nb1, int64_t n0, int64_t n1, const void *xr) {
+/* ((float *)((char *)dst + j·dbs))[n] = dot(weight row n, activation row j) for n in [n0, n1),
+ * j < nc, weight rows nb1 bytes apart from w, activation rows xbs bytes apart from xr: vec_dot8
+ * for groups of eight weight rows where the type has it (PG_DOT8_MAX_NC activation rows a call,
+ * the group's bytes still in L1 for the next call), vec_dot for the rest (the same bits) */
+static inline void pg_dot_rows(const pg_type_traits *tr, int64_t K, float *dst, size_t dbs,
+                               const uint8_t *w, size_t nb1, int64_t n0, int64_t n1,
+                               const void *xr, size_t xbs, int nc) {
     int64_t n = n0;
     if (tr->vec_dot8)
-        for (; n + 8 <= n1; n += 8) tr->vec_dot8(K, &dst[n], w + (size_t)n * nb1, nb1, xr);
-    for (; n < n1; n++) tr->vec_dot(K, &dst[n], w + (size_t)n * nb1, xr);
+        for (; n + 8 <= n1; n += 8)
+            for (int j = 0; j < nc; j += PG_DOT8_MAX_NC)
+                tr->vec_dot8(K, (float *)((char *)dst + (size_t)j * dbs) + n, dbs,
+                             w + (size_t)n * nb1, nb1, (const char *)xr + (size_t)j * xbs, xbs,
+                             nc - j < PG_DOT8_MAX_NC ? nc - j : PG_DOT8_MAX_NC);
+    for (int j = 0; j < nc; j++) {
+        float *d = (float *)((char *)dst + (size_t)j * dbs);
+        const void *x = (const char *)xr + (size_t)j * xbs;
+        for (int64_t r = n; r < n1; r++) tr->vec_dot(K, &d[r], w + (size_t)r * nb1, x);
+    }
 }
 
 #define PG_SRC(all, t, k) ((t)->src[k] >= 0 ? &(all)[(t)->src[k]] : NULL)

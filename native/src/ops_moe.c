@@ -111,7 +111,7 @@ static void expert_rows(const pg_type_traits *tr, pg_tensor *t, const uint8_t *w
         for (int64_t j = 0; j < cnt; j++) {
             float *dst = pg_ptr(t, 0, ent[j] % n_ids, ent[j] / n_ids, 0);
             const uint8_t *xr = rows + (size_t)j * rb;
-            pg_dot_rows(tr, K, dst, w, wnb1, n0, n1, xr);
+            pg_dot_rows(tr, K, dst, 0, w, wnb1, n0, n1, xr, 0, 1);
         }
         return;
     }

@@ -5,7 +5,11 @@
  * thread computes a contiguous range of the larger output dimension, so in decode (M = 1) every
  * thread streams its own weight rows and no row is read twice.
  *
- * With several activation rows (M > 1) and a gemm kernel for the weight type, the dots are
+ * With a few activation rows (up to the type's vec_dot8_rows: decode, a speculative round's
+ * verification, a few server streams), each thread takes a range of weight rows and vec_dot8
+ * reads and unpacks each weight row once for all of them.
+ *
+ * With more activation rows and a gemm kernel for the weight type, the dots are
  * computed in blocks of up to PG_GEMM_MAX_NR weight rows × PG_GEMM_MAX_NC activation rows (each
  * block one gemm call, which decodes every weight block once for all its activation rows); the
  * threads' ranges are cut at multiples of the block size. A gemm computes each dot the same way
@@ -181,8 +185,18 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
         if (!priv) pg_sync(p);
     }
 
-    /* split the larger output dimension: weight rows (N) or activation rows (M*B2*B3) */
+    /* decode and a few tokens (speculative verification, a few server streams): each thread
+     * its weight rows, each weight row read once for all activation rows (vec_dot8) */
     const int64_t MM = M * B2 * B3;
+    if (MM == M && tr->vec_dot8 && M <= tr->vec_dot8_rows) {
+        int64_t n0, n1;
+        split_units(N, 8, p->ith, p->nth, &n0, &n1);
+        const void *xr = convert ? (const void *)act : (const void *)x->data;
+        pg_dot_rows(tr, K, (float *)t->data, (size_t)t->nb[1], (const uint8_t *)w->data,
+                    (size_t)w->nb[1], n0, n1, xr, convert ? rb : (size_t)x->nb[1], (int)M);
+        return;
+    }
+    /* split the larger output dimension: weight rows (N) or activation rows (M*B2*B3) */
     if (M > 1 && tr->gemm) {
         const size_t ystride = convert ? rb : (size_t)x->nb[1];
         mul_mat_gemm(p, t, w, x, tr->gemm, convert ? act : NULL, ystride);
@@ -203,7 +217,7 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
                                          : (const void *)pg_ptr(x, 0, i1, i2, i3);
                 const uint8_t *wplane = pg_ptr(w, 0, 0, i2 / r2, i3 / r3);
                 float *dst = pg_ptr(t, 0, i1, i2, i3);
-                pg_dot_rows(tr, K, dst, wplane, (size_t)w->nb[1], nt, nt1, xr);
+                pg_dot_rows(tr, K, dst, 0, wplane, (size_t)w->nb[1], nt, nt1, xr, 0, 1);
             }
         }
     }

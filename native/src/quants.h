@@ -36,10 +36,13 @@ typedef void (*pg_gemm_fn)(int64_t n, float *restrict s, size_t bs, const void *
                            size_t bx, const void *restrict y, size_t by, int nr, int nc);
 #define PG_GEMM_MAX_NR 8
 #define PG_GEMM_MAX_NC 8
-/* s[i] = dot(x row i, y) for the 8 weight rows at x (rows bx bytes apart), y in vec_dot_type:
- * decode's MUL_MAT, 8 rows at a time, with the bits of vec_dot. */
-typedef void (*pg_vec_dot8_fn)(int64_t n, float *restrict s, const void *restrict x, size_t bx,
-                               const void *restrict y);
+/* ((float *)((char *)s + j·bs))[i] = dot(x row i, y row j) for the 8 weight rows at x (rows bx
+ * bytes apart) and nc (1..PG_DOT8_MAX_NC) activation rows at y (by bytes apart, vec_dot_type),
+ * with the bits of vec_dot: decode's MUL_MAT, 8 weight rows at a time, and a few tokens at once
+ * (speculative verification, a few server streams) reading each weight row once. */
+typedef void (*pg_vec_dot8_fn)(int64_t n, float *restrict s, size_t bs, const void *restrict x,
+                               size_t bx, const void *restrict y, size_t by, int nc);
+#define PG_DOT8_MAX_NC 8
 /* The AMX tile gemm (amx.h, gemm_amx.c): for nrows weight rows (x, rows bx bytes apart) and
  * the M activation rows packed in `act` (pg_amx_pack_act tiles),
  *     ((float *)((char *)s + m·bs))[i] = dot(x row i, activation row m),
@@ -58,6 +61,8 @@ typedef struct pg_type_traits {
     int32_t          vec_dot_type;   /* type the other operand of vec_dot must be in         */
     pg_gemm_fn       gemm;           /* optional (NULL: MUL_MAT calls vec_dot pair by pair)  */
     pg_vec_dot8_fn   vec_dot8;       /* optional (NULL: decode calls vec_dot row by row)     */
+    int32_t          vec_dot8_rows;  /* MUL_MAT takes vec_dot8 up to this many activation rows,
+                                        the gemm beyond (tuned per kernel; 1: decode only)    */
     pg_amx_gemm_fn   amx_gemm;       /* the amx path only, for K-quants; NULL elsewhere      */
 } pg_type_traits;
 

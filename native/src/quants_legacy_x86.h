@@ -233,20 +233,24 @@ PG_DOT_Q8_1_KERNEL(vec_dot_q5_1_q8_1, pg_block_q5_1, q5_1_block)
                                 _mm256_cvtepi32_ps(p)),                                         \
                   _mm256_mul_ps(fp16x8((const char *)(xb) + 2, bx), _mm256_set1_ps(h2f((yb)->s))))
 
+/* nc activation rows (1..PG_DOT8_MAX_NC) one after the other, the group's weight bytes in L1
+ * after the first; MUL_MAT takes the gemm for several rows of these formats (vec_dot8_rows = 1) */
 #define PG_DOT8_KERNEL(name, XT, YT, BLOCK, TERM8)                                              \
-    static void name(int64_t n, float *restrict s, const void *restrict vx, size_t bx,          \
-                     const void *restrict vy) {                                                 \
-        const YT *y = vy;                                                                       \
-        __m256 acc = _mm256_setzero_ps();                                                       \
+    static void name(int64_t n, float *restrict s, size_t bs, const void *restrict vx,          \
+                     size_t bx, const void *restrict vy, size_t by, int nc) {                   \
         const int64_t nb = n / PG_QK32;                                                         \
         const size_t next = 8 * bx, share = (next / (size_t)nb + 63) & ~(size_t)63;             \
-        for (int64_t b = 0; b < nb; b++) {                                                      \
-            PG_PREFETCH_SHARE((const char *)vx + next + (size_t)b * share, share);              \
-            const XT *xb = (const XT *)vx + b;                                                  \
-            const __m256i p = PG_FOLD_ROWS8(BLOCK, xb, bx, &y[b], XT);                          \
-            acc = _mm256_add_ps(acc, TERM8(p, xb, bx, &y[b]));                                  \
+        for (int j = 0; j < nc; j++) {                                                          \
+            const YT *y = (const YT *)((const char *)vy + (size_t)j * by);                      \
+            __m256 acc = _mm256_setzero_ps();                                                   \
+            for (int64_t b = 0; b < nb; b++) {                                                  \
+                if (j == 0) PG_PREFETCH_SHARE((const char *)vx + next + (size_t)b * share, share); \
+                const XT *xb = (const XT *)vx + b;                                              \
+                const __m256i p = PG_FOLD_ROWS8(BLOCK, xb, bx, &y[b], XT);                      \
+                acc = _mm256_add_ps(acc, TERM8(p, xb, bx, &y[b]));                              \
+            }                                                                                   \
+            _mm256_storeu_ps((float *)((char *)s + (size_t)j * bs), acc);                       \
         }                                                                                       \
-        _mm256_storeu_ps(s, acc);                                                               \
     }
 
 PG_DOT8_KERNEL(vec_dot8_q4_0_q8_0, pg_block_q4_0, pg_block_q8_0, q4_0_block, PG_TERM8_X_Y)
@@ -255,12 +259,18 @@ PG_DOT8_KERNEL(vec_dot8_q8_0_q8_0, pg_block_q8_0, pg_block_q8_0, q8_0_block, PG_
 PG_DOT8_KERNEL(vec_dot8_q4_1_q8_1, pg_block_q4_1, pg_block_q8_1, q4_1_block, PG_TERM8_Q8_1)
 PG_DOT8_KERNEL(vec_dot8_q5_1_q8_1, pg_block_q5_1, pg_block_q8_1, q5_1_block, PG_TERM8_Q8_1)
 
+/* decode only: for several rows the gemm (in cache, 1 thread, K 1536, at 2 / 4 rows: 45-56 vs
+ * 46-55, 57-67 vs 85-109 GOP/s) */
 #define PG_FILL_LEGACY_DOT8(tbl) do {                                                           \
-    (tbl)[PG_TYPE_Q4_0].vec_dot8 = vec_dot8_q4_0_q8_0;                                          \
-    (tbl)[PG_TYPE_Q4_1].vec_dot8 = vec_dot8_q4_1_q8_1;                                          \
-    (tbl)[PG_TYPE_Q5_0].vec_dot8 = vec_dot8_q5_0_q8_0;                                          \
-    (tbl)[PG_TYPE_Q5_1].vec_dot8 = vec_dot8_q5_1_q8_1;                                          \
-    (tbl)[PG_TYPE_Q8_0].vec_dot8 = vec_dot8_q8_0_q8_0;                                          \
+    static const int32_t types_[] = {PG_TYPE_Q4_0, PG_TYPE_Q4_1, PG_TYPE_Q5_0, PG_TYPE_Q5_1,    \
+                                     PG_TYPE_Q8_0};                                             \
+    static const pg_vec_dot8_fn dots_[] = {vec_dot8_q4_0_q8_0, vec_dot8_q4_1_q8_1,              \
+                                           vec_dot8_q5_0_q8_0, vec_dot8_q5_1_q8_1,              \
+                                           vec_dot8_q8_0_q8_0};                                 \
+    for (int i_ = 0; i_ < 5; i_++) {                                                            \
+        (tbl)[types_[i_]].vec_dot8 = dots_[i_];                                                 \
+        (tbl)[types_[i_]].vec_dot8_rows = 1;                                                    \
+    }                                                                                           \
 } while (0)
 
 #endif

@@ -545,7 +545,8 @@ static int mul_mat(pg_threadpool *tp, int n_threads, int32_t type, int64_t K, in
 }
 
 /* On every path this CPU runs, for every weight type with a dot kernel (the quantized ones go
- * through the gemm when M > 1, the float ones through vec_dot): a batch of M activation rows,
+ * through vec_dot8 up to PG_DOT8_MAX_NC rows where the type has it and through the gemm beyond,
+ * the float ones through vec_dot): a batch of M activation rows,
  * with 1 and 2 threads, gives each row exactly the bits of that row alone (M = 1, 1 thread).
  * Odd N and M (partial gemm blocks, uneven thread splits), M on both sides of the decode
  * threshold where each thread converts the activations itself. */
@@ -553,7 +554,7 @@ PG_TEST(test_mul_mat_row_independent_of_batch) {
     static const int32_t types[] = {PG_TYPE_Q4_0, PG_TYPE_Q4_1, PG_TYPE_Q5_0, PG_TYPE_Q5_1,
                                     PG_TYPE_Q8_0, PG_TYPE_Q2_K, PG_TYPE_Q3_K, PG_TYPE_Q4_K,
                                     PG_TYPE_Q5_K, PG_TYPE_Q6_K, PG_TYPE_F16, PG_TYPE_F32};
-    static const int64_t Ms[] = {2, 3, 5, 9, 19, 35};
+    static const int64_t Ms[] = {2, 3, 4, 5, 8, 9, 19, 35};
     enum { K = 768, N = 37, MMAX = 35 };
     const int32_t cur = pg_cpu_path();
     pg_threadpool *tp = pg_threadpool_new(2);
@@ -604,9 +605,11 @@ PG_TEST(test_mul_mat_row_independent_of_batch) {
     free(w);
 }
 
-/* vec_dot8 (decode, eight weight rows at a time) on every path that has it: each of the eight
- * results has the scalar vec_dot's bits, for rows of 1, 2, 7, 20 (Gemma's output rows) and 33
- * blocks, the rows placed right before a guard page (nothing read past the eighth row). */
+/* vec_dot8 (decode, eight weight rows at a time, 1..PG_DOT8_MAX_NC activation rows) on every
+ * path that has it: each result has the scalar vec_dot's bits, for rows of 1, 2, 7, 20 (Gemma's
+ * output rows) and 33 blocks, with output and activation rows at padded strides; the weight
+ * rows right before a guard page (nothing read past the eighth row), the activation rows too
+ * (nothing read past row nc), and nothing written outside the nc output rows. */
 PG_TEST(test_vec_dot8_bits_and_bounds) {
     variant v[8];
     const int nv = variants(v);
@@ -618,28 +621,38 @@ PG_TEST(test_vec_dot8_bits_and_bounds) {
             const pg_vec_dot8_fn dot8 = v[iv].tbl[type].vec_dot8;
             if (!dot8) continue;
             const pg_type_traits *t = scalar_tr(type);
-            for (int ic = 0; ic < 5; ic++) {
-                const int nb = counts[ic];
-                const size_t wrow = (size_t)nb * (size_t)t->type_size;
-                const size_t yrow = (size_t)nb * (size_t)scalar_tr(t->vec_dot_type)->type_size;
-                void *mw, *my;
-                size_t sw, sy;
-                uint8_t *w = rows_before_guard(wrow * 8, &mw, &sw);
-                uint8_t *y = rows_before_guard(yrow, &my, &sy);
-                CHECK(w && y, "mmap failed");
-                if (!w || !y) return;
-                for (int i = 0; i < 8; i++) weight_row(type, w + (size_t)i * wrow, nb);
-                act_row(type, y, nb);
-                const int64_t n = (int64_t)nb * t->block_size;
-                float got[8], want[8];
-                dot8(n, got, w, wrow, y);
-                for (int i = 0; i < 8; i++) t->vec_dot(n, &want[i], w + (size_t)i * wrow, y);
-                CHECK(memcmp(got, want, sizeof(got)) == 0, "%s %s %d blocks: vec_dot8 differs "
-                      "from the scalar vec_dot", v[iv].name, tname(type), nb);
-                tested++;
-                munmap(mw, sw);
-                munmap(my, sy);
-            }
+            for (int ic = 0; ic < 5; ic++)
+                for (int nc = 1; nc <= PG_DOT8_MAX_NC; nc++) {
+                    const int nb = counts[ic];
+                    const size_t wrow = (size_t)nb * (size_t)t->type_size;
+                    const size_t yrow = (size_t)nb * (size_t)scalar_tr(t->vec_dot_type)->type_size;
+                    const size_t ystride = yrow + 8 * (size_t)(nc > 1);   /* padded rows */
+                    const size_t ybytes = ystride * (size_t)(nc - 1) + yrow;
+                    void *mw, *my;
+                    size_t sw, sy;
+                    uint8_t *w = rows_before_guard(wrow * 8, &mw, &sw);
+                    uint8_t *y = rows_before_guard(ybytes, &my, &sy);
+                    CHECK(w && y, "mmap failed");
+                    if (!w || !y) return;
+                    for (int i = 0; i < 8; i++) weight_row(type, w + (size_t)i * wrow, nb);
+                    for (int j = 0; j < nc; j++) act_row(type, y + (size_t)j * ystride, nb);
+                    const int64_t n = (int64_t)nb * t->block_size;
+                    enum { S = 11 };   /* output row stride in floats: 8 dots and 3 guards */
+                    float got[PG_DOT8_MAX_NC + 1][S], want[PG_DOT8_MAX_NC + 1][S];
+                    for (int j = 0; j <= PG_DOT8_MAX_NC; j++)
+                        for (int i = 0; i < S; i++) got[j][i] = want[j][i] = -7.25f;
+                    dot8(n, &got[0][0], sizeof(got[0]), w, wrow, y, ystride, nc);
+                    for (int j = 0; j < nc; j++)
+                        for (int i = 0; i < 8; i++)
+                            t->vec_dot(n, &want[j][i], w + (size_t)i * wrow,
+                                       y + (size_t)j * ystride);
+                    CHECK(memcmp(got, want, sizeof(got)) == 0, "%s %s %d blocks, %d activation "
+                          "rows: vec_dot8 differs from the scalar vec_dot (or wrote outside)",
+                          v[iv].name, tname(type), nb, nc);
+                    tested++;
+                    munmap(mw, sw);
+                    munmap(my, sy);
+                }
         }
     }
 #if defined(__x86_64__)

@@ -62,7 +62,13 @@ def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=
                  n_threads_batch=t, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers) as llm:
             V = llm.hparams.n_vocab
             llm.eval(_tokens(min(8, need_ctx), V, 0))          # warm-up (graphs, pages)
+            # and, as llama-bench does, one untimed run of each test before its repetitions
+            # (a prompt of n tokens; a generated token): the runs measure graphs that exist,
+            # not the first build of a graph of that shape (its split, allocation and, on a
+            # remote device, the graph upload)
             for n in prompts:
+                llm.reset()
+                llm.eval(_tokens(n, V, reps))
                 tps = []
                 for r in range(reps):
                     llm.reset()
@@ -73,6 +79,8 @@ def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=
                     bar.update()
                 rows.append(BenchRow(f"pp{n}", t, tps))
             for n in gens:
+                llm.reset()
+                llm.eval(_tokens(1, V, reps))
                 tps = []
                 for r in range(reps):
                     llm.reset()

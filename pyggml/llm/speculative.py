@@ -442,15 +442,20 @@ class SpecStats:
 
 class CostModel:
     """What a round costs, learnt while decoding (seconds): a drafted token (moving average) and
-    the model's verification of n rows, t(n) = a + b·n, fitted by exponentially weighted least
-    squares (on a CPU, a batch of rows costs about one row while the weights' bandwidth bounds
-    it, then grows with n once the matmuls are bound by arithmetic)."""
+    the model's verification of n rows. On a CPU that is not a line: a batch of rows costs about
+    one row while the weights' bandwidth bounds it, then steps where the matmul kernels change
+    (pyggml's K-quant decode kernel takes up to 8 rows with one read of the weights, the gemm
+    more, the AMX tiles 16 and up). So each timed size keeps its own moving average; a size not
+    timed yet is interpolated between its timed neighbours, and past the largest timed size
+    extrapolated with the slope of an exponentially weighted least-squares line through all
+    timings (never below the largest size's time)."""
 
     DECAY = 0.95
 
     def __init__(self):
         self.draft_s: float | None = None
         self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._by_rows: dict[int, float] = {}    # rows -> moving average of seconds
         self.n_verify = 0
 
     def add_draft(self, n_tokens: int, seconds: float) -> None:
@@ -463,19 +468,28 @@ class CostModel:
         self._w, self._x, self._y = d * self._w + 1, d * self._x + n_rows, d * self._y + seconds
         self._xx = d * self._xx + n_rows * n_rows
         self._xy = d * self._xy + n_rows * seconds
+        old = self._by_rows.get(n_rows)
+        self._by_rows[n_rows] = seconds if old is None else 0.7 * old + 0.3 * seconds
         self.n_verify += 1
 
     def verify_s(self, n_rows: int) -> float | None:
         """Seconds to verify n_rows (None until rows of several sizes were timed)."""
-        if self.n_verify < 4:
+        if self.n_verify < 4 or len(self._by_rows) < 2:
             return None
-        xm, ym = self._x / self._w, self._y / self._w
-        var = self._xx / self._w - xm * xm
-        if var < 0.5:
-            return None
-        b = max(0.0, (self._xy / self._w - xm * ym) / var)
-        a = max(ym - b * xm, 0.0)
-        return a + b * n_rows
+        t = self._by_rows
+        if n_rows in t:
+            return t[n_rows]
+        sizes = sorted(t)
+        if n_rows < sizes[0]:
+            return t[sizes[0]]
+        if n_rows > sizes[-1]:
+            xm, ym = self._x / self._w, self._y / self._w
+            var = self._xx / self._w - xm * xm
+            slope = max(0.0, (self._xy / self._w - xm * ym) / var) if var > 1e-9 else 0.0
+            return t[sizes[-1]] + slope * (n_rows - sizes[-1])
+        hi = next(n for n in sizes if n > n_rows)
+        lo = max(n for n in sizes if n < n_rows)
+        return t[lo] + (t[hi] - t[lo]) * (n_rows - lo) / (hi - lo)
 
     def best_k(self, alpha: float, k_lo: int, k_hi: int) -> int | None:
         """The k of the most expected tokens per second: a round of k drafts yields

@@ -164,14 +164,20 @@ def estimate_running(llm):
     made them (its rules, rpc-servers and llama.cpp flags; None for a run made from -ngl
     alone). Remote devices are the served run's own (the live connections: their memory is
     asked there). A CPU-only run is planned with the CPU only (listing devices would load
-    every backend module into the server: Vulkan's driver is ~50 MB resident)."""
+    every backend module into the server: Vulkan's driver is ~50 MB resident). A draft model
+    the server decodes with is planned too, as the runtime opened it."""
     from pyggml.backend.base import Registry
     from pyggml.offload import CPU
     from pyggml.planning.measure import estimate
+    from pyggml.llm.speculative import DraftModel
     cpu_only = all(n == CPU for n in llm.offload.devices_used())
+    draft = {}          # the served draft model's weights, KV cache and compute (RunPlan.draft)
+    dm = llm.speculator.draft if llm.speculator is not None else None
+    if isinstance(dm, DraftModel) and dm.llm is not None:
+        draft = {"draft_model": dm.llm.path, "n_draft": llm.run.opts.n_draft}
     return estimate(llm.path, config=llm.config, offload=llm.offload, opts=llm.run.opts,
                     with_nodes=True,
-                    registry=Registry(("pyggml.backend.cpu",)) if cpu_only else None)
+                    registry=Registry(("pyggml.backend.cpu",)) if cpu_only else None, **draft)
 
 
 class PlannerBusy(PyggmlError):

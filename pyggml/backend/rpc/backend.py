@@ -24,8 +24,11 @@ next load finds them. `traffic()` counts what was sent.
 
 Synchronisation: the server handles commands strictly in order, and every read goes through
 GET_TENSOR, whose answer comes after everything sent before it: `synchronize()` has nothing to
-wait for. A server that died or stopped answering shows at the next command that waits for an
-answer (at the latest the next read of a result), as RpcError within the timeout.
+wait for (the scheduler calls it before each input copy: it must not write either; small
+SET_TENSORs are copied into the connection's queue and wait for the graph compute or the next
+read, pyggml.backend.rpc.protocol). A server that died or stopped answering shows at the next
+command that waits for an answer (at the latest the next read of a result), as RpcError within
+the timeout.
 """
 
 from __future__ import annotations
@@ -409,7 +412,7 @@ class RpcBuffer(Buffer):
         else:
             cache_flag = 0
         head = rec + struct.pack("<BQ", cache_flag, offset)
-        conn.request(Cmd.SET_TENSOR, (head, mv))
+        conn.request(Cmd.SET_TENSOR, (head, mv), flush=False)
         if weights:
             st.weight_bytes_uploaded += n
 
@@ -428,7 +431,8 @@ class RpcBuffer(Buffer):
         if n == 0:
             return
         rec = pack_tensor(tensor, self.conn)
-        self.conn.request(Cmd.MEMSET_TENSOR, rec + struct.pack("<QQB", offset, n, value & 0xFF))
+        self.conn.request(Cmd.MEMSET_TENSOR, rec + struct.pack("<QQB", offset, n, value & 0xFF),
+                          flush=False)
 
     def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
         """COPY_TENSOR when src is on the same server; SET_TENSOR from host memory."""
