@@ -484,9 +484,9 @@ void pg_fill_kquants_avx2(pg_type_traits *tbl) {
     tbl[PG_TYPE_Q4_K].vec_dot8 = rows8_q4_K_avx2;
     tbl[PG_TYPE_Q5_K].vec_dot8 = rows8_q5_K_avx2;
     tbl[PG_TYPE_Q6_K].vec_dot8 = rows8_q6_K_avx2;
-    /* up to 8 rows (in cache, 1 thread, K 1536, best of 3, GOP/s against vec_dot / the gemm:
-     * Q4_K 1 row 54 vs 40, 2 rows 74 vs 39, 4 rows 85 vs 76, 8 rows 86 vs 80; Q6_K 43 vs 36,
-     * 62 vs 37, 78 vs 72, 79 vs 73) */
+    /* up to 3 rows, the AVX2 gemm beyond (in cache, 1 thread, K 1536, best of 2, GOP/s: Q4_K
+     * 1 row 54 against vec_dot's 40; 2 rows 71 against the gemm's 47-49 (AVX2 / AVX-VNNI
+     * form), 4 rows 81 vs 89-94, 8 rows 80 vs 103-112; Q6_K 2 rows 58 vs 29-42) */
     tbl[PG_TYPE_Q4_K].vec_dot8_rows = tbl[PG_TYPE_Q5_K].vec_dot8_rows =
-        tbl[PG_TYPE_Q6_K].vec_dot8_rows = 8;
+        tbl[PG_TYPE_Q6_K].vec_dot8_rows = 3;
 }
