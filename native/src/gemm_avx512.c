@@ -494,14 +494,10 @@ AINL void kquant_rows8(int64_t n, float *s, size_t bs, const void *vx, size_t bx
                                    : type == 5 ? sizeof(pg_block_q5_K) : sizeof(pg_block_q6_K);
     __m256 acc[PG_DOT8_MAX_NC];
     PG_UNROLL for (int j = 0; j < C; j++) acc[j] = _mm256_setzero_ps();
-    /* decode calls this for consecutive groups of 8 rows: while one group's super-block b is
-     * computed, fetch the next group's share (its 8 rows are contiguous; rows of a few hundred
-     * bytes are too short for the hardware prefetcher to catch up within a row) */
     const int64_t nb = n / PG_QK_K;
-    const size_t next = 8 * bx, share = (next / (size_t)nb + 63) & ~(size_t)63;
+    const size_t share = kq_dot8_share(bx, nb);
     for (int64_t b = 0; b < nb; b++) {
-        for (size_t o = 0; o < share; o += 64)
-            _mm_prefetch((const char *)vx + next + (size_t)b * share + o, _MM_HINT_T0);
+        kq_dot8_prefetch(vx, bx, b, share);
         kgroup k[2];
         PG_UNROLL for (int g = 0; g < 2; g++) {
             if (type == 6) kgroup_q6(x + 4 * g, b, &k[g]);

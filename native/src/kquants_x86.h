@@ -35,6 +35,18 @@ static inline float hsum_ps(__m256 v) {
 
 static inline __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
+/* vec_dot8's prefetch: decode calls it for consecutive groups of 8 weight rows (8·bx bytes), and
+ * while a group's super-block b of nb is computed, the b-th share of the next group's bytes is
+ * fetched (rows of a few hundred bytes are too short for the hardware prefetcher to catch up
+ * within a row; Qwen 1.5B decode 1.24x). */
+static inline size_t kq_dot8_share(size_t bx, int64_t nb) {
+    return (8 * bx / (size_t)nb + 63) & ~(size_t)63;
+}
+static inline void kq_dot8_prefetch(const void *x, size_t bx, int64_t b, size_t share) {
+    const char *p = (const char *)x + 8 * bx + (size_t)b * share;
+    for (size_t o = 0; o < share; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
 static inline int32_t hsum_i32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));

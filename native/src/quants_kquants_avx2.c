@@ -418,13 +418,10 @@ static inline __attribute__((always_inline)) void kq_rows8(int64_t n, float *s, 
     const char *x = vx;
     __m256 acc[KQ_ROWS8_MAX_C];
     KQ_UNROLL for (int j = 0; j < C; j++) acc[j] = _mm256_setzero_ps();
-    /* while one group's super-block b is computed, fetch the next group's share (decode calls
-     * this for consecutive groups of 8 rows; see kquant_rows8 in gemm_avx512.c) */
     const int64_t nb = n / PG_QK_K;
-    const size_t next = 8 * bx, share = (next / (size_t)nb + 63) & ~(size_t)63;
+    const size_t share = kq_dot8_share(bx, nb);
     for (int64_t b = 0; b < nb; b++) {
-        for (size_t o = 0; o < share; o += 64)
-            _mm_prefetch(x + next + (size_t)b * share + o, _MM_HINT_T0);
+        kq_dot8_prefetch(vx, bx, b, share);
         const pg_block_q8_K *yb[KQ_ROWS8_MAX_C];
         KQ_UNROLL for (int j = 0; j < C; j++)
             yb[j] = (const pg_block_q8_K *)((const char *)vy + (size_t)j * by) + b;
