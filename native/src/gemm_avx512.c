@@ -490,8 +490,7 @@ AINL void kquant_rows8(int64_t n, float *s, size_t bs, const void *vx, size_t bx
     const pg_block_q8_K *yr[PG_DOT8_MAX_NC];
     PG_UNROLL for (int j = 0; j < C; j++)
         yr[j] = (const pg_block_q8_K *)((const char *)vy + (size_t)j * by);
-    const size_t bsize = type == 4 ? sizeof(pg_block_q4_K)
-                                   : type == 5 ? sizeof(pg_block_q5_K) : sizeof(pg_block_q6_K);
+    const size_t bsize = kq_block_bytes(type);
     __m256 acc[PG_DOT8_MAX_NC];
     PG_UNROLL for (int j = 0; j < C; j++) acc[j] = _mm256_setzero_ps();
     const int64_t nb = n / PG_QK_K;

@@ -35,6 +35,12 @@ static inline float hsum_ps(__m256 v) {
 
 static inline __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
+/* bytes of a super-block of the x86 kernels' type numbers 4, 5, 6 = Q4_K, Q5_K, Q6_K */
+static inline size_t kq_block_bytes(int type) {
+    return type == 4 ? sizeof(pg_block_q4_K)
+                     : type == 5 ? sizeof(pg_block_q5_K) : sizeof(pg_block_q6_K);
+}
+
 /* vec_dot8's prefetch: decode calls it for consecutive groups of 8 weight rows (8·bx bytes), and
  * while a group's super-block b of nb is computed, the b-th share of the next group's bytes is
  * fetched (rows of a few hundred bytes are too short for the hardware prefetcher to catch up

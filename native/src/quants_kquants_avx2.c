@@ -413,8 +413,7 @@ static inline __attribute__((always_inline)) void kq_row_dots(const void *xb,
 
 static inline __attribute__((always_inline)) void kq_rows8(int64_t n, float *s, size_t bs,
         const void *vx, size_t bx, const void *vy, size_t by, const int C, const int type) {
-    const size_t bsize = type == 4 ? sizeof(pg_block_q4_K)
-                                   : type == 5 ? sizeof(pg_block_q5_K) : sizeof(pg_block_q6_K);
+    const size_t bsize = kq_block_bytes(type);
     const char *x = vx;
     __m256 acc[KQ_ROWS8_MAX_C];
     KQ_UNROLL for (int j = 0; j < C; j++) acc[j] = _mm256_setzero_ps();
