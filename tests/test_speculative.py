@@ -499,10 +499,58 @@ def test_prompt_lookup_proposes_the_latest_match():
     assert pl.lookup([5, 6, 7], 3).tokens == []               # no earlier occurrence
     assert pl.lookup([4, 4, 4, 4], 2).tokens == [4]           # overlapping match, to the end
     assert PromptLookup(ngram_min=2).lookup([1, 2, 3, 1], 3).tokens == []
+    # the longest match wins over a later, shorter one; the proposal says how long it was
+    ctx = [1, 2, 3, 4, 7, 9, 2, 3, 4, 5, 1, 2, 3, 4]
+    got = PromptLookup().lookup(ctx, 3)
+    assert got.tokens == [7, 9, 2] and got.match == 4
+    assert PromptLookup(ngram_max=3).lookup(ctx, 2).tokens == [5, 1]    # 3 tokens: the latest
+    assert pl.lookup([5, 6, 7], 3).match == 0
     with pytest.raises(ModelError, match="ngram_min"):
         PromptLookup(ngram_max=1, ngram_min=2)
     with pytest.raises(ModelError, match="draft_max"):
         PromptLookup(n_max=0)
+
+
+def test_lookup_drafts_as_far_as_its_match_length_pays(tiny_models):
+    """The Speculator cuts a lookup proposal by what it learnt of each match length: a weak
+    match (1 token, rarely kept) drafts nothing, a strong one (4+, nearly always kept) its
+    whole proposal; a proposal with no match length (a draft model's) is left as it is."""
+    from pyggml.llm.speculative import Speculator
+    tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=1)
+    with LLM(tm.path, n_ctx=128, n_threads=1) as llm:
+        sp = Speculator(llm, PromptLookup(n_max=8))
+        proposal = lambda m: Proposal(list(range(8)), [None] * 8, match=m)
+        p = proposal(1)
+        sp.trim(0, p)
+        assert p.tokens == list(range(sp.k[0]))             # costs not timed yet: adaptive k
+        for n in range(1, 10):
+            _timed(sp.costs, n, 0.050 + 0.010 * n)          # 2 rows: 1.17x one (this VM)
+        c = sp._by_match[0]
+        c[1:4] = (0.0, 30.0)                                # 1..3-token matches: rejected
+        c[4] = (60.0, 1.0)                                  # 4 and more: kept
+        weak, strong = proposal(1), proposal(4)
+        sp.trim(0, weak)
+        sp.trim(0, strong)
+        assert weak.tokens == [] and strong.tokens == list(range(8))
+        assert len(strong.q) == 8
+        sp.reset_seq(0)
+        assert not sp._by_match[0].any()
+
+
+def test_lookup_learns_match_lengths_while_decoding(tiny_models, scalar_path):
+    tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=2)
+    with LLM(tm.path, n_ctx=256, n_threads=1) as llm:
+        ids = llm.tokenize(CODE)
+        plain = _greedy(llm, ids, 40, False)
+        pl = PromptLookup(n_max=6)
+        assert _greedy(llm, ids, 40, pl) == plain
+        sp = llm.speculator_for(pl)
+        assert sp is llm.speculator_for(PromptLookup(n_max=6))   # equal options: one
+        st = llm.stats.spec
+        # every drafted token was decided (kept, or the first rejected): counted by match length
+        counts = sp._by_match[0]
+        assert st.drafted > 0 and counts.sum() > 0
+        assert counts[:, 0].sum() <= st.accepted
 
 
 def test_incompatible_vocab_is_refused(tiny_models):
@@ -545,12 +593,19 @@ def test_plan_accounts_for_the_draft(tiny_models):
     assert "draft model" in rp.draft_summary() and rp.to_dict()["draft"]["kv_layers"]
 
 
+def _timed(cm, n_rows: int, seconds: float) -> None:
+    """A size's verification timed as the runtime times it: first with its graph built (that
+    time is dropped), then as it costs."""
+    cm.add_verify(n_rows, 1.0)
+    cm.add_verify(n_rows, seconds)
+
+
 def test_cost_model_picks_k_by_expected_tokens_per_second():
     from pyggml.llm.speculative import CostModel
     cm = CostModel()
     assert cm.best_k(0.9, 1, 16) is None                    # nothing timed yet
     for n in (1, 2, 5, 9, 17, 3):                           # verification: 20 ms + 6 ms a row
-        cm.add_verify(n, 0.020 + 0.006 * n)
+        _timed(cm, n, 0.020 + 0.006 * n)
     assert cm.verify_s(10) == pytest.approx(0.080)
     cm.add_draft(4, 4 * 0.005)                              # a drafted token: 5 ms
     k = cm.best_k(0.9, 1, 16)
@@ -559,7 +614,7 @@ def test_cost_model_picks_k_by_expected_tokens_per_second():
     assert cm.best_k(0.05, 1, 16) == 1                       # rarely kept: the fewest
     free = CostModel()
     for n in (1, 4, 9, 17):
-        free.add_verify(n, 0.030)                           # bandwidth-bound verification
+        _timed(free, n, 0.030)                              # bandwidth-bound verification
     free.add_draft(10, 1e-5)                                # prompt lookup: drafts cost ~0
     assert free.best_k(0.9, 1, 16) == 16
 
@@ -572,7 +627,7 @@ def test_cost_model_follows_a_stepped_verification_cost():
     cost = {1: 0.050, 2: 0.054, 3: 0.057, 5: 0.063, 8: 0.072, 9: 0.120, 12: 0.150, 16: 0.200}
     cm = CostModel()
     for n, t in cost.items():
-        cm.add_verify(n, t)
+        _timed(cm, n, t)
     cm.add_draft(3, 3 * 0.010)                              # a drafted token: 10 ms
     assert cm.verify_s(8) == pytest.approx(0.072)           # timed
     assert cm.verify_s(4) == pytest.approx(0.060)           # between 3 and 5

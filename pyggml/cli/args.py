@@ -156,6 +156,7 @@ def add_draft_args(p) -> None:
     model), --draft-max, --draft-min, --draft-p-min; --lookup (prompt lookup decoding: an
     n-gram draft from the prompt and the text so far, llama.cpp's `--spec-type ngram-simple` /
     llama-lookup)."""
+    from pyggml.llm.speculative import LOOKUP_NGRAM_MAX
     g = p.add_argument_group("speculative decoding")
     g.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft",
                    default=None, metavar="FILE",
@@ -163,8 +164,9 @@ def add_draft_args(p) -> None:
     g.add_argument("--lookup", action="store_true",
                    help="prompt lookup decoding: draft from n-grams of the prompt and the text "
                         "so far (no second model)")
-    g.add_argument("--lookup-ngram", type=positive_int, default=3, metavar="N",
-                   help="with --lookup: the longest n-gram looked up (default 3)")
+    g.add_argument("--lookup-ngram", type=positive_int, default=None, metavar="N",
+                   help=f"with --lookup: the longest n-gram compared (default "
+                        f"{LOOKUP_NGRAM_MAX})")
     g.add_argument("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", dest="draft_max",
                    type=positive_int, default=None, metavar="N",
                    help="tokens to draft per round at most (default 16; adapts below it)")
@@ -190,7 +192,8 @@ def draft_from_args(args):
     if md:
         return DraftModel(md, n_max, n_min, args.draft_p_min)
     if lookup:
-        return PromptLookup(n_max, n_min, ngram_max=args.lookup_ngram)
+        ngram = getattr(args, "lookup_ngram", None)
+        return PromptLookup(n_max, n_min, **({} if ngram is None else {"ngram_max": ngram}))
     if getattr(args, "draft_max", None) is not None or getattr(args, "draft_min", None) is not None:
         raise UsageError("--draft-max / --draft-min need a draft: -md FILE or --lookup")
     return None

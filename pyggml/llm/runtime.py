@@ -578,7 +578,7 @@ class LLM:
         if draft is False:
             return None
         d = as_draft(draft)
-        key = d.key() if isinstance(d, DraftModel) else None
+        key = d.key() if hasattr(d, "key") else None
         if key is None:
             return Speculator(self, d)
         with self.lock:

@@ -46,6 +46,7 @@ from pyggml.llm.sampler import Sampler
 
 DRAFT_MAX = 16          # llama.cpp's --draft-max default (llama-server)
 DRAFT_MIN = 0           # llama.cpp's --draft-min default
+LOOKUP_NGRAM_MAX = 16   # prompt lookup's longest tail compared; longer matches are kept often
 VOCAB_MAX_SIZE_DIFFERENCE = 128     # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_START_TOKEN_ID = 5      # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
 
@@ -108,6 +109,7 @@ class Proposal:
     it was drawn from ((ids, probs)), or None where the draft is deterministic (a point mass)."""
     tokens: list[int] = field(default_factory=list)
     q: list = field(default_factory=list)
+    match: int = 0          # prompt lookup: tokens of context its source matched (0: none)
 
 
 @dataclass
@@ -121,16 +123,20 @@ class DraftRequest:
 
 
 class PromptLookup:
-    """Prompt lookup decoding: the longest recent n-gram (ngram_max down to ngram_min tokens)
-    that ends the sequence is looked up earlier in it (prompt and text so far, the latest match
-    first), and the tokens that followed it there are the draft. No second model; q is a point
-    mass. n_max / n_min: as draft_max / draft_min (llama-cpp-python calls n_max
-    num_pred_tokens)."""
+    """Prompt lookup decoding: the context's last tokens are looked up earlier in it (prompt and
+    text so far); the occurrence matching the most of them (at most ngram_max, at least
+    ngram_min; the latest of equals) gives the draft: the tokens that followed it there. No
+    second model; q is a point mass. The match length goes with the proposal: the Speculator
+    learns how often drafts of each match length are kept and drafts only as far as that pays
+    (a 1-token match in code is kept about one time in five, a 4-token one most times).
+    n_max / n_min: as draft_max / draft_min (llama-cpp-python calls n_max num_pred_tokens)."""
 
     kind = "lookup"
+    trims = True            # proposes all it has; the Speculator cuts it (Speculator.trim)
 
-    def __init__(self, n_max: int = DRAFT_MAX, n_min: int = DRAFT_MIN, ngram_max: int = 3,
-                 ngram_min: int = 1, num_pred_tokens: int | None = None):
+    def __init__(self, n_max: int = DRAFT_MAX, n_min: int = DRAFT_MIN,
+                 ngram_max: int = LOOKUP_NGRAM_MAX, ngram_min: int = 1,
+                 num_pred_tokens: int | None = None):
         if num_pred_tokens is not None:
             n_max = num_pred_tokens
         self.n_max, self.n_min = _check_bounds(n_max, n_min)
@@ -145,6 +151,11 @@ class PromptLookup:
     def describe(self) -> str:
         return f"prompt lookup (n-grams {self.ngram_min}..{self.ngram_max})"
 
+    def key(self) -> tuple:
+        """Lookups of equal options share a Speculator (and its learnt costs and match
+        statistics) on a target: LLM.speculator_for."""
+        return ("lookup", self.n_max, self.n_min, self.ngram_max, self.ngram_min)
+
     def bind(self, target) -> None:
         pass
 
@@ -152,25 +163,31 @@ class PromptLookup:
         return [self.lookup(r.context, r.n) for r in reqs]
 
     def lookup(self, context: list[int], n: int) -> Proposal:
-        """Up to n tokens that followed the latest earlier occurrence of the context's last
-        ngram_max..ngram_min tokens (the longest n-gram that occurs wins)."""
+        """Up to n tokens that followed the earlier occurrence of the context's longest
+        matching tail (ngram_max..ngram_min tokens; the latest of equally long ones);
+        Proposal.match: that tail's length (0: no draft)."""
         out = Proposal()
         if n <= 0 or len(context) < 2:
             return out
         a = np.asarray(context, np.int64)
         L = len(a)
-        for g in range(min(self.ngram_max, L - 1), self.ngram_min - 1, -1):
-            tail = a[L - g:]
-            # starts s < L - g of earlier windows a[s:s+g] equal to the tail
-            ok = a[: L - g] == tail[0]
-            for j in range(1, g):
-                ok &= a[j: L - g + j] == tail[j]
-            hits = np.flatnonzero(ok)
-            if hits.size:
-                s = int(hits[-1]) + g
-                out.tokens = [int(t) for t in a[s: s + n]]
-                out.q = [None] * len(out.tokens)
-                return out
+        # p: where a draft would start (a[p:] follows the occurrence a[p-m:p] of the tail
+        # a[L-m:]); the candidates shrink as the tail grows
+        cand = np.arange(1, L)
+        m, best = 0, -1
+        while m < self.ngram_max:
+            src = cand - 1 - m
+            keep = src >= 0
+            cand = cand[keep]
+            cand = cand[a[src[keep]] == a[L - 1 - m]]
+            if cand.size == 0:
+                break
+            m, best = m + 1, int(cand[-1])
+        if best < 0 or m < self.ngram_min:
+            return out
+        out.tokens = [int(t) for t in a[best: best + n]]
+        out.q = [None] * len(out.tokens)
+        out.match = m
         return out
 
     def forget_after(self, seq_id: int, n_keep: int) -> None:
@@ -448,7 +465,9 @@ class CostModel:
     more, the AMX tiles 16 and up). So each timed size keeps its own moving average; a size not
     timed yet is interpolated between its timed neighbours, and past the largest timed size
     extrapolated with the slope of an exponentially weighted least-squares line through all
-    timings (never below the largest size's time)."""
+    timings (never below the largest size's time). The first timing of each size is dropped:
+    it includes building that size's graph, and a size that looked that dear might never be
+    chosen, so never timed again."""
 
     DECAY = 0.95
 
@@ -456,6 +475,7 @@ class CostModel:
         self.draft_s: float | None = None
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self._by_rows: dict[int, float] = {}    # rows -> moving average of seconds
+        self._seen: set[int] = set()            # sizes timed once (that time is not kept)
         self.n_verify = 0
 
     def add_draft(self, n_tokens: int, seconds: float) -> None:
@@ -464,6 +484,9 @@ class CostModel:
             self.draft_s = per if self.draft_s is None else 0.8 * self.draft_s + 0.2 * per
 
     def add_verify(self, n_rows: int, seconds: float) -> None:
+        if n_rows not in self._seen:    # the first of a size builds its graph: not a cost
+            self._seen.add(n_rows)
+            return
         d = self.DECAY
         self._w, self._x, self._y = d * self._w + 1, d * self._x + n_rows, d * self._y + seconds
         self._xx = d * self._xx + n_rows * n_rows
@@ -519,6 +542,14 @@ class Speculator:
     llama.cpp's --draft-min."""
 
     ALPHA_DECAY = 0.9
+    # prompt lookup (a draft that `trims`): a drafted token's chance to be kept is learnt per
+    # match length, 1..MATCH_CAP tokens (longer counts as MATCH_CAP), as decayed counts with a
+    # Beta(MATCH_PRIOR) prior; the token j places after a match of m sits at a match of m + j
+    # once the ones before it are kept. Tuned offline on recorded greedy outputs of code
+    # prompts (tools/bench_speculative.py): the results move little for caps 4..8.
+    MATCH_CAP = 4
+    MATCH_DECAY = 0.95
+    MATCH_PRIOR = (2.0, 2.0)
 
     def __init__(self, target, draft):
         self.target, self.draft = target, draft
@@ -526,6 +557,8 @@ class Speculator:
         self.k = [self._k0()] * target.n_seq_max
         self.costs = CostModel()
         self._kept = [[0.0, 0.0] for _ in range(target.n_seq_max)]   # (kept, rejected), decayed
+        # per sequence, per match length 0..MATCH_CAP: (kept, rejected) drafted tokens, decayed
+        self._by_match = [np.zeros((self.MATCH_CAP + 1, 2)) for _ in range(target.n_seq_max)]
 
     def alpha(self, seq_id: int) -> float:
         """Estimated chance that a drafted token is kept (a Beta(1, 1) prior, decayed counts)."""
@@ -543,12 +576,14 @@ class Speculator:
     def reset_seq(self, seq_id: int) -> None:
         self.k[seq_id] = self._k0()
         self._kept[seq_id] = [0.0, 0.0]
+        self._by_match[seq_id][:] = 0.0
 
     def request(self, seq_id: int, last: int, sampler: Sampler, cap: int) -> DraftRequest:
         """What to draft for seq_id this round: at most min(k, cap) tokens (cap: what max_tokens
-        and the free cells allow past `last`)."""
+        and the free cells allow past `last`); a draft that trims is asked for n_max."""
         ctx = self.target._seq_tokens[seq_id] + [int(last)]
-        n = max(0, min(self.k_for(seq_id), cap, self.target.n_ubatch - 1))
+        k = self.draft.n_max if getattr(self.draft, "trims", False) else self.k_for(seq_id)
+        n = max(0, min(k, cap, self.target.n_ubatch - 1))
         return DraftRequest(seq_id, ctx, n, sampler)
 
     def propose(self, reqs: list[DraftRequest]) -> list[Proposal]:
@@ -556,10 +591,31 @@ class Speculator:
         props = self.draft.propose(reqs)
         self.costs.add_draft(max((len(p.tokens) for p in props), default=0),
                              time.perf_counter() - t0)
-        for p in props:
+        for r, p in zip(reqs, props):
+            if p.match > 0:
+                self.trim(r.seq_id, p)
             if len(p.tokens) < max(self.draft.n_min, 1):
                 p.tokens, p.q = [], []
         return props
+
+    def trim(self, seq_id: int, p: Proposal) -> None:
+        """Cut a lookup proposal to the length of the most expected tokens per second: with
+        s_j the learnt chance that its first j tokens are all kept (a product over their match
+        lengths), a cut to k yields 1 + s_1 + ... + s_k tokens for a verification of k + 1
+        rows. Before the verification costs are known: the adaptive k."""
+        if not p.tokens:
+            return
+        if self.costs.verify_s(1) is None:
+            k = self.k[seq_id]
+        else:
+            c = self._by_match[seq_id]
+            ms = np.minimum(p.match + np.arange(len(p.tokens)), self.MATCH_CAP)
+            a, b = self.MATCH_PRIOR
+            kept = np.cumprod((c[ms, 0] + a) / (c[ms, 0] + c[ms, 1] + a + b))
+            gain = 1.0 + np.concatenate(([0.0], np.cumsum(kept)))
+            rate = [gain[j] / self.costs.verify_s(j + 1) for j in range(len(gain))]
+            k = int(np.argmax(rate))
+        del p.tokens[k:], p.q[k:]
 
     def finish_round(self, seq_id: int, n_before: int, proposal: Proposal,
                      rows: np.ndarray, sampler: Sampler) -> list[int]:
@@ -585,6 +641,11 @@ class Speculator:
                 self.k[seq_id] = min(self.draft.n_max, self.k[seq_id] + max(1, self.k[seq_id] // 2))
             else:
                 self.k[seq_id] = max(self.draft.n_min, 1, n_kept + 1)
+            if proposal.match > 0:      # each token decided: kept, or the one rejected
+                c = self._by_match[seq_id]
+                c *= self.MATCH_DECAY
+                for j in range(min(n_kept + 1, n_draft)):
+                    c[min(proposal.match + j, self.MATCH_CAP), 0 if j < n_kept else 1] += 1.0
         return toks
 
     def prefill(self, seq_id: int, tokens: list[int]) -> None:
