@@ -42,7 +42,7 @@ def test_moe_row_scales_keep_the_residual_writers_small():
     assert moe.row_scale("blk.5.ffn_up_exps.weight") == 1.0
 
 
-def _echo_server():
+def _echo_server(delay_s: float = 0.0):
     ls = socket.socket()
     ls.bind(("127.0.0.1", 0))
     ls.listen(1)
@@ -54,6 +54,7 @@ def _echo_server():
                 data = c.recv(65536)
                 if not data:
                     break
+                time.sleep(delay_s)         # the server's "work"
                 c.sendall(data * 2)         # answers twice as many bytes as it gets
 
     threading.Thread(target=serve, daemon=True).start()
@@ -62,13 +63,15 @@ def _echo_server():
 
 def test_counting_proxy_counts_both_directions():
     from bench_rpc import CountingProxy
-    ls, ep = _echo_server()
+    ls, ep = _echo_server(delay_s=0.2)
     proxy = CountingProxy(ep)
     try:
         host, port = proxy.endpoint.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as c:
             got = b""
-            for chunk in (b"a" * 1000, b"b" * 3000):
+            for i, chunk in enumerate((b"a" * 1000, b"b" * 3000)):
+                if i:
+                    time.sleep(0.3)         # the client's "work" between round trips
                 c.sendall(chunk)
                 want = len(got) + 2 * len(chunk)
                 while len(got) < want:
@@ -80,6 +83,8 @@ def test_counting_proxy_counts_both_directions():
         assert proxy.sent == 4000
         assert proxy.received == 8000
         assert proxy.turns == 2             # two answers, each after the client's bytes
+        assert 0.4 <= proxy.server_s < 5.0        # each answer >= 0.2 s after its request
+        assert 0.3 <= proxy.client_s < 2.0
     finally:
         proxy.close()
         ls.close()

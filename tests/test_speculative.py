@@ -533,6 +533,13 @@ def test_lookup_drafts_as_far_as_its_match_length_pays(tiny_models):
         sp.trim(0, strong)
         assert weak.tokens == [] and strong.tokens == list(range(8))
         assert len(strong.q) == 8
+        cut = []
+        for _ in range(2 * sp.EXPLORE_EVERY):
+            p = proposal(1)
+            sp.trim(0, p)
+            cut.append(len(p.tokens))
+        # weak proposals keep being tried: one token in every EXPLORE_EVERY
+        assert cut.count(1) == 2 and cut[sp.EXPLORE_EVERY - 1] == cut[-1] == 1
         sp.reset_seq(0)
         assert not sp._by_match[0].any()
 

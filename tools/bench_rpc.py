@@ -67,14 +67,19 @@ LLAMA_BENCH = Path.home() / ".cache/pyggml/llamacpp-0.3.36/bin/llama-bench"
 class CountingProxy:
     """127.0.0.1:<port> → target; counts bytes client→server (sent) and back (received), and
     turns: answers, i.e. server bytes that follow client bytes (a client that waits for each
-    answer makes one turn per round trip; commands without an answer make none)."""
+    answer makes one turn per round trip; commands without an answer make none). Times, in
+    seconds: server_s, from the client's last bytes to the answer's first (the server's work,
+    a graph's compute included); client_s, from an answer's last bytes to the client's next
+    (the client's own work between round trips)."""
 
     def __init__(self, target: str):
         import socket
         import threading
         self.target = target
         self.sent = self.received = self.turns = 0
+        self.server_s = self.client_s = 0.0
         self._last = "received"
+        self._t_last = None                     # perf_counter() of the latest bytes
         self._lock = threading.Lock()
         self._ls = socket.socket()
         self._ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -105,10 +110,15 @@ class CountingProxy:
                 if not data:
                     break
                 with self._lock:                # counted before it is forwarded
+                    now = time.perf_counter()
                     setattr(self, field, getattr(self, field) + len(data))
-                    if field == "received" and self._last == "sent":
-                        self.turns += 1
-                    self._last = field
+                    if field != self._last and self._t_last is not None:
+                        if field == "received":
+                            self.turns += 1
+                            self.server_s += now - self._t_last
+                        else:
+                            self.client_s += now - self._t_last
+                    self._last, self._t_last = field, now
                 b.sendall(data)
         except OSError:
             pass
@@ -200,16 +210,21 @@ def vs_llamacpp(a) -> None:
                         _theirs(a.llama_bench, a.model, peps, theirs_x, 0, n, a.threads)
                     time.sleep(0.5)
                     per.append((sum(pr.sent for pr in proxies),
-                                sum(pr.received for pr in proxies)))
+                                sum(pr.received for pr in proxies),
+                                sum(pr.server_s for pr in proxies),
+                                sum(pr.client_s for pr in proxies)))
                     for pr in proxies:
                         pr.close()
                 traffic[who] = {"sent_per_token": (per[1][0] - per[0][0]) / a.tokens,
-                                "received_per_token": (per[1][1] - per[0][1]) / a.tokens}
+                                "received_per_token": (per[1][1] - per[0][1]) / a.tokens,
+                                "server_ms_per_token": 1e3 * (per[1][2] - per[0][2]) / a.tokens,
+                                "client_ms_per_token": 1e3 * (per[1][3] - per[0][3]) / a.tokens}
             row = {"config": name}
             for who, v in runs.items():
                 row[who] = {k: round(statistics.median(x), 2) for k, x in v.items()}
                 row[who]["runs"] = {k: [round(y, 2) for y in x] for k, x in v.items()}
-                row[who].update({k: round(x) for k, x in traffic[who].items()})
+                row[who].update({k: round(x, 2) if k.endswith("_ms_per_token") else round(x)
+                                 for k, x in traffic[who].items()})
             row["ratio_pp"] = round(row["pyggml"]["pp"] / row["llama.cpp"]["pp"], 2)
             row["ratio_tg"] = round(row["pyggml"]["tg"] / row["llama.cpp"]["tg"], 2)
             rows.append(row)

@@ -550,6 +550,10 @@ class Speculator:
     MATCH_CAP = 4
     MATCH_DECAY = 0.95
     MATCH_PRIOR = (2.0, 2.0)
+    # ... and after EXPLORE_EVERY proposals in a row were cut to nothing, the next drafts one
+    # token: it keeps the statistics and the 2-row timing current (one noisy timing could else
+    # stop drafting for good); it costs at most one 2-row step in EXPLORE_EVERY
+    EXPLORE_EVERY = 8
 
     def __init__(self, target, draft):
         self.target, self.draft = target, draft
@@ -559,6 +563,7 @@ class Speculator:
         self._kept = [[0.0, 0.0] for _ in range(target.n_seq_max)]   # (kept, rejected), decayed
         # per sequence, per match length 0..MATCH_CAP: (kept, rejected) drafted tokens, decayed
         self._by_match = [np.zeros((self.MATCH_CAP + 1, 2)) for _ in range(target.n_seq_max)]
+        self._cut_to_none = [0] * target.n_seq_max
 
     def alpha(self, seq_id: int) -> float:
         """Estimated chance that a drafted token is kept (a Beta(1, 1) prior, decayed counts)."""
@@ -577,6 +582,7 @@ class Speculator:
         self.k[seq_id] = self._k0()
         self._kept[seq_id] = [0.0, 0.0]
         self._by_match[seq_id][:] = 0.0
+        self._cut_to_none[seq_id] = 0
 
     def request(self, seq_id: int, last: int, sampler: Sampler, cap: int) -> DraftRequest:
         """What to draft for seq_id this round: at most min(k, cap) tokens (cap: what max_tokens
@@ -615,6 +621,12 @@ class Speculator:
             gain = 1.0 + np.concatenate(([0.0], np.cumsum(kept)))
             rate = [gain[j] / self.costs.verify_s(j + 1) for j in range(len(gain))]
             k = int(np.argmax(rate))
+            if k == 0:
+                self._cut_to_none[seq_id] += 1
+                if self._cut_to_none[seq_id] >= self.EXPLORE_EVERY:
+                    k = 1
+            if k:
+                self._cut_to_none[seq_id] = 0
         del p.tokens[k:], p.q[k:]
 
     def finish_round(self, seq_id: int, n_before: int, proposal: Proposal,
