@@ -42,6 +42,7 @@ PROBES = [
     (["run", "-m", "{m}", "--lookup", "--draft-max", "0"], 2, "--draft-max/--draft"),
     (["run", "-m", "{m}", "--lookup", "--draft-min", "-1"], 2, "expected an integer >= 0"),
     (["run", "-m", "{m}", "--lookup", "--lookup-ngram", "x"], 2, "expected an integer >= 1"),
+    (["run", "-m", "{m}", "--lookup-ngram", "4"], 2, "it needs --lookup"),
     (["run", "-m", "{m}", "-md", "{m}", "--draft-p-min", "2"], 2, "a probability 0..1"),
     (["serve", "-m", "{m}", "--step-ms", "-5"], 2, "expected milliseconds >= 0"),
     (["run", "-m", "{m}", "-md", "{d}/notes.txt", "-n", "1"], 1, "notes.txt"),

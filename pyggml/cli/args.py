@@ -196,6 +196,8 @@ def draft_from_args(args):
         return PromptLookup(n_max, n_min, **({} if ngram is None else {"ngram_max": ngram}))
     if getattr(args, "draft_max", None) is not None or getattr(args, "draft_min", None) is not None:
         raise UsageError("--draft-max / --draft-min need a draft: -md FILE or --lookup")
+    if getattr(args, "lookup_ngram", None) is not None:
+        raise UsageError("--lookup-ngram sets prompt lookup's n-gram: it needs --lookup")
     return None
 
 
