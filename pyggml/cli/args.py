@@ -180,7 +180,8 @@ def add_draft_args(p) -> None:
 
 def draft_from_args(args):
     """The draft the speculative-decoding flags ask for (None: none)."""
-    from pyggml.llm.speculative import DRAFT_MAX, DRAFT_MIN, DraftModel, PromptLookup
+    from pyggml.llm.speculative import (DRAFT_MAX, DRAFT_MIN, LOOKUP_NGRAM_MAX, DraftModel,
+                                        PromptLookup)
     md, lookup = getattr(args, "model_draft", None), getattr(args, "lookup", False)
     if md and lookup:
         raise UsageError("-md (a draft model) and --lookup (prompt lookup) exclude each other: "
@@ -192,8 +193,8 @@ def draft_from_args(args):
     if md:
         return DraftModel(md, n_max, n_min, args.draft_p_min)
     if lookup:
-        ngram = getattr(args, "lookup_ngram", None)
-        return PromptLookup(n_max, n_min, **({} if ngram is None else {"ngram_max": ngram}))
+        return PromptLookup(n_max, n_min,
+                            ngram_max=getattr(args, "lookup_ngram", None) or LOOKUP_NGRAM_MAX)
     if getattr(args, "draft_max", None) is not None or getattr(args, "draft_min", None) is not None:
         raise UsageError("--draft-max / --draft-min need a draft: -md FILE or --lookup")
     if getattr(args, "lookup_ngram", None) is not None:

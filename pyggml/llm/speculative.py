@@ -216,6 +216,7 @@ class DraftModel:
     falls below it (llama.cpp's --draft-p-min; 0: never)."""
 
     kind = "draft model"
+    trims = False           # drafting costs: the Speculator asks for k tokens, not more
 
     def __init__(self, model, n_max: int = DRAFT_MAX, n_min: int = DRAFT_MIN,
                  p_min: float = 0.0, **llm_kwargs):
@@ -588,7 +589,7 @@ class Speculator:
         """What to draft for seq_id this round: at most min(k, cap) tokens (cap: what max_tokens
         and the free cells allow past `last`); a draft that trims is asked for n_max."""
         ctx = self.target._seq_tokens[seq_id] + [int(last)]
-        k = self.draft.n_max if getattr(self.draft, "trims", False) else self.k_for(seq_id)
+        k = self.draft.n_max if self.draft.trims else self.k_for(seq_id)
         n = max(0, min(k, cap, self.target.n_ubatch - 1))
         return DraftRequest(seq_id, ctx, n, sampler)
 
