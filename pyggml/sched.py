@@ -114,16 +114,21 @@ class Assignment:
     cause: str
 
 
+_UNBUILT = object()
+
+
 class Split:
     """Consecutive nodes [i_start, i_end) of the graph computed by one backend in one call.
 
     inputs: tensors (as in the user's graph) living where this backend cannot read them, copied
     in before the split runs; graph: a Graph whose nodes are the split's nodes and whose leafs are
     the current copies of the inputs; the scheduler keeps it (same object, same uid) until it
-    splits again. copy_plan: (input, copy, input backend id, is a user input) in copy order."""
+    splits again. copy_plan: (input, copy, input backend id, is a user input) in copy order;
+    copier: the backend's compile_input_copies of it (None: copied one by one), built at the
+    split's first compute (a new split is a new Split: the addresses it holds stay valid)."""
 
     __slots__ = ("index", "backend_id", "i_start", "i_end", "inputs", "graph", "copy_plan",
-                 "_views")
+                 "copier", "_views")
 
     def __init__(self, index: int, backend_id: int, i_start: int):
         self.index = index
@@ -133,6 +138,7 @@ class Split:
         self.inputs: list[Tensor] = []
         self.graph: Graph | None = None
         self.copy_plan: list[tuple] = []
+        self.copier = _UNBUILT        # the backend's compile_input_copies, built at first compute
         self._views: dict[tuple[int, int], Graph] = {}
 
     @property
@@ -859,7 +865,16 @@ class Scheduler:
             backend = backends[b]
             if not sp.copy_plan and prev >= 0 and prev != b:
                 self._wait(prev, trace)
-            for src, dst, sb, user_input in sp.copy_plan:
+            copier = sp.copier
+            if copier is _UNBUILT:
+                copier = sp.copier = (backend.compile_input_copies(sp.copy_plan, backends)
+                                      if sp.copy_plan and events is None else None)
+            if copier is not None and trace is None:
+                copier()
+                copy_plan = ()
+            else:
+                copy_plan = sp.copy_plan
+            for src, dst, sb, user_input in copy_plan:
                 if user_input:
                     self._wait(b, trace)        # the user may overwrite src after we return
                     tensor_copy(src, dst)

@@ -257,13 +257,40 @@ def test_phase_rule_pins_prefill_ops_to_the_gpu(tiny_models):
         assert m.sched["prefill"] is not m.sched["decode"]
         got = m.eval(PROMPT)
         pinned = [a for a in m.sched["prefill"].assignments() if a[3] == "usr"]
-        assert len(pinned) == 4 * tm.hparams.n_layer                 # q, k, v, output matmuls
-        assert {(a[1], a[2]) for a in pinned} == {("MUL_MAT", "Vulkan0")}
+        # the phase rule's: q, k, v, output matmuls; the rest: the layers' norms where their
+        # weights are (pin_layer_norms, llama.cpp's rule for batches under 32 tokens)
+        mats = [a for a in pinned if a[1] == "MUL_MAT"]
+        assert len(mats) == 4 * tm.hparams.n_layer
+        assert {a[2] for a in mats} == {"Vulkan0"}
+        assert {(a[1], a[2]) for a in pinned if a[1] != "MUL_MAT"} == {("RMS_NORM", CPU)}
         m.eval([5])
         assert all(a[2] == CPU for a in m.sched["decode"].assignments())
     with LLM(tm.path, n_ctx=64, n_threads=1) as cpu:
         want = cpu.eval(PROMPT)
     assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+@needs_vulkan
+def test_layer_norms_run_on_their_layers_device_in_small_batches(tiny_models):
+    """-ngl 2 of 4 layers: in a decoded token every layer's norm runs where that layer's norm
+    weight is (the CPU layers' on the CPU, the GPU layers' on the GPU), so no norm's result
+    crosses the layer boundary; a 40-token prompt (>= 32 tokens, output on the GPU but not every
+    layer) leaves the norms to the scheduler, as llama.cpp does."""
+    from pyggml.offload.rules import layer_of
+    tm = tiny_models.get(arch="gemma3", weight_type="f16", n_layer=4)
+    cfg = {"devices": ["Vulkan0"], "gpu_layers": 2, "context": {"n_ctx": 128}}
+    with LLM(tm.path, config=cfg, n_threads=1) as m:
+        m.eval(list(range(5, 45)))
+        assert not [a for a in m.sched["prefill"].assignments()
+                    if a[1] == "RMS_NORM" and a[3] == "usr"]
+        m.eval([5])
+        sched = m.sched["decode"]
+        pinned = [a for a in sched.assignments() if a[1] == "RMS_NORM" and a[3] == "usr"]
+        devs = {m.offload.weight_device(n) for n in m.weights if layer_of(n) is not None}
+        assert devs == {CPU, "Vulkan0"}
+        assert {a[2] for a in pinned} == devs
+        moved = [x for sp in sched.splits for x, _, _, user in sp.copy_plan if not user]
+        assert moved and not [x.name for x in moved if x.op.name in ("RMS_NORM", "NORM")]
 
 
 @needs_vulkan

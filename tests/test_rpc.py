@@ -634,6 +634,48 @@ def test_decoded_token_is_one_round_trip(tiny_models):
         srv.stop()
 
 
+@pytest.mark.usefixtures("two_servers")
+def test_two_server_token_moves_one_activation(two_servers, tiny_models):
+    """Every layer and the output over two servers, a decoded token: the layer boundary moves
+    only the residual (the next layer's norm runs on the next server: pin_layer_norms), read
+    with one GET_TENSOR and written with the second server's inputs, which are marshalled once
+    per split (compile_input_copies) and leave the same bytes as copying one by one: the
+    logits are bitwise those of the scheduler's generic copy loop."""
+    tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=4, n_embd=64)
+    cfg = {"devices": two_servers, "gpu_layers": "all", "tensor_split": [1, 1]}
+    with LLM(tm.path, config=cfg, n_ctx=128, n_ubatch=32, n_threads=1) as llm:
+        regs = {r.endpoint: r for r in rpc.rpc_regs()}
+        a, b = (regs[d[4:-1]] for d in two_servers)
+        llm.eval(llm.tokenize("the capital of france is"))
+        llm.eval([5])
+        sched = llm.sched["decode"]
+        remote_inputs = {sp.backend_id: [x.name for x, _, sb, _ in sp.copy_plan
+                                         if sched.backends[sb].name != "CPU"]
+                         for sp in sched.splits}
+        first_b = llm.offload.layer_devices.index(two_servers[1])
+        assert sorted(remote_inputs.values()) == [[], [], [f"l_out-{first_b - 1}"]]
+        assert all(sp.copier is not None for sp in sched.splits if sp.copy_plan)
+        n = 6
+        t0 = [r.traffic() for r in (a, b)]
+        for tok in range(6, 6 + n):
+            llm.eval([tok])
+        t1 = [r.traffic() for r in (a, b)]
+        (ta0, tb0), (ta1, tb1) = t0, t1
+        assert (ta1.commands["GET_TENSOR"] - ta0.commands["GET_TENSOR"]) / n == 1
+        assert ((ta1.writes - ta0.writes) / n, (tb1.writes - tb0.writes) / n) == (2, 2)
+        assert ((ta1.round_trips - ta0.round_trips) / n,
+                (tb1.round_trips - tb0.round_trips) / n) == (1, 1)
+        fast = llm.eval([7])
+        llm.truncate(0, len(llm.seq_tokens(0)) - 1)
+        trace = sched.trace = []                    # a trace: the one-by-one copy loop
+        try:
+            slow = llm.eval([7])
+        finally:
+            sched.trace = None
+        assert any(e[0] == "copy" and e[2].startswith("l_out") for e in trace)
+        assert np.array_equal(fast, slow)
+
+
 # ---- the server's weight cache ----------------------------------------------------------------------
 
 @needs_server

@@ -183,6 +183,9 @@ def vs_llamacpp(a) -> None:
                     ["-ngl", "99", "-ts", "1/1"]),
                    (f"CPU + 1 server, -ngl {half}", eps[:1], ["-ngl", str(half)],
                     ["-ngl", str(half)])]
+        if a.configs:
+            keep = [int(x) for x in a.configs.split(",")]
+            configs = [configs[k - 1] for k in keep]
         rows = []
         for name, seps, ours_x, theirs_x in configs:
             runs = {"pyggml": {"pp": [], "tg": []}, "llama.cpp": {"pp": [], "tg": []}}
@@ -255,6 +258,9 @@ def main() -> None:
                     help="our RPC client next to llama-bench --rpc (see above)")
     ap.add_argument("--prompt", type=int, default=64, help="--vs-llamacpp: prompt tokens")
     ap.add_argument("--llama-bench", type=Path, default=LLAMA_BENCH)
+    ap.add_argument("--configs", default="",
+                    help="--vs-llamacpp: which configurations, by number (1 one server, "
+                         "2 two servers, 3 CPU + one server), comma-separated; default all")
     a = ap.parse_args()
     if a.model is None:
         from pyggml.models_default import ensure_default_model

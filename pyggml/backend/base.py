@@ -237,6 +237,14 @@ class Backend:
         when not supported (the caller copies synchronously)."""
         return False
 
+    def compile_input_copies(self, copies, backends):
+        """A function that does a split's input copies at once, built once per split and
+        called before each of its computes; None (the default): the scheduler copies them one
+        by one. copies: the split's copy plan, (source, destination in this backend's memory,
+        source backend index into `backends`, is a user input). It must leave the same bytes
+        as the one-by-one copies and wait for the sources as they do."""
+        return None
+
     # -- events --
     def event_new(self) -> Event | None:
         """A new event on this backend, or None when it has none (callers synchronize)."""

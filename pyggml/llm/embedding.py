@@ -37,7 +37,7 @@ def _hidden_states(llm, ids: list[int], seq_id: int) -> np.ndarray:
         # the node is found once per ubatch graph, not per token
         hidden = next(t for t in g.nodes if t.name == "result_norm").set_output()
         sched = llm.sched["prefill"]
-        pin_phase_ops(sched, g, llm.offload, "prefill", llm.weights)
+        pin_phase_ops(sched, g, llm.offload, "prefill", llm.weights, n_tokens=T)
         sched.alloc_graph(g)
         views = llm._input_views(inp, T)
         llm._write_inputs(views, toks, pos, sids, cells, np.arange(T, dtype=np.int32), n_kv)

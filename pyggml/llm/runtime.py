@@ -395,7 +395,8 @@ class LLM:
         else:
             g, inp, logits = self.run.build_graph(gp)
             before = sched.n_reserves
-            pin_phase_ops(sched, g, self.offload, "decode" if T == 1 else "prefill", self.weights)
+            pin_phase_ops(sched, g, self.offload, "decode" if T == 1 else "prefill", self.weights,
+                          n_tokens=T)
             sched.alloc_graph(g)
             self.stats.allocator_plans += sched.n_reserves - before
             views = self._input_views(inp, T)

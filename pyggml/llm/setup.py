@@ -215,8 +215,9 @@ class Run:
         the number of allocator plans made."""
         n = 0
         for phase, sched in self.scheds():
-            g, _, _ = self.build_graph(self.worst_case_params())
-            pin_phase_ops(sched, g, self.offload, phase, self.weights)
+            gp = self.worst_case_params()
+            g, _, _ = self.build_graph(gp)
+            pin_phase_ops(sched, g, self.offload, phase, self.weights, n_tokens=gp.n_tokens)
             sched.reserve(g)
             n += 1
         return n

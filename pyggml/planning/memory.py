@@ -108,8 +108,9 @@ _NODE_LAYER = re.compile(r"-(\d+)$")
 def node_placements(run, phase: str, sched) -> list[NodePlacement]:
     """Every node of `run`'s worst-case graph as `sched` assigns it (split again, then reset:
     the reserved buffers are not touched)."""
-    g, _, _ = run.build_graph(run.worst_case_params())
-    pin_phase_ops(sched, g, run.offload, phase, run.weights)
+    gp = run.worst_case_params()
+    g, _, _ = run.build_graph(gp)
+    pin_phase_ops(sched, g, run.offload, phase, run.weights, n_tokens=gp.n_tokens)
     weight_names = {id(t): n for n, t in run.weights.items()}
     n_layer = run.model.hparams.n_layer
     out, cur = [], -1

@@ -33,6 +33,7 @@ the timeout.
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import weakref
 
@@ -54,13 +55,16 @@ from pyggml.backend.base import (
 from pyggml.backend.rpc.protocol import (
     HASH_MIN_BYTES,
     MAX_NAME_BYTES,
+    QUEUE_MAX_BYTES,
     RPC_TENSOR,
     U32_MAX,
     Cmd,
     Connection,
+    Prepared,
     RpcError,
     TrafficStats,
     fnv1a64,
+    request_bytes,
 )
 from pyggml.backend.rpc.tables import OPS, TYPES
 from pyggml.errors import BackendError, UnsupportedOpError
@@ -536,6 +540,82 @@ class RpcBackend(Backend):
                 sb.conn is not self.conn or db.conn is not self.conn:
             return False
         return db.cpy_tensor(src, dst)
+
+
+    def compile_input_copies(self, copies, backends):
+        """A split's input copies into this device as one marshalled upload (_InputUpload), or
+        None when one of them is not a plain copy it knows: from host memory, or from another
+        rpc-server (read with GET_TENSOR), into this device's compute memory, at most
+        QUEUE_MAX_BYTES each. Validated here, once: the scheduler builds it per split."""
+        conn = self.conn
+        blob, names, sizes = bytearray(), [], []
+        host: list[tuple[int, int, int]] = []          # (offset in blob, source address, bytes)
+        remote: dict[int, tuple[Connection, list, list]] = {}   # id(conn) -> (conn, GETs, slots)
+        for src, dst, sb, _user in copies:
+            db = _buffer_of(dst)
+            n = src.nbytes()
+            if (not isinstance(db, RpcBuffer) or db.conn is not conn
+                    or db.usage is BufferUsage.WEIGHTS or dst.nbytes() != n
+                    or not 0 < n <= QUEUE_MAX_BYTES or src.data is None):
+                return None
+            if is_host_tensor(src):
+                where = None
+            else:
+                sbuf = _buffer_of(src)
+                if not isinstance(sbuf, RpcBuffer) or sbuf.conn is conn or sbuf.conn.broken:
+                    return None
+                where = sbuf.conn
+            req = request_bytes(Cmd.SET_TENSOR, pack_tensor(dst, conn)
+                                + struct.pack("<BQ", 0, 0) + bytes(n))
+            slot = len(blob) + len(req) - n
+            blob += req
+            names.append(Cmd.SET_TENSOR.name)
+            sizes.append(len(req))
+            if where is None:
+                host.append((slot, src.data, n))
+            else:
+                get = request_bytes(Cmd.GET_TENSOR, pack_tensor(src, where)
+                                    + struct.pack("<QQ", 0, n))
+                entry = remote.setdefault(id(where), (where, [], []))
+                entry[1].append(get)
+                entry[2].append((slot, n))
+        if not names:
+            return None
+        sync = []
+        for _src, _dst, sb, _user in copies:
+            if backends[sb] not in sync and backends[sb] is not self:
+                sync.append(backends[sb])
+        reads = [(c, Prepared(bytearray(b"".join(gets)), [Cmd.GET_TENSOR.name] * len(gets),
+                              [len(g) for g in gets]), slots)
+                 for c, gets, slots in remote.values()]
+        return _InputUpload(conn, Prepared(blob, names, sizes), host, reads, sync)
+
+
+class _InputUpload:
+    """One split's input copies into one rpc-server, marshalled once: the SET_TENSOR requests
+    (headers, tensor records) stand in one buffer and each call only rewrites their data:
+    host sources by memmove, sources on other rpc-servers received straight into place (their
+    GET_TENSORs pipelined, one write and one wait per server); then the buffer joins the
+    connection's queue and goes out with the graph compute. Against one set_tensor per input
+    (a record packed and checked, a command queued) this is ~10 us instead of ~30 us each."""
+
+    __slots__ = ("conn", "upload", "host", "reads", "sync", "_addr")
+
+    def __init__(self, conn, upload: Prepared, host, reads, sync):
+        self.conn, self.upload, self.host, self.sync = conn, upload, host, sync
+        mv = memoryview(upload.blob)
+        self._addr = ctypes.addressof(ctypes.c_char.from_buffer(upload.blob))
+        self.reads = [(c, req, [mv[off:off + n] for off, n in slots]) for c, req, slots in reads]
+
+    def __call__(self) -> None:
+        for b in self.sync:                 # the sources' backends are done (as tensor_copy)
+            b.synchronize()
+        base = self._addr
+        for off, src, n in self.host:
+            ctypes.memmove(base + off, src, n)
+        for c, req, views in self.reads:
+            c.request_into(req, views)
+        self.conn.send_prepared(self.upload)
 
 
 class RpcReg(BackendReg):

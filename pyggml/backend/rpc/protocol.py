@@ -123,6 +123,36 @@ class TrafficStats:
                             self.hash_hits, self.hash_misses, self.writes, self.round_trips)
 
 
+class Prepared:
+    """Requests marshalled once and sent many times (a split's input copies, built by the RPC
+    backend when the scheduler first runs the split): `blob` holds whole requests, each
+    `u8 cmd | u64 size | payload`; the caller rewrites only data bytes inside it between sends.
+    names: each request's command name, in order (stats and error messages)."""
+
+    __slots__ = ("blob", "names", "_counts", "_sizes")
+
+    def __init__(self, blob: bytearray, names: list[str], sizes: list[int]):
+        self.blob, self.names = blob, list(names)
+        self._counts: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}
+        for name, n in zip(names, sizes):
+            self._counts[name] = self._counts.get(name, 0) + 1
+            self._sizes[name] = self._sizes.get(name, 0) + n
+        if sum(sizes) != len(blob):
+            raise ValueError(f"Prepared: request sizes sum to {sum(sizes)}, blob has {len(blob)}")
+
+    def count_into(self, st: "TrafficStats") -> None:
+        st.bytes_sent += len(self.blob)
+        for name, k in self._counts.items():
+            st.commands[name] = st.commands.get(name, 0) + k
+            st.bytes_by_command[name] = st.bytes_by_command.get(name, 0) + self._sizes[name]
+
+
+def request_bytes(cmd: "Cmd", payload: bytes) -> bytes:
+    """One whole request: u8 cmd | u64 size | payload."""
+    return _HDR.pack(int(cmd), len(payload)) + payload
+
+
 class Connection:
     """One TCP connection to an rpc-server at `endpoint` ('host:port'), after HELLO.
 
@@ -248,7 +278,12 @@ class Connection:
             if len(self._recv_buf) < n:
                 self._recv_buf = bytearray(n)
             view = memoryview(self._recv_buf)[:n]
-        got = 0
+        self._recv_into(view, cmd)
+        return bytes(view)
+
+    def _recv_into(self, view: memoryview, cmd: Cmd) -> None:
+        """Fill `view` (writable bytes) with the next bytes of an answer to `cmd`."""
+        n, got = view.nbytes, 0
         try:
             while got < n:
                 k = self._sock.recv_into(view[got:], n - got)
@@ -263,7 +298,6 @@ class Connection:
             raise self._fail(f"receiving the answer to {cmd.name} failed: "
                              f"{e.strerror or e}") from None
         self.stats.bytes_received += n
-        return bytes(view)
 
     def _recv_reply(self, cmd: Cmd, size: int | None) -> bytes:
         (n,) = _U64.unpack(self._recv_exact(8, cmd))
@@ -285,6 +319,42 @@ class Connection:
             self._send(cmd, payload)
             self.stats.round_trips += 1
             return self._recv_reply(cmd, reply_size)
+
+    def send_prepared(self, req: Prepared) -> None:
+        """Queue prepared requests without answers (as request(..., flush=False) does for one):
+        they go out with the next command that must leave now."""
+        with self._lock:
+            self._check_usable(Cmd[req.names[0]])
+            self._flush_frees()
+            q = self._queue
+            if q and len(q) + len(req.blob) > QUEUE_MAX_BYTES:
+                self._write(q)
+            q += req.blob
+            self._queued.extend(req.names)
+            req.count_into(self.stats)
+            if len(q) > QUEUE_MAX_BYTES:
+                self._write(q)
+
+    def request_into(self, req: Prepared, views: list[memoryview]) -> None:
+        """Send prepared requests that each have an answer (GET_TENSOR), with the queue, in one
+        write; then receive answer i straight into views[i], whose size it must have."""
+        with self._lock:
+            cmd = Cmd[req.names[0]]
+            self._check_usable(cmd)
+            self._flush_frees()
+            q = self._queue
+            q += req.blob
+            self._queued.extend(req.names)
+            req.count_into(self.stats)
+            self._write(q)
+            self.stats.round_trips += len(views)
+            for name, view in zip(req.names, views):
+                cmd = Cmd[name]
+                (n,) = _U64.unpack(self._recv_exact(8, cmd))
+                if n != view.nbytes:
+                    raise self._fail(f"answered {cmd.name} with {n} bytes, expected "
+                                     f"{view.nbytes}")
+                self._recv_into(view, cmd)
 
     def _hello(self) -> tuple[int, int, int]:
         self._send(Cmd.HELLO, bytes(HELLO_CAPS_BYTES))
