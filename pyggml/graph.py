@@ -119,6 +119,14 @@ class Graph:
         """How many times `t` is a source of a node in this graph (0 if not in the graph)."""
         return self._use_counts.get(id(t), 0)
 
+    def subgraph(self, nodes: list[Tensor], leafs: list[Tensor]) -> "Graph":
+        """A graph of some of this graph's nodes (a scheduler split) that keeps this graph's use
+        counts, as ggml_graph_view does: a backend fusing ops sees the consumers outside it."""
+        g = Graph(size=max(1, len(nodes), len(leafs)), order=self.order)
+        g.nodes, g.leafs = nodes, leafs
+        g._use_counts = self._use_counts
+        return g
+
     def contains(self, t: Tensor) -> bool:
         return id(t) in self._visited
 

@@ -719,9 +719,7 @@ class Scheduler:
             seg = graph.nodes[sp.i_start:sp.i_end]
             gc_nodes.extend(seg)
             node_ids.extend(tb[id(t)] for t in seg)
-            g = Graph(size=max(1, len(seg), len(cps)))
-            g.nodes, g.leafs = list(seg), cps
-            sp.graph = g
+            sp.graph = graph.subgraph(list(seg), cps)
             plan = [(x, cp, tb[id(x)], bool(x.flags & _INPUT)) for x, cp in zip(sp.inputs, cps)]
             sp.copy_plan = ([p for p in plan if not self._is_host_weight(p[0])]
                             + [p for p in plan if self._is_host_weight(p[0])])

@@ -109,6 +109,22 @@ def test_use_counts_are_per_graph():
     assert g1.next_uid() != old
 
 
+def test_subgraph_keeps_the_whole_graphs_use_counts():
+    """A scheduler split is a subgraph: a node whose other consumer lies outside it still counts
+    that consumer (a backend must not fuse it away), as ggml_graph_view shares use counts."""
+    ctx = Context()
+    x = ctx.new_tensor_1d("f32", 4, name="x")
+    a = ops.sqr(ctx, x)
+    b = ops.sqr(ctx, a)
+    c = ops.add(ctx, b, a)
+    g = Graph()
+    g.build_forward_expand(c)
+    sub = g.subgraph(g.nodes[:2], [x])
+    assert sub.nodes == [a, b] and sub.leafs == [x]
+    assert sub.use_count(a) == g.use_count(a) == 2
+    assert sub.uid != g.uid
+
+
 def test_graph_size_limit():
     ctx = Context()
     t = ctx.new_tensor_1d("f32", 4, name="x")

@@ -213,6 +213,49 @@ def test_graph_reuse_recomputes_with_new_inputs(remote):
 
 
 @needs_server
+def test_graph_records_carry_use_counts(remote):
+    """Every record of GRAPH_COMPUTE carries its tensor's consumers in the graph, as llama.cpp's
+    client sends them: the server's CPU backend fuses RMS_NORM + MUL only where the norm has
+    one consumer (and is no output). A norm that also feeds an ADD is sent with 2 (not fused);
+    both graphs compute what numpy does."""
+    import struct
+    from pyggml.backend.rpc.backend import serialize_graph
+    from pyggml.backend.rpc.protocol import RPC_TENSOR
+    _, r, be = remote
+    rng = np.random.default_rng(3)
+    for shared in (False, True):
+        ctx = Context(no_alloc=True)
+        x = ctx.new_tensor_2d("f32", 64, 4, name="x")
+        w = ctx.new_tensor_1d("f32", 64, name="w")
+        norm = ops.rms_norm(ctx, x, 1e-6, name="norm")
+        out = ops.mul(ctx, norm, w, name="out")
+        if shared:
+            out = ops.add(ctx, out, norm, name="out2")
+        g = Graph()
+        g.build_forward_expand(out)
+        buf = base.alloc_tensors(be.get_default_buffer_type(), list(ctx.tensors),
+                                 base.BufferUsage.COMPUTE)
+        xs, ws = rng.standard_normal((4, 64), np.float32), rng.standard_normal(64, np.float32)
+        base.tensor_set(x, xs)
+        base.tensor_set(w, ws)
+        payload = serialize_graph(g, 0, r.conn)
+        n_nodes = struct.unpack_from("<I", payload, 4)[0]
+        off = 8 + 8 * n_nodes + 4
+        uses = {}
+        while off < len(payload):
+            rec = RPC_TENSOR.unpack_from(payload, off)
+            uses[rec[-2].rstrip(b"\0").decode()] = rec[-1]
+            off += RPC_TENSOR.size
+        assert uses["norm"] == (2 if shared else 1) and uses["x"] == 1, uses
+        be.graph_compute(g)
+        ref = xs / np.sqrt((xs * xs).mean(1, keepdims=True) + 1e-6)
+        want = ref * ws + (ref if shared else 0)
+        got = np.frombuffer(base.tensor_get(out), np.float32).reshape(4, 64)
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+        del buf
+
+
+@needs_server
 def test_connection_sets_tcp_nodelay(remote):
     """Without it, Nagle's algorithm holds a small command back until the previous write is
     acknowledged: a delayed ACK (tens of ms) per decoded token."""

@@ -256,9 +256,11 @@ def check_layout(t: Tensor, endpoint: str) -> None:
 
 
 def pack_tensor(t: Tensor, conn: Connection, *, flags: int | None = None,
-                with_data: bool = True) -> bytes:
+                with_data: bool = True, use_count: int = 0) -> bytes:
     """The 296-byte rpc_tensor of `t`. with_data: its buffer must be one of this connection's
-    and [data, data + nbytes) inside it; otherwise buffer and data go as 0 (shape only)."""
+    and [data, data + nbytes) inside it; otherwise buffer and data go as 0 (shape only).
+    use_count: its consumers in the graph (ggml's CPU backend fuses RMS_NORM + MUL only where
+    the norm has one; 0: unknown, nothing fused)."""
     check_layout(t, conn.endpoint)
     buf_id = data = 0
     if with_data:
@@ -287,13 +289,14 @@ def pack_tensor(t: Tensor, conn: Connection, *, flags: int | None = None,
                            *struct.unpack("<16i", params),
                            int(t.flags) if flags is None else flags, *src,
                            0 if vs is None else id(vs), t.view_offs if vs is not None else 0,
-                           data, name, 0)
+                           data, name, use_count)
 
 
 def serialize_graph(graph: Graph, device: int, conn: Connection) -> bytes:
     """GRAPH_COMPUTE's payload: u32 device | u32 n_nodes | u64 ids | u32 n_tensors | tensors.
     Nodes: the graph's non-view nodes, each with the COMPUTE flag (ggml skips nodes without
-    it); tensors: everything reachable through src and view_src, each once."""
+    it); tensors: everything reachable through src and view_src, each once, with its use count
+    in the graph (a split's: the whole graph's, Graph.subgraph), as llama.cpp's client sends."""
     nodes = [t for t in graph.nodes if t.op not in VIEW_OPS and t.op != Op.NONE]
     for t in nodes:
         why = why_unsupported(t)
@@ -309,7 +312,7 @@ def serialize_graph(graph: Graph, device: int, conn: Connection) -> bytes:
             continue
         seen.add(id(t))
         fl = int(t.flags) | _COMPUTE if id(t) in node_ids else int(t.flags) & ~_COMPUTE
-        records.append(pack_tensor(t, conn, flags=fl))
+        records.append(pack_tensor(t, conn, flags=fl, use_count=graph.use_count(t)))
         stack.extend(s for s in t.src if s is not None)
         if t.view_src is not None:
             stack.append(t.view_src)
