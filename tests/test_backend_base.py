@@ -19,6 +19,7 @@ from pyggml.backend.base import (
     is_host_tensor,
     tensor_copy,
     tensor_get,
+    tensor_get_into,
     tensor_set,
 )
 from pyggml.backend.cpu import (
@@ -163,6 +164,29 @@ def test_tensor_set_get_copy_across_memories(dev):
         tensor_copy(h1, short)
     with pytest.raises(BackendError, match="'late' has no data"):
         tensor_copy(h1, _vec(ctx, 33, "late"))
+
+
+def test_tensor_get_into_reads_into_an_array(dev):
+    """tensor_get_into fills a caller's array from host memory (memmove) and from a device
+    buffer (its get_tensor_into; the default goes through get_tensor), bounds checked, and
+    refuses a destination it cannot write in place."""
+    ctx = Context(no_alloc=True)
+    h, d = _vec(ctx, 33, "h"), _vec(ctx, 33, "d")
+    alloc_tensors(cpu_buffer_type(), [h])
+    buf = alloc_tensors(dev.default_buffer_type(), [d])
+    vals = RNG.standard_normal(33).astype(np.float32)
+    tensor_set(h, vals)
+    tensor_set(d, vals)
+    for t in (h, d):
+        out = np.zeros(33, np.float32)
+        assert tensor_get_into(t, out) is out and np.array_equal(out, vals)
+        tail = np.zeros(3, np.float32)
+        assert np.array_equal(tensor_get_into(t, tail, offset=30 * 4), vals[30:])
+        with pytest.raises(BackendError, match=r"'%s': bytes \[120, 136\) outside" % t.name):
+            tensor_get_into(t, np.zeros(4, np.float32), offset=120)
+        with pytest.raises(BackendError, match="writable C-contiguous"):
+            tensor_get_into(t, np.zeros((33, 2), np.float32)[:, 0])
+    del buf
 
 
 def test_alloc_tensors_places_views_and_refuses_placed_tensors():

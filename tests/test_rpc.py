@@ -336,6 +336,31 @@ def test_answers_are_received_into_a_kept_buffer(remote, monkeypatch):
 
 
 @needs_server
+def test_get_tensor_into_receives_in_place(remote, monkeypatch):
+    """A remote tensor read into an array (the runtime's logits) is received straight into it:
+    no bytes object of its size is made, one round trip, the same bytes as get_tensor."""
+    from pyggml.backend.rpc import protocol
+    _, r, be = remote
+    ctx = Context(no_alloc=True)
+    t = ctx.new_tensor_1d("f32", 4096, name="t")
+    buf = base.alloc_tensors(be.get_default_buffer_type(), [t], base.BufferUsage.COMPUTE)
+    vals = np.arange(4096, dtype=np.float32)
+    base.tensor_set(t, vals)
+    big = []
+    orig = protocol.Connection._recv_exact
+    def watched(self, n, cmd):
+        big.append(n)
+        return orig(self, n, cmd)
+    monkeypatch.setattr(protocol.Connection, "_recv_exact", watched)
+    rt0 = r.traffic().round_trips
+    out = base.tensor_get_into(t, np.empty(4096, np.float32))
+    assert np.array_equal(out, vals) and r.traffic().round_trips - rt0 == 1
+    assert max(big) == 8                   # only the answer's size header went through a copy
+    assert np.frombuffer(base.tensor_get(t), np.float32).tolist() == vals.tolist()
+    del buf
+
+
+@needs_server
 def test_buffer_clear_memset_and_copy_on_the_server(remote):
     _, r, be = remote
     ctx = Context(no_alloc=True)

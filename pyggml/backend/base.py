@@ -146,6 +146,11 @@ class Buffer:
         """Read n_bytes (default: to the tensor's end) from `offset` inside `tensor`."""
         raise NotImplementedError
 
+    def get_tensor_into(self, tensor, out: memoryview, offset: int = 0) -> None:
+        """Read out.nbytes bytes from `offset` inside `tensor` into the writable bytes `out`
+        (default: through get_tensor; a buffer that can receive in place overrides it)."""
+        out[:] = self.get_tensor(tensor, offset, out.nbytes)
+
     def memset_tensor(self, tensor, value: int, offset: int = 0,
                       n_bytes: int | None = None) -> None:
         """Fill bytes of `tensor` with `value` (default: from offset to its end)."""
@@ -505,6 +510,23 @@ def tensor_get(t, offset: int = 0, n_bytes: int | None = None) -> bytes:
     if is_host_tensor(t):
         return ctypes.string_at(t.data + offset, n)
     return t.buffer.get_tensor(t, offset, n)
+
+
+def tensor_get_into(t, out: np.ndarray, offset: int = 0) -> np.ndarray:
+    """Read out.nbytes bytes of t from byte `offset` into the C-contiguous array `out` (no
+    intermediate bytes object where the buffer can receive in place); returns out."""
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise BackendError(f"tensor_get_into '{t.name}': the destination must be a writable "
+                           f"C-contiguous array")
+    n = out.nbytes
+    _check_span(t, offset, n, "tensor_get_into")
+    if n == 0:
+        return out
+    if is_host_tensor(t):
+        ctypes.memmove(out.ctypes.data, t.data + offset, n)
+    else:
+        t.buffer.get_tensor_into(t, memoryview(out).cast("B"), offset)
+    return out
 
 
 def tensor_copy(src, dst) -> None:

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pyggml.backend.base import is_host_tensor, tensor_get
+from pyggml.backend.base import is_host_tensor, tensor_get_into
 from pyggml.backend.cpu import host_array
 from pyggml.errors import (ArgumentTypeError, ClosedError, ContextOverflowError,
                            GeneratorInvalidatedError, ModelError, PyggmlError)
@@ -412,7 +412,7 @@ class LLM:
         if is_host_tensor(logits):
             out = host_array(logits).reshape(len(out_ids), V)[:n_wanted].copy()
         else:
-            out = np.frombuffer(tensor_get(logits, 0, n_wanted * V * 4), np.float32).reshape(n_wanted, V)
+            out = tensor_get_into(logits, np.empty((n_wanted, V), np.float32))
         if not np.all(np.isfinite(out)):
             raise PyggmlError("the model produced non-finite logits")
         return out

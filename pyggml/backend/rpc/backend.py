@@ -431,6 +431,14 @@ class RpcBuffer(Buffer):
         rec = pack_tensor(tensor, self.conn)
         return self.conn.request(Cmd.GET_TENSOR, rec + struct.pack("<QQ", offset, n), n)
 
+    def get_tensor_into(self, tensor: Tensor, out: memoryview, offset: int = 0) -> None:
+        """GET_TENSOR received straight into `out` (a model's logits: no 1 MiB copy a token)."""
+        n = out.nbytes
+        self._span(tensor, offset, n, "get_tensor")
+        rec = pack_tensor(tensor, self.conn)
+        self.conn.request_into(Prepared.of([(Cmd.GET_TENSOR, rec + struct.pack(
+            "<QQ", offset, n))]), [out])
+
     def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0,
                       n_bytes: int | None = None) -> None:
         n = tensor.nbytes() - offset if n_bytes is None else n_bytes
@@ -551,7 +559,7 @@ class RpcBackend(Backend):
         rpc-server (read with GET_TENSOR), into this device's compute memory, at most
         QUEUE_MAX_BYTES each. Validated here, once: the scheduler builds it per split."""
         conn = self.conn
-        blob, names, sizes = bytearray(), [], []
+        blob, cmds, sizes = bytearray(), [], []
         host: list[tuple[int, int, int]] = []          # (offset in blob, source address, bytes)
         remote: dict[int, tuple[Connection, list, list]] = {}   # id(conn) -> (conn, GETs, slots)
         for src, dst, sb, _user in copies:
@@ -572,7 +580,7 @@ class RpcBackend(Backend):
                                 + struct.pack("<BQ", 0, 0) + bytes(n))
             slot = len(blob) + len(req) - n
             blob += req
-            names.append(Cmd.SET_TENSOR.name)
+            cmds.append(Cmd.SET_TENSOR)
             sizes.append(len(req))
             if where is None:
                 host.append((slot, src.data, n))
@@ -582,16 +590,16 @@ class RpcBackend(Backend):
                 entry = remote.setdefault(id(where), (where, [], []))
                 entry[1].append(get)
                 entry[2].append((slot, n))
-        if not names:
+        if not cmds:
             return None
         sync = []
         for _src, _dst, sb, _user in copies:
             if backends[sb] not in sync and backends[sb] is not self:
                 sync.append(backends[sb])
-        reads = [(c, Prepared(bytearray(b"".join(gets)), [Cmd.GET_TENSOR.name] * len(gets),
+        reads = [(c, Prepared(bytearray(b"".join(gets)), [Cmd.GET_TENSOR] * len(gets),
                               [len(g) for g in gets]), slots)
                  for c, gets, slots in remote.values()]
-        return _InputUpload(conn, Prepared(blob, names, sizes), host, reads, sync)
+        return _InputUpload(conn, Prepared(blob, cmds, sizes), host, reads, sync)
 
 
 class _InputUpload:

@@ -127,25 +127,32 @@ class Prepared:
     """Requests marshalled once and sent many times (a split's input copies, built by the RPC
     backend when the scheduler first runs the split): `blob` holds whole requests, each
     `u8 cmd | u64 size | payload`; the caller rewrites only data bytes inside it between sends.
-    names: each request's command name, in order (stats and error messages)."""
+    cmds: each request's command, in order; sizes: each request's bytes."""
 
-    __slots__ = ("blob", "names", "_counts", "_sizes")
+    __slots__ = ("blob", "cmds", "names", "_counts")
 
-    def __init__(self, blob: bytearray, names: list[str], sizes: list[int]):
-        self.blob, self.names = blob, list(names)
-        self._counts: dict[str, int] = {}
-        self._sizes: dict[str, int] = {}
-        for name, n in zip(names, sizes):
-            self._counts[name] = self._counts.get(name, 0) + 1
-            self._sizes[name] = self._sizes.get(name, 0) + n
-        if sum(sizes) != len(blob):
-            raise ValueError(f"Prepared: request sizes sum to {sum(sizes)}, blob has {len(blob)}")
+    def __init__(self, blob: bytearray, cmds: list["Cmd"], sizes: list[int]):
+        if sum(sizes) != len(blob) or len(sizes) != len(cmds) or not cmds:
+            raise ValueError(f"Prepared: {len(cmds)} requests of {sum(sizes)} bytes in a blob "
+                             f"of {len(blob)}")
+        self.blob, self.cmds = blob, list(cmds)
+        self.names = [c.name for c in cmds]
+        counts: dict[str, tuple[int, int]] = {}
+        for name, n in zip(self.names, sizes):
+            k, b = counts.get(name, (0, 0))
+            counts[name] = (k + 1, b + n)
+        self._counts = list(counts.items())
+
+    @classmethod
+    def of(cls, requests: list[tuple["Cmd", bytes]]) -> "Prepared":
+        parts = [request_bytes(c, p) for c, p in requests]
+        return cls(bytearray(b"".join(parts)), [c for c, _ in requests], [len(p) for p in parts])
 
     def count_into(self, st: "TrafficStats") -> None:
         st.bytes_sent += len(self.blob)
-        for name, k in self._counts.items():
+        for name, (k, n) in self._counts:
             st.commands[name] = st.commands.get(name, 0) + k
-            st.bytes_by_command[name] = st.bytes_by_command.get(name, 0) + self._sizes[name]
+            st.bytes_by_command[name] = st.bytes_by_command.get(name, 0) + n
 
 
 def request_bytes(cmd: "Cmd", payload: bytes) -> bytes:
@@ -324,7 +331,7 @@ class Connection:
         """Queue prepared requests without answers (as request(..., flush=False) does for one):
         they go out with the next command that must leave now."""
         with self._lock:
-            self._check_usable(Cmd[req.names[0]])
+            self._check_usable(req.cmds[0])
             self._flush_frees()
             q = self._queue
             if q and len(q) + len(req.blob) > QUEUE_MAX_BYTES:
@@ -339,8 +346,7 @@ class Connection:
         """Send prepared requests that each have an answer (GET_TENSOR), with the queue, in one
         write; then receive answer i straight into views[i], whose size it must have."""
         with self._lock:
-            cmd = Cmd[req.names[0]]
-            self._check_usable(cmd)
+            self._check_usable(req.cmds[0])
             self._flush_frees()
             q = self._queue
             q += req.blob
@@ -348,8 +354,7 @@ class Connection:
             req.count_into(self.stats)
             self._write(q)
             self.stats.round_trips += len(views)
-            for name, view in zip(req.names, views):
-                cmd = Cmd[name]
+            for cmd, view in zip(req.cmds, views):
                 (n,) = _U64.unpack(self._recv_exact(8, cmd))
                 if n != view.nbytes:
                     raise self._fail(f"answered {cmd.name} with {n} bytes, expected "
