@@ -242,6 +242,23 @@ def _rewrite(src, dst, *, arch=None, drop=(), reshape=None, extra=None):
     return dst
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_logits_are_a_typed_error(tiny_models, tmp_path, bad):
+    """A model whose output norm holds NaN or +inf gives non-finite logits: a PyggmlError at
+    the step that made them, not NaN scores handed on to sampling."""
+    import shutil
+    tm = tiny_models.get(arch="llama", weight_type="f32")
+    path = tmp_path / "bad.gguf"
+    shutil.copy(tm.path, path)
+    t, = [t for t in gguf.GGUFReader(tm.path).tensors if t.name == "output_norm.weight"]
+    with open(path, "r+b") as f:
+        f.seek(int(t.data_offset))
+        f.write(np.full(t.n_elements, bad, np.float32).tobytes())
+    with LLM(path, n_ctx=64, n_threads=1) as m:
+        with pytest.raises(PyggmlError, match="non-finite logits"):
+            m.eval([1, 2, 3])
+
+
 def test_unknown_architecture_missing_and_misshapen_tensors(tiny_models, tmp_path):
     tm = _model(tiny_models, "llama", "f32")
     with pytest.raises(ModelError, match="architecture 'mamba9' is not supported"):

@@ -26,6 +26,9 @@ KV_TYPES = (GGMLType.F16, GGMLType.F32, GGMLType.Q8_0)
 FULL, SWA = "full", "swa"
 
 
+_NEG_INF16 = np.float16(-np.inf)
+
+
 def _bits(seq_ids: np.ndarray) -> np.ndarray:
     return np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
 
@@ -40,7 +43,7 @@ class CellSpace:
         self.seqs = np.zeros(n_cells, dtype=np.uint64)
 
     def n_used(self) -> int:
-        return int((self.pos >= 0).sum())
+        return int(np.count_nonzero(self.pos >= 0))
 
     def find_slot(self, n_tokens: int, n_ctx: int) -> np.ndarray:
         """Indices of n_tokens free cells (lowest first); ModelError when there are too few."""
@@ -75,12 +78,15 @@ class CellSpace:
     def mask(self, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
         """float16 (n_tokens, n_kv): 0 where token t may attend to cell j, -inf elsewhere:
         same sequence, cell position <= token position, and within `window` if > 0."""
-        cpos = self.pos[:n_kv][None, :]
-        ok = (((self.seqs[:n_kv][None, :] & _bits(seq_ids)[:, None]) != 0) & (cpos >= 0)
-              & (cpos <= pos[:, None]))
+        cpos = self.pos[:n_kv]
+        ok = (self.seqs[:n_kv] & _bits(seq_ids)[:, None]) != 0
+        ok &= cpos >= 0
+        ok &= cpos <= pos[:, None]
         if window > 0:
             ok &= (pos[:, None] - cpos) < window
-        return np.where(ok, np.float16(0), np.float16(-np.inf)).astype(np.float16)
+        out = np.full(ok.shape, _NEG_INF16, np.float16)
+        out[ok] = 0
+        return out
 
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> None:
         sel = (self.pos >= p0) & ((self.pos < p1) if p1 is not None else True)

@@ -381,6 +381,7 @@ class RpcBuffer(Buffer):
         self.remote_ptr = ptr
         self.remote_size = size
         self.base = self.conn.buffer_get_base(ptr)
+        self._gets: dict[tuple, Prepared] = {}      # get_tensor_into's requests, by read
         self._finalizer = weakref.finalize(self, _free_remote, weakref.ref(self.conn), ptr)
 
     def free(self) -> None:
@@ -388,6 +389,7 @@ class RpcBuffer(Buffer):
         if self._finalizer.alive:
             self._finalizer()
             self.remote_ptr = 0
+            self._gets.clear()
 
     def _span(self, tensor: Tensor, offset: int, n: int, what: str) -> None:
         if _buffer_of(tensor) is not self:
@@ -434,10 +436,17 @@ class RpcBuffer(Buffer):
     def get_tensor_into(self, tensor: Tensor, out: memoryview, offset: int = 0) -> None:
         """GET_TENSOR received straight into `out` (a model's logits: no 1 MiB copy a token)."""
         n = out.nbytes
-        self._span(tensor, offset, n, "get_tensor")
-        rec = pack_tensor(tensor, self.conn)
-        self.conn.request_into(Prepared.of([(Cmd.GET_TENSOR, rec + struct.pack(
-            "<QQ", offset, n))]), [out])
+        key = (id(tensor), tensor.data, tensor.type, tensor.ne, tensor.nb, tensor.view_offs,
+               offset, n)
+        req = self._gets.get(key) if self.remote_ptr else None
+        if req is None:                 # the same read every token (logits): marshalled once
+            self._span(tensor, offset, n, "get_tensor")
+            rec = pack_tensor(tensor, self.conn)
+            if len(self._gets) >= 64:
+                self._gets.clear()
+            req = self._gets[key] = Prepared.of([(Cmd.GET_TENSOR,
+                                                  rec + struct.pack("<QQ", offset, n))])
+        self.conn.request_into(req, [out])
 
     def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0,
                       n_bytes: int | None = None) -> None:
