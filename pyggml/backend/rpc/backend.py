@@ -561,7 +561,6 @@ class RpcBackend(Backend):
             return False
         return db.cpy_tensor(src, dst)
 
-
     def compile_input_copies(self, copies, backends):
         """A split's input copies into this device as one marshalled upload (_InputUpload), or
         None when one of them is not a plain copy it knows: from host memory, or from another
