@@ -19,7 +19,9 @@ so neither times the first build and upload of a graph); configs: one server wit
 layer and the output (-ngl 99), two servers (-ngl 99, -ts 1,1), the local CPU and one server
 (-ngl n_layer/2: the last half of the layers and the output remote, llama.cpp's rule). Bytes per decoded token, for both clients alike: a
 counting TCP proxy sits in front of each server for two extra runs with -n N and -n 2N (-p 0);
-(bytes(2N) - bytes(N)) / N, so the weight upload and the warm-up cancel out.
+(bytes(2N) - bytes(N)) / N, so the weight upload and the warm-up cancel out. Ratios: of the
+medians, and the median of each repetition's ours / theirs pair (run back to back, so both see
+the same machine state) with how many pairs ours won. --configs 1,2,3 picks configurations.
 """
 
 from __future__ import annotations
@@ -184,8 +186,10 @@ def vs_llamacpp(a) -> None:
                    (f"CPU + 1 server, -ngl {half}", eps[:1], ["-ngl", str(half)],
                     ["-ngl", str(half)])]
         if a.configs:
-            keep = [int(x) for x in a.configs.split(",")]
-            configs = [configs[k - 1] for k in keep]
+            keep = [x.strip() for x in a.configs.split(",")]
+            if not all(x.isdigit() and 1 <= int(x) <= len(configs) for x in keep):
+                sys.exit(f"--configs {a.configs!r}: numbers 1..{len(configs)}, comma-separated")
+            configs = [configs[int(k) - 1] for k in keep]
         rows = []
         for name, seps, ours_x, theirs_x in configs:
             runs = {"pyggml": {"pp": [], "tg": []}, "llama.cpp": {"pp": [], "tg": []}}
@@ -230,19 +234,26 @@ def vs_llamacpp(a) -> None:
                                  for k, x in traffic[who].items()})
             row["ratio_pp"] = round(row["pyggml"]["pp"] / row["llama.cpp"]["pp"], 2)
             row["ratio_tg"] = round(row["pyggml"]["tg"] / row["llama.cpp"]["tg"], 2)
+            # each repetition's pair ran back to back: their ratio sees the same machine state
+            for k in ("pp", "tg"):
+                pairs = [o / t for o, t in zip(runs["pyggml"][k], runs["llama.cpp"][k])]
+                row[f"pair_ratio_{k}"] = round(statistics.median(pairs), 2)
+                row[f"ours_ahead_{k}"] = f"{sum(x >= 1 for x in pairs)}/{len(pairs)}"
             rows.append(row)
             print(json.dumps(row), flush=True)
         print(f"\nmodel {Path(a.model).name}; pp{a.prompt} / tg{a.tokens}, {a.threads} thread(s) "
               f"per client and per server; medians of {a.reps}; load average after: {_load()}")
-        print("| config | pp ours | pp llama.cpp | ratio | tg ours | tg llama.cpp | ratio | "
-              "sent B/token ours / llama.cpp | received B/token ours / llama.cpp |")
+        print("| config | pp ours | pp llama.cpp | ratio (pairs; ours ahead) | tg ours | "
+              "tg llama.cpp | ratio (pairs; ours ahead) | sent B/token ours / llama.cpp | "
+              "received B/token ours / llama.cpp |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             o, t = r["pyggml"], r["llama.cpp"]
-            print(f"| {r['config']} | {o['pp']} | {t['pp']} | {r['ratio_pp']} | {o['tg']} | "
-                  f"{t['tg']} | {r['ratio_tg']} | {o['sent_per_token']} / "
-                  f"{t['sent_per_token']} | {o['received_per_token']} / "
-                  f"{t['received_per_token']} |")
+            print(f"| {r['config']} | {o['pp']} | {t['pp']} | {r['ratio_pp']} "
+                  f"({r['pair_ratio_pp']}; {r['ours_ahead_pp']}) | {o['tg']} | {t['tg']} | "
+                  f"{r['ratio_tg']} ({r['pair_ratio_tg']}; {r['ours_ahead_tg']}) | "
+                  f"{o['sent_per_token']} / {t['sent_per_token']} | "
+                  f"{o['received_per_token']} / {t['received_per_token']} |")
     finally:
         for s in servers:
             s.stop()
