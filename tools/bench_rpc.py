@@ -22,6 +22,8 @@ counting TCP proxy sits in front of each server for two extra runs with -n N and
 (bytes(2N) - bytes(N)) / N, so the weight upload and the warm-up cancel out. Ratios: of the
 medians, and the median of each repetition's ours / theirs pair (run back to back, so both see
 the same machine state) with how many pairs ours won. --configs 1,2,3 picks configurations.
+--vs-tree PATH puts our client from another source tree (an earlier commit's worktree) in
+llama.cpp's column: a before/after run of the client alone, against the same servers.
 """
 
 from __future__ import annotations
@@ -135,11 +137,21 @@ class CountingProxy:
         self._ls.close()
 
 
-def _ours(model, rpc_eps, extra, p, n, t) -> dict:
+def _ours(model, rpc_eps, extra, p, n, t, tree: Path | None = None) -> dict:
+    """`pyggml bench` of this checkout, or of the source tree `tree` (another commit's
+    worktree: its package, and its libpyggml.so when it has built one)."""
+    import os
     import subprocess
-    args = [str(REPO / ".venv/bin/pyggml"), "bench", "-m", model, "--rpc", ",".join(rpc_eps),
+    args = ["-m", "pyggml.cli", "bench", "-m", model, "--rpc", ",".join(rpc_eps),
             "-p", str(p), "-n", str(n), "-r", "1", "-t", str(t), "-fa", "on", *extra]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    env = dict(os.environ)
+    if tree is not None:
+        lib = tree / "build/native/libpyggml.so"
+        env.update(PYTHONPATH=str(tree),
+                   PYGGML_LIB=str(lib if lib.is_file() else REPO / "build/native/libpyggml.so"))
+    args = [str(REPO / ".venv/bin/python"), *args]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env,
+                         cwd=str(tree or REPO))
     if out.returncode:
         raise RuntimeError(f"{' '.join(args)}: {out.stderr[-600:]}")
     res = {}
@@ -171,6 +183,7 @@ def _load() -> str:
 
 def vs_llamacpp(a) -> None:
     import json
+    them = "llama.cpp" if a.vs_tree is None else f"tree {a.vs_tree}"
     print(f"load average before: {_load()}", flush=True)
     servers = [RpcServer.start(threads=a.threads) for _ in range(2)]
     try:
@@ -192,12 +205,15 @@ def vs_llamacpp(a) -> None:
             configs = [configs[int(k) - 1] for k in keep]
         rows = []
         for name, seps, ours_x, theirs_x in configs:
-            runs = {"pyggml": {"pp": [], "tg": []}, "llama.cpp": {"pp": [], "tg": []}}
+            def theirs(eps, p, n):
+                if a.vs_tree is not None:       # our client from another tree: its flags
+                    return _ours(a.model, eps, ours_x, p, n, a.threads, tree=a.vs_tree)
+                return _theirs(a.llama_bench, a.model, eps, theirs_x, p, n, a.threads)
+            runs = {"pyggml": {"pp": [], "tg": []}, them: {"pp": [], "tg": []}}
             for i in range(a.reps):
                 order = [("pyggml", lambda: _ours(a.model, seps, ours_x, a.prompt, a.tokens,
                                                   a.threads)),
-                         ("llama.cpp", lambda: _theirs(a.llama_bench, a.model, seps, theirs_x,
-                                                       a.prompt, a.tokens, a.threads))]
+                         (them, lambda: theirs(seps, a.prompt, a.tokens))]
                 for who, fn in order if i % 2 == 0 else order[::-1]:
                     r = fn()
                     for k in ("pp", "tg"):
@@ -206,7 +222,7 @@ def vs_llamacpp(a) -> None:
                       + ", ".join(f"{w} pp {v['pp'][-1]:.1f} tg {v['tg'][-1]:.2f}"
                                   for w, v in runs.items()), flush=True)
             traffic = {}
-            for who in ("pyggml", "llama.cpp"):
+            for who in ("pyggml", them):
                 per = []
                 for n in (a.tokens, 2 * a.tokens):
                     proxies = [CountingProxy(e) for e in seps]
@@ -214,7 +230,7 @@ def vs_llamacpp(a) -> None:
                     if who == "pyggml":
                         _ours(a.model, peps, ours_x, 0, n, a.threads)
                     else:
-                        _theirs(a.llama_bench, a.model, peps, theirs_x, 0, n, a.threads)
+                        theirs(peps, 0, n)
                     time.sleep(0.5)
                     per.append((sum(pr.sent for pr in proxies),
                                 sum(pr.received for pr in proxies),
@@ -232,23 +248,23 @@ def vs_llamacpp(a) -> None:
                 row[who]["runs"] = {k: [round(y, 2) for y in x] for k, x in v.items()}
                 row[who].update({k: round(x, 2) if k.endswith("_ms_per_token") else round(x)
                                  for k, x in traffic[who].items()})
-            row["ratio_pp"] = round(row["pyggml"]["pp"] / row["llama.cpp"]["pp"], 2)
-            row["ratio_tg"] = round(row["pyggml"]["tg"] / row["llama.cpp"]["tg"], 2)
+            row["ratio_pp"] = round(row["pyggml"]["pp"] / row[them]["pp"], 2)
+            row["ratio_tg"] = round(row["pyggml"]["tg"] / row[them]["tg"], 2)
             # each repetition's pair ran back to back: their ratio sees the same machine state
             for k in ("pp", "tg"):
-                pairs = [o / t for o, t in zip(runs["pyggml"][k], runs["llama.cpp"][k])]
+                pairs = [o / t for o, t in zip(runs["pyggml"][k], runs[them][k])]
                 row[f"pair_ratio_{k}"] = round(statistics.median(pairs), 2)
                 row[f"ours_ahead_{k}"] = f"{sum(x >= 1 for x in pairs)}/{len(pairs)}"
             rows.append(row)
             print(json.dumps(row), flush=True)
         print(f"\nmodel {Path(a.model).name}; pp{a.prompt} / tg{a.tokens}, {a.threads} thread(s) "
               f"per client and per server; medians of {a.reps}; load average after: {_load()}")
-        print("| config | pp ours | pp llama.cpp | ratio (pairs; ours ahead) | tg ours | "
-              "tg llama.cpp | ratio (pairs; ours ahead) | sent B/token ours / llama.cpp | "
-              "received B/token ours / llama.cpp |")
+        print(f"| config | pp ours | pp {them} | ratio (pairs; ours ahead) | tg ours | "
+              f"tg {them} | ratio (pairs; ours ahead) | sent B/token ours / {them} | "
+              f"received B/token ours / {them} |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            o, t = r["pyggml"], r["llama.cpp"]
+            o, t = r["pyggml"], r[them]
             print(f"| {r['config']} | {o['pp']} | {t['pp']} | {r['ratio_pp']} "
                   f"({r['pair_ratio_pp']}; {r['ours_ahead_pp']}) | {o['tg']} | {t['tg']} | "
                   f"{r['ratio_tg']} ({r['pair_ratio_tg']}; {r['ours_ahead_tg']}) | "
@@ -269,6 +285,9 @@ def main() -> None:
                     help="our RPC client next to llama-bench --rpc (see above)")
     ap.add_argument("--prompt", type=int, default=64, help="--vs-llamacpp: prompt tokens")
     ap.add_argument("--llama-bench", type=Path, default=LLAMA_BENCH)
+    ap.add_argument("--vs-tree", type=Path, default=None,
+                    help="--vs-llamacpp with our client from this source tree (e.g. a worktree "
+                         "of an earlier commit) in llama.cpp's place: a before/after run")
     ap.add_argument("--configs", default="",
                     help="--vs-llamacpp: which configurations, by number (1 one server, "
                          "2 two servers, 3 CPU + one server), comma-separated; default all")
@@ -277,8 +296,10 @@ def main() -> None:
         from pyggml.models_default import ensure_default_model
         a.model = ensure_default_model()
     a.model = str(a.model)
+    if a.vs_tree is not None and not (a.vs_tree / "pyggml").is_dir():
+        sys.exit(f"--vs-tree {a.vs_tree}: no pyggml package there")
     if a.vs_llamacpp:
-        if not a.llama_bench.exists():
+        if a.vs_tree is None and not a.llama_bench.exists():
             sys.exit(f"{a.llama_bench} missing: run `make llamacpp-tools`")
         vs_llamacpp(a)
         return
