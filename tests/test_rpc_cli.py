@@ -88,3 +88,7 @@ def test_bad_rpc_endpoints_are_clear(tiny, capsys):
     assert "127.0.0.1:1" in err and "Traceback" not in err
     assert main(["plan", "-m", tiny, "--set", "rpc=[nonsense]"]) == 1
     assert "expected HOST:PORT" in capsys.readouterr().err
+    for empty in ("", ",", " , "):          # an unset variable: not silently CPU only
+        assert main(["plan", "-m", tiny, "--rpc", empty]) == 2
+        err = capsys.readouterr().err
+        assert "no server given" in err and err.count("\n") == 1, err

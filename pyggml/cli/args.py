@@ -267,7 +267,10 @@ def config_from_cli(args, always: bool = False, first_gpu=None) -> Config | None
     ngl = getattr(args, "n_gpu_layers", None)
     dev = getattr(args, "device", None)
     split = _split(getattr(args, "tensor_split", None), "-ts")
-    rpc = [e.strip() for e in (getattr(args, "rpc", None) or "").split(",") if e.strip()]
+    rpc_arg = getattr(args, "rpc", None)
+    rpc = [e.strip() for e in (rpc_arg or "").split(",") if e.strip()]
+    if rpc_arg is not None and not rpc:     # an unset shell variable must not mean "CPU only"
+        raise UsageError(f"--rpc {rpc_arg!r}: no server given; expected HOST:PORT[,HOST:PORT]")
     if not (always or path or ot or sets or nkvo or noop or dev or split or rpc):
         return None
     devices = None
