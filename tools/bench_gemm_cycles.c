@@ -48,6 +48,12 @@ int main(int argc, char **argv) {
      * 1536..8960 amortizes the activations' conversion over more rows */
     const int64_t K = getenv("BGC_K") ? atoll(getenv("BGC_K")) : 2048;
     const int64_t N = getenv("BGC_N") ? atoll(getenv("BGC_N")) : 256;
+    /* a row of K elements must be whole blocks of every type (256: the k-quants' block) */
+    if (K <= 0 || K % 256 != 0 || N <= 0) {
+        fprintf(stderr, "bench_gemm_cycles: BGC_K=%lld must be a positive multiple of 256 and "
+                "BGC_N=%lld positive\n", (long long)K, (long long)N);
+        return 2;
+    }
     float *wf = malloc(sizeof(float) * K * N), *x = malloc(sizeof(float) * K * 512);
     float *dst = malloc(sizeof(float) * N * 512);
     uint8_t *w = malloc((size_t)K * N * 4);
@@ -66,6 +72,10 @@ int main(int argc, char **argv) {
         snprintf(buf, sizeof buf, "%s", ms);
         for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
             const int64_t M = atoi(tok);
+            if (M < 1 || M > 512) {         /* the activations are allocated for 512 rows */
+                fprintf(stderr, "bench_gemm_cycles: M=%s must be in 1..512\n", tok);
+                return 2;
+            }
             pg_tensor t[3];
             tensor(&t[0], type, PG_OP_NONE, K, N, w);
             tensor(&t[1], PG_TYPE_F32, PG_OP_NONE, K, M, x);
