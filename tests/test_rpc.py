@@ -480,14 +480,15 @@ def test_refused_connection_names_endpoint():
 
 
 class FakeServer:
-    """A loopback socket that answers HELLO with `reply` (None: close at once)."""
+    """A loopback socket that answers HELLO with `reply` (None: close at once), then the next
+    request with `then` (an answer's payload) when given."""
 
-    def __init__(self, reply: bytes | None):
+    def __init__(self, reply: bytes | None, then: bytes | None = None):
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(1)
         self.endpoint = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        self.reply = reply
+        self.reply, self.then = reply, then
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -503,6 +504,9 @@ class FakeServer:
                 c.recv(33)
                 if self.reply is not None:
                     c.sendall(len(self.reply).to_bytes(8, "little") + self.reply)
+                    if self.then is not None:
+                        c.recv(1 << 16)
+                        c.sendall(len(self.then).to_bytes(8, "little") + self.then)
                     c.recv(1)
             except OSError:
                 pass
@@ -520,6 +524,23 @@ def test_protocol_version_mismatch_is_refused(version, msg):
     try:
         with pytest.raises(rpc.RpcError, match=re.escape(fake.endpoint) + ".*" + msg):
             rpc.Connection(fake.endpoint, timeout_s=5)
+    finally:
+        fake.close()
+
+
+def test_answer_of_the_wrong_size_breaks_the_connection():
+    """A GET_TENSOR received in place (request_into) whose answer has another size than asked:
+    RpcError naming the endpoint and both sizes, and the connection refuses every later call."""
+    from pyggml.backend.rpc.protocol import PROTO_VERSION, Cmd, Prepared
+    fake = FakeServer(bytes(PROTO_VERSION) + bytes(1 + 24), then=bytes(4))
+    try:
+        conn = rpc.Connection(fake.endpoint, timeout_s=5)
+        req = Prepared.of([(Cmd.GET_TENSOR, bytes(312))])
+        with pytest.raises(rpc.RpcError, match=re.escape(fake.endpoint)
+                           + ".*GET_TENSOR with 4 bytes, expected 8"):
+            conn.request_into(req, [memoryview(bytearray(8))])
+        with pytest.raises(rpc.RpcError, match="failed earlier"):
+            conn.request_into(req, [memoryview(bytearray(8))])
     finally:
         fake.close()
 

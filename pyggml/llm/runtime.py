@@ -303,11 +303,7 @@ class LLM:
         last token, or [n_tokens, n_vocab] with logits_all. Invalidates the sequence's
         generators."""
         seq_id = self._check_seq(seq_id)
-        tokens = self._check_tokens(tokens)
-        with self.lock:
-            self._check_open()
-            self._seq_epoch[seq_id] += 1
-            return self._decode_locked([(tokens, seq_id)])[seq_id]
+        return self._decode_checked([(self._check_tokens(tokens), seq_id)])[seq_id]
 
     def decode_batch(self, seqs: list[tuple[list[int], int]],
                      all_logits=()) -> dict[int, np.ndarray]:
@@ -329,11 +325,16 @@ class LLM:
         if len(set(sids_given)) != len(sids_given):
             raise ModelError(f"decode_batch: each sequence at most once per batch, got seq_ids "
                              f"{sids_given}")
+        return self._decode_checked(checked, frozenset(int(s) for s in all_logits))
+
+    def _decode_checked(self, seqs: list[tuple[list[int], int]],
+                        all_rows: frozenset = frozenset()) -> dict[int, np.ndarray]:
+        """decode_batch of checked input (eval: one sequence, without the batch checks)."""
         with self.lock:
             self._check_open()
-            for sid in sids_given:
+            for _, sid in seqs:
                 self._seq_epoch[sid] += 1
-            return self._decode_locked(checked, frozenset(int(s) for s in all_logits))
+            return self._decode_locked(seqs, all_rows)
 
     def _decode_locked(self, seqs: list[tuple[list[int], int]],
                        all_rows: frozenset = frozenset()) -> dict[int, np.ndarray]:

@@ -331,14 +331,7 @@ class Connection:
         """Queue prepared requests without answers (as request(..., flush=False) does for one):
         they go out with the next command that must leave now."""
         with self._lock:
-            self._check_usable(req.cmds[0])
-            self._flush_frees()
-            q = self._queue
-            if q and len(q) + len(req.blob) > QUEUE_MAX_BYTES:
-                self._write(q)
-            q += req.blob
-            self._queued.extend(req.names)
-            req.count_into(self.stats)
+            q = self._enqueue(req)
             if len(q) > QUEUE_MAX_BYTES:
                 self._write(q)
 
@@ -346,13 +339,7 @@ class Connection:
         """Send prepared requests that each have an answer (GET_TENSOR), with the queue, in one
         write; then receive answer i straight into views[i], whose size it must have."""
         with self._lock:
-            self._check_usable(req.cmds[0])
-            self._flush_frees()
-            q = self._queue
-            q += req.blob
-            self._queued.extend(req.names)
-            req.count_into(self.stats)
-            self._write(q)
+            self._write(self._enqueue(req))
             self.stats.round_trips += len(views)
             for cmd, view in zip(req.cmds, views):
                 (n,) = _U64.unpack(self._recv_exact(8, cmd))
@@ -360,6 +347,19 @@ class Connection:
                     raise self._fail(f"answered {cmd.name} with {n} bytes, expected "
                                      f"{view.nbytes}")
                 self._recv_into(view, cmd)
+
+    def _enqueue(self, req: Prepared) -> bytearray:
+        """Append prepared requests to the queue (written first if they would overflow it);
+        the caller holds the lock. Returns the queue."""
+        self._check_usable(req.cmds[0])
+        self._flush_frees()
+        q = self._queue
+        if q and len(q) + len(req.blob) > QUEUE_MAX_BYTES:
+            self._write(q)
+        q += req.blob
+        self._queued.extend(req.names)
+        req.count_into(self.stats)
+        return q
 
     def _hello(self) -> tuple[int, int, int]:
         self._send(Cmd.HELLO, bytes(HELLO_CAPS_BYTES))
