@@ -310,6 +310,42 @@ def test_sampler_seeded_and_chain():
         SamplingParams(min_p=2).validate()
 
 
+def _mask_reference(sp, pos, seq_ids, n_kv, window):
+    """The KV mask in numpy, from its definition: same sequence, a used cell at or before the
+    token's position, within the window when there is one."""
+    cpos, cseq = sp.pos[:n_kv], sp.seqs[:n_kv]
+    bits = np.left_shift(np.uint64(1), np.asarray(seq_ids).astype(np.uint64))
+    ok = ((cseq & bits[:, None]) != 0) & (cpos >= 0) & (cpos <= pos[:, None])
+    if window > 0:
+        ok &= (pos[:, None] - cpos) < window
+    return np.where(ok, np.float16(0), np.float16(-np.inf)).astype(np.float16)
+
+
+def test_kv_mask_matches_its_definition():
+    """CellSpace.mask (native pg_kv_mask) against numpy, bit for bit, over random cells, several
+    sequences, windows and n_kv (0 included); a malformed output array is a typed error."""
+    from pyggml.errors import InvalidArgumentError
+    from pyggml.llm.kv_cache import CellSpace
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 700))
+        sp = CellSpace("full", n)
+        sp.pos[:] = rng.integers(-1, 400, n)
+        sp.seqs[:] = rng.integers(0, 1 << 5, n).astype(np.uint64)
+        T = int(rng.integers(1, 48))
+        pos = rng.integers(0, 420, T).astype(np.int32)
+        sids = rng.integers(0, 5, T)
+        n_kv, window = int(rng.integers(0, n + 1)), int(rng.choice([0, 1, 7, 128]))
+        got = sp.mask(pos, sids, n_kv, window)
+        assert got.dtype == np.float16 and got.shape == (T, n_kv)
+        assert got.tobytes() == _mask_reference(sp, pos, sids, n_kv, window).tobytes()
+    sp = CellSpace("full", 16)
+    for out in (np.zeros((2, 16), np.float32), np.zeros((2, 32), np.float16),
+                np.zeros((16, 2), np.float16).T, np.zeros((3, 16), np.float16)):
+        with pytest.raises(InvalidArgumentError, match="KV mask"):
+            sp.mask_into(out, np.array([1, 2], np.int32), np.array([0, 0]))
+
+
 def test_window_sized_cache_for_sliding_layers_equals_full_cache(tiny_models):
     """Gemma's sliding-window layers get their own window-sized cell space (as llama.cpp); after
     it wraps (300 tokens through 256 cells, window 8) the logits equal the full-cache layout's."""

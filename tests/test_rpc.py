@@ -723,6 +723,48 @@ def test_decoded_token_is_one_round_trip(tiny_models):
         srv.stop()
 
 
+@needs_server
+def test_token_lookup_reads_the_servers_copy_of_a_tied_output(tiny_models):
+    """Every layer and the output on one server, a tied model: the tied output matrix's copy is
+    there, so the token lookup reads it (Run.embd_lookup): a decoded token's graph is one split
+    on the server, and its input is the token id (4 bytes), not the looked-up row (4·n_embd).
+    An untied model, or layer 0 on the CPU, looks up in token_embd on the CPU. Every way: the
+    CPU's greedy tokens."""
+    srv = RpcServer.start()
+    dev = f"RPC[{srv.endpoint}]"
+    prompt, E = "the capital of france is", 64
+    try:
+        rpc.register_endpoints([srv.endpoint], timeout_s=20.0)
+        reg, = [x for x in rpc.rpc_regs() if x.endpoint == srv.endpoint]
+        sent = {}
+        for tied in (True, False):
+            tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=4, n_embd=E,
+                                 tied_embeddings=tied)
+            with LLM(tm.path, n_ctx=128, n_ubatch=32, n_threads=1) as cpu_llm:
+                want = greedy(cpu_llm, prompt, 8)
+            for ngl in ("all", 3):      # 3 of the 5 slots: layers 2, 3 and the output remote
+                cfg = {"devices": [dev], "gpu_layers": ngl}
+                with LLM(tm.path, config=cfg, n_ctx=128, n_ubatch=32, n_threads=1) as llm:
+                    on_server = ngl == "all" and tied
+                    assert (llm.run.embd_lookup is llm.weights.get("output.weight")) == on_server
+                    assert (llm.run.embd_lookup is llm.weights["token_embd.weight"]) != on_server
+                    assert greedy(llm, prompt, 8) == want, (tied, ngl)
+                    if ngl != "all":
+                        continue
+                    llm.reset()
+                    llm.eval(llm.tokenize(prompt))
+                    llm.eval([5])
+                    assert llm.sched["decode"].get_n_splits() == (1 if tied else 2)
+                    t0 = reg.traffic()
+                    for tok in range(6, 12):
+                        llm.eval([tok])
+                    sent[tied] = (reg.traffic().bytes_sent - t0.bytes_sent) / 6
+        assert sent[True] == sent[False] - 4 * E + 4, sent
+    finally:
+        rpc.unregister_endpoints([srv.endpoint])
+        srv.stop()
+
+
 @pytest.mark.usefixtures("two_servers")
 def test_two_server_token_moves_one_activation(two_servers, tiny_models):
     """Every layer and the output over two servers, a decoded token: the layer boundary moves

@@ -261,6 +261,15 @@ int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, 
                          pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
                          pg_eval_cb cb, void *cb_user, int32_t *bad_node);
 
+/* ---- KV cache ----------------------------------------------------------------------------- */
+/* The attention mask of n_tokens new tokens over the first n_kv cells, fp16, row t at
+ * out + t*row_stride: 0 where token t may attend cell j (cell_seqs[j] & seq_bits[t] != 0,
+ * 0 <= cell_pos[j] <= pos[t], and pos[t] - cell_pos[j] < window when window > 0), -inf
+ * elsewhere. cell_seqs / seq_bits: sequence bit sets (bit s = sequence s). */
+int32_t pg_kv_mask(const int64_t *cell_pos, const uint64_t *cell_seqs, int64_t n_kv,
+                   const int32_t *pos, const uint64_t *seq_bits, int64_t n_tokens,
+                   int64_t window, uint16_t *out, int64_t row_stride);
+
 /* ---- hashing ------------------------------------------------------------------------------ */
 /* FNV-1a 64 of n bytes (offset basis 0xcbf29ce484222325, prime 0x100000001b3): the content hash
  * of ggml's RPC tensor cache. */

@@ -84,10 +84,12 @@ def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=
                 tps = []
                 for r in range(reps):
                     llm.reset()
-                    tok = _tokens(1, V, r)[0]
+                    # as llama-bench: the tokens are drawn, not sampled (each one's logits are
+                    # computed and read back; an argmax would add work llama-bench does not do)
+                    toks = _tokens(n, V, r)
                     t0 = time.perf_counter()
-                    for _ in range(n):
-                        tok = int(np.argmax(llm.eval([tok])))
+                    for tok in toks:
+                        llm.eval([tok])
                     tps.append(n / (time.perf_counter() - t0))
                     bar.update()
                 rows.append(BenchRow(f"tg{n}", t, tps))

@@ -33,7 +33,8 @@ def _hidden_states(llm, ids: list[int], seq_id: int) -> np.ndarray:
         cells = llm.kv.place(pos, sids)
         n_kv = llm.kv.n_kv()
         gp = GraphParams(T, T, n_kv["full"], n_kv.get("swa", 0))
-        g, inp, _ = build_graph(llm.hparams, llm.weights, llm.kv, gp, llm.flash_attn, True)
+        g, inp, _ = build_graph(llm.hparams, llm.weights, llm.kv, gp, llm.flash_attn, True,
+                                embd_lookup=llm.run.embd_lookup)
         # the node is found once per ubatch graph, not per token
         hidden = next(t for t in g.nodes if t.name == "result_norm").set_output()
         sched = llm.sched["prefill"]

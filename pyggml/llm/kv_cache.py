@@ -14,19 +14,23 @@ set_rows at the ubatch's cell indices and read through 3-D views [D, n_kv, Hkv].
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
+from pyggml import _native
 from pyggml.backend.base import BufferUsage, alloc_tensors
 from pyggml.context import Context
-from pyggml.errors import ContextOverflowError, InsufficientMemoryError, ModelError
+from pyggml.errors import (ContextOverflowError, InsufficientMemoryError, InvalidArgumentError,
+                           ModelError)
 from pyggml.types import GGMLType, as_type
 
 KV_PAD = 256          # n_kv (cells the attention reads) is padded to this: graphs get reused
 KV_TYPES = (GGMLType.F16, GGMLType.F32, GGMLType.Q8_0)
 FULL, SWA = "full", "swa"
 
-
-_NEG_INF16 = np.float16(-np.inf)
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+_native.declare("pg_kv_mask", ctypes.c_int32, [_P, _P, _I64, _P, _P, _I64, _I64, _P, _I64])
 
 
 def _bits(seq_ids: np.ndarray) -> np.ndarray:
@@ -78,15 +82,27 @@ class CellSpace:
     def mask(self, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
         """float16 (n_tokens, n_kv): 0 where token t may attend to cell j, -inf elsewhere:
         same sequence, cell position <= token position, and within `window` if > 0."""
-        cpos = self.pos[:n_kv]
-        ok = (self.seqs[:n_kv] & _bits(seq_ids)[:, None]) != 0
-        ok &= cpos >= 0
-        ok &= cpos <= pos[:, None]
-        if window > 0:
-            ok &= (pos[:, None] - cpos) < window
-        out = np.full(ok.shape, _NEG_INF16, np.float16)
-        out[ok] = 0
+        out = np.empty((len(pos), n_kv), np.float16)
+        self.mask_into(out, pos, seq_ids, window)
         return out
+
+    def mask_into(self, out: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray,
+                  window: int = 0) -> None:
+        """mask() written into `out`, a C-contiguous float16 (n_tokens, n_kv) array (a graph's
+        mask input), in one native pass (pg_kv_mask)."""
+        n_kv = out.shape[1]
+        if (out.dtype != np.float16 or out.ndim != 2 or not out.flags.c_contiguous
+                or out.shape[0] != len(pos) or not 0 <= n_kv <= self.n_cells or window < 0):
+            raise InvalidArgumentError(
+                f"KV mask ({self.name}): out must be C-contiguous float16 ({len(pos)}, n_kv <= "
+                f"{self.n_cells}) and window >= 0, got {out.dtype} {out.shape}, window {window}")
+        pos = np.ascontiguousarray(pos, np.int32)
+        bits = np.ascontiguousarray(_bits(np.asarray(seq_ids)))
+        st = _native.fn("pg_kv_mask")(self.pos.ctypes.data, self.seqs.ctypes.data, n_kv,
+                                      pos.ctypes.data, bits.ctypes.data, len(pos), int(window),
+                                      out.ctypes.data, n_kv)
+        if st != _native.PG_OK:
+            raise InvalidArgumentError(f"pg_kv_mask refused its arguments (status {st})")
 
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> None:
         sel = (self.pos >= p0) & ((self.pos < p1) if p1 is not None else True)
@@ -227,6 +243,11 @@ class KVCache:
     def mask(self, space: str, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int,
              window: int = 0) -> np.ndarray:
         return self.spaces[space].mask(pos, seq_ids, n_kv, window)
+
+    def mask_into(self, space: str, out: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray,
+                  window: int = 0) -> None:
+        """mask() of a cell space written into a graph's mask input `out` (n_tokens, n_kv)."""
+        self.spaces[space].mask_into(out, pos, seq_ids, window)
 
     def snapshot(self):
         return {n: (sp.pos.copy(), sp.seqs.copy()) for n, sp in self.spaces.items()}

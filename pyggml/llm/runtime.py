@@ -523,10 +523,10 @@ class LLM:
         if "out_ids" in views:
             views["out_ids"][:] = out_ids
         if "mask" in views:
-            views["mask"][:] = self.kv.mask("full", pos, sids, n_kv["full"])
+            self.kv.mask_into("full", views["mask"], pos, sids)
         if "mask_swa" in views:
             sp = "swa" if "swa" in n_kv else "full"
-            views["mask_swa"][:] = self.kv.mask(sp, pos, sids, n_kv[sp], self.hparams.sliding_window)
+            self.kv.mask_into(sp, views["mask_swa"], pos, sids, self.hparams.sliding_window)
 
     def embed(self, texts, pooling: str = "mean", normalize: bool = True, seq_id: int = 0):
         """Embeddings (final normed hidden state, mean or last-token pooled, L2-normalized):

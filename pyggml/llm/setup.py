@@ -31,11 +31,13 @@ from pyggml.gguf import GGUFModel
 from pyggml.llm.hparams import read_hparams
 from pyggml.llm.kv_cache import KVCache
 from pyggml.llm.models import GraphParams, build_graph, check_weights, graph_size
-from pyggml.offload import (CPU, DeviceCatalog, OffloadPlan, RunSettings, pin_phase_ops,
-                            plan_from_args, plan_from_config)
+from pyggml import ops
+from pyggml.offload import (CPU, DeviceCatalog, OffloadPlan, RunSettings, layer_of,
+                            pin_phase_ops, plan_from_args, plan_from_config)
 from pyggml.offload.config import load_config
 from pyggml.offload.rules import registry_for
 from pyggml.sched import Scheduler
+from pyggml.types import GGMLType
 
 PHASES = ("prefill", "decode")
 
@@ -179,6 +181,7 @@ class Run:
     kv: KVCache
     sched: dict
     planning: bool
+    embd_lookup: object = None      # the matrix the token lookup reads (see _embedding_lookup)
 
     @property
     def cpu(self):
@@ -208,7 +211,8 @@ class Run:
     def build_graph(self, params: GraphParams):
         """(graph, inputs, logits) of one ubatch, as the runtime computes it."""
         return build_graph(self.model.hparams, self.weights, self.kv, params,
-                           self.opts.flash_attn, not self.opts.logits_all)
+                           self.opts.flash_attn, not self.opts.logits_all,
+                           embd_lookup=self.embd_lookup)
 
     def reserve(self) -> int:
         """Plan the compute buffers once for the largest ubatch graph (ggml's reserve); returns
@@ -289,6 +293,28 @@ def _place_weights(mf: ModelFile, offload: OffloadPlan, by_device: dict, plannin
     return weights, buffers
 
 
+def _embedding_lookup(hp, weights: dict, offload: OffloadPlan, by_device: dict):
+    """The matrix the token embedding lookup reads: token_embd, or the tied output matrix's copy
+    on a device when all of layer 0 (weights and KV cache) is on that device too and it can run
+    the lookup. Then a ubatch sends that device its token ids (4 bytes a token) instead of the
+    looked-up rows (4·n_embd bytes a token), and a decoded token's graph has no CPU split before
+    layer 0 (llama.cpp always looks up on the CPU: one more round of input copies per ubatch).
+    The copy holds token_embd's bytes, so the rows are the same."""
+    emb, copy = weights["token_embd.weight"], weights.get("output.weight")
+    dev = offload.weight_device("output.weight")
+    if not hp.tied_output or copy is None or copy is emb or dev == CPU:
+        return emb
+    if copy.type != emb.type or tuple(copy.ne) != tuple(emb.ne):
+        return emb
+    layer0 = [p.device for n, p in offload.weights.items() if layer_of(n) == 0]
+    if not layer0 or any(d != dev for d in layer0) or offload.kv[0].device != dev:
+        return emb
+    probe_ctx = Context(no_alloc=True, name="embedding-lookup-probe")
+    ids = probe_ctx.new_tensor_1d(GGMLType.I32, 1, name="inp_tokens")
+    probe = ops.get_rows(probe_ctx, copy, ids, name="inp_embd")
+    return copy if by_device[dev].supports_op(probe) else emb
+
+
 def build_run(mf: ModelFile, offload: OffloadPlan, opts: RunOptions, *,
               catalog: DeviceCatalog | None = None, planning: bool = False,
               progress: bool | None = None) -> Run:
@@ -326,7 +352,7 @@ def build_run(mf: ModelFile, offload: OffloadPlan, opts: RunOptions, *,
                 if w not in offload.warnings:
                     offload.warnings.append(w)
         run = Run(mf, opts, offload, backends, by_device, weights, weight_buffers, kv, sched,
-                  planning)
+                  planning, _embedding_lookup(mf.hparams, weights, offload, by_device))
         run.reserve()
         return run
     except BaseException:

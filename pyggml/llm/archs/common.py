@@ -121,8 +121,9 @@ class Builder:
     output head; it returns (graph, inputs, logits F32 [V, n_out])."""
 
     def __init__(self, hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True,
-                 select_outputs: bool = True):
+                 select_outputs: bool = True, embd_lookup=None):
         self.hp, self.weights, self.kv, self.gp = hp, weights, kv, gp
+        self.embd_lookup = weights["token_embd.weight"] if embd_lookup is None else embd_lookup
         self.flash_attn = flash_attn
         T = self.T = gp.n_tokens
         spaces = set(kv.layer_space)
@@ -173,8 +174,7 @@ class Builder:
 
     def embed(self) -> Tensor:
         """F32 [E, T]: the token embeddings (scaled by hp.embd_scale when it is not 1)."""
-        x = ops.get_rows(self.ctx, self.weights["token_embd.weight"], self.inp.tokens,
-                         name="inp_embd")
+        x = ops.get_rows(self.ctx, self.embd_lookup, self.inp.tokens, name="inp_embd")
         if self.hp.embd_scale not in (0.0, 1.0):
             x = ops.scale(self.ctx, x, self.hp.embd_scale, name="inp_scaled")
         return x
