@@ -263,11 +263,11 @@ int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, 
 
 /* ---- KV cache ----------------------------------------------------------------------------- */
 /* The attention mask of n_tokens new tokens over the first n_kv cells, fp16, row t at
- * out + t*row_stride: 0 where token t may attend cell j (cell_seqs[j] & seq_bits[t] != 0,
+ * out + t*row_stride: 0 where token t may attend cell j (bit seq_ids[t] of cell_seqs[j] set,
  * 0 <= cell_pos[j] <= pos[t], and pos[t] - cell_pos[j] < window when window > 0), -inf
- * elsewhere. cell_seqs / seq_bits: sequence bit sets (bit s = sequence s). */
+ * elsewhere. cell_seqs: sequence bit sets (bit s = sequence s); seq_ids in [0, 63]. */
 int32_t pg_kv_mask(const int64_t *cell_pos, const uint64_t *cell_seqs, int64_t n_kv,
-                   const int32_t *pos, const uint64_t *seq_bits, int64_t n_tokens,
+                   const int32_t *pos, const int64_t *seq_ids, int64_t n_tokens,
                    int64_t window, uint16_t *out, int64_t row_stride);
 
 /* ---- hashing ------------------------------------------------------------------------------ */

@@ -7,14 +7,16 @@
 #define FP16_NEG_INF 0xFC00u
 
 int32_t pg_kv_mask(const int64_t *cell_pos, const uint64_t *cell_seqs, int64_t n_kv,
-                   const int32_t *pos, const uint64_t *seq_bits, int64_t n_tokens,
+                   const int32_t *pos, const int64_t *seq_ids, int64_t n_tokens,
                    int64_t window, uint16_t *out, int64_t row_stride) {
     if (n_kv < 0 || n_tokens < 0 || row_stride < n_kv || window < 0) return PG_ERR_INVALID_ARG;
-    if ((n_kv && (!cell_pos || !cell_seqs)) || (n_tokens && (!pos || !seq_bits || !out)))
+    if ((n_kv && (!cell_pos || !cell_seqs)) || (n_tokens && (!pos || !seq_ids || !out)))
         return PG_ERR_INVALID_ARG;
+    for (int64_t t = 0; t < n_tokens; t++)
+        if (seq_ids[t] < 0 || seq_ids[t] > 63) return PG_ERR_INVALID_ARG;
     for (int64_t t = 0; t < n_tokens; t++) {
         const int64_t p = pos[t];
-        const uint64_t bits = seq_bits[t];
+        const uint64_t bits = 1ull << seq_ids[t];
         uint16_t *row = out + t * row_stride;
         for (int64_t j = 0; j < n_kv; j++) {
             const int64_t c = cell_pos[j];

@@ -8,7 +8,7 @@ PG_TEST(test_kv_mask_cases) {
     const int64_t cell_pos[6] = {0, 1, 2, 0, -1, 3};
     const uint64_t cell_seqs[6] = {1, 1, 1, 2, 0, 3};
     const int32_t pos[2] = {2, 3};
-    const uint64_t bits[2] = {1, 2};        /* token 0: seq 0 at pos 2; token 1: seq 1 at 3 */
+    const int64_t bits[2] = {0, 1};         /* token 0: seq 0 at pos 2; token 1: seq 1 at 3 */
     uint16_t out[2 * 8];
     const uint16_t Z = 0x0000, N = 0xFC00;  /* fp16 0 and -inf */
     const uint16_t want_full[12] = {Z, Z, Z, N, N, N,   N, N, N, Z, N, Z};
@@ -28,4 +28,7 @@ PG_TEST(test_kv_mask_cases) {
     CHECK(pg_kv_mask(NULL, cell_seqs, 6, pos, bits, 2, 0, out, 6) == PG_ERR_INVALID_ARG,
           "no cells");
     CHECK(pg_kv_mask(cell_pos, cell_seqs, 0, pos, bits, 2, 0, out, 0) == PG_OK, "n_kv 0");
+    const int64_t bad_seq[2] = {0, 64};
+    CHECK(pg_kv_mask(cell_pos, cell_seqs, 6, pos, bad_seq, 2, 0, out, 6) == PG_ERR_INVALID_ARG,
+          "sequence id 64");
 }

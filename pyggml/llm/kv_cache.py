@@ -45,6 +45,8 @@ class CellSpace:
         self.n_cells = n_cells
         self.pos = np.full(n_cells, -1, dtype=np.int64)
         self.seqs = np.zeros(n_cells, dtype=np.uint64)
+        # both arrays are only ever changed in place (restore() included): their addresses hold
+        self._cells_ptrs = (self.pos.ctypes.data, self.seqs.ctypes.data)
 
     def n_used(self) -> int:
         return int(np.count_nonzero(self.pos >= 0))
@@ -66,8 +68,10 @@ class CellSpace:
     def forget_outside_window(self, pos: np.ndarray, seq_ids: np.ndarray, window: int) -> None:
         """Free what the new tokens (and any later ones) cannot see: for each sequence, cells at
         least `window` positions behind its first new token."""
-        for sid in np.unique(seq_ids):
-            first = int(pos[seq_ids == sid].min())
+        # one sequence (every decode step): its first new token without unique and a mask
+        one = len(seq_ids) == 1 or (seq_ids == seq_ids[0]).all()
+        for sid in (seq_ids[:1] if one else np.unique(seq_ids)):
+            first = int(pos.min() if one else pos[seq_ids == sid].min())
             bit = np.uint64(1) << np.uint64(sid)
             sel = ((self.seqs & bit) != 0) & (self.pos <= first - window)
             self.seqs[sel] &= ~bit
@@ -97,10 +101,10 @@ class CellSpace:
                 f"KV mask ({self.name}): out must be C-contiguous float16 ({len(pos)}, n_kv <= "
                 f"{self.n_cells}) and window >= 0, got {out.dtype} {out.shape}, window {window}")
         pos = np.ascontiguousarray(pos, np.int32)
-        bits = np.ascontiguousarray(_bits(np.asarray(seq_ids)))
-        st = _native.fn("pg_kv_mask")(self.pos.ctypes.data, self.seqs.ctypes.data, n_kv,
-                                      pos.ctypes.data, bits.ctypes.data, len(pos), int(window),
-                                      out.ctypes.data, n_kv)
+        seq_ids = np.ascontiguousarray(seq_ids, np.int64)
+        st = _native.fn("pg_kv_mask")(self._cells_ptrs[0], self._cells_ptrs[1], n_kv,
+                                      pos.ctypes.data, seq_ids.ctypes.data, len(pos),
+                                      int(window), out.ctypes.data, n_kv)
         if st != _native.PG_OK:
             raise InvalidArgumentError(f"pg_kv_mask refused its arguments (status {st})")
 
@@ -218,22 +222,30 @@ class KVCache:
         """Tokens held (cells used in the full space, which bounds the context)."""
         return self.spaces[FULL].n_used()
 
-    def place(self, pos: np.ndarray, seq_ids: np.ndarray) -> dict[str, np.ndarray]:
+    def place(self, pos: np.ndarray, seq_ids: np.ndarray,
+              atomic: bool = True) -> dict[str, np.ndarray]:
         """Cells for a ubatch's tokens in every space (after freeing what the window hides in the
         sliding-window space), marked with their positions and sequences: {space: cell indices}.
-        ModelError if a space lacks room (nothing is changed then)."""
+        ModelError if a space lacks room (nothing is changed then). atomic=False: the caller
+        holds a snapshot() and restores it on any error (the runtime does, per batch), so no
+        second copy of the cells is taken per ubatch."""
+        if not atomic:
+            return self._place(pos, seq_ids)
         snap = self.snapshot()
         try:
-            cells = {}
-            for name, sp in self.spaces.items():
-                if name == SWA:
-                    sp.forget_outside_window(pos, seq_ids, self.window)
-                cells[name] = sp.find_slot(len(pos), self.n_ctx)
-            for name, sp in self.spaces.items():
-                sp.apply(cells[name], pos, seq_ids)
+            return self._place(pos, seq_ids)
         except BaseException:
             self.restore(snap)
             raise
+
+    def _place(self, pos: np.ndarray, seq_ids: np.ndarray) -> dict[str, np.ndarray]:
+        cells = {}
+        for name, sp in self.spaces.items():
+            if name == SWA:
+                sp.forget_outside_window(pos, seq_ids, self.window)
+            cells[name] = sp.find_slot(len(pos), self.n_ctx)
+        for name, sp in self.spaces.items():
+            sp.apply(cells[name], pos, seq_ids)
         return cells
 
     def n_kv(self) -> dict[str, int]:

@@ -382,7 +382,7 @@ class LLM:
 
     def _decode_ubatch(self, toks, pos, sids, want) -> np.ndarray:
         T = len(toks)
-        cells = self.kv.place(pos, sids)
+        cells = self.kv.place(pos, sids, atomic=False)     # _decode_locked restores on errors
         n_kv = self.kv.n_kv()
         out_ids = np.flatnonzero(want).astype(np.int32)
         n_wanted = len(out_ids)
