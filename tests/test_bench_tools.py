@@ -116,3 +116,48 @@ def test_bench_times_graphs_that_exist(tiny_models, monkeypatch):
     assert [r.test for r in rows] == ["pp16", "pp8", "tg4"]
     assert all(len(r.tps) == 2 and min(r.tps) > 0 for r in rows)
     assert built_while_timed == []
+
+
+def test_graph_proxy_reads_the_graph_a_client_sends(tiny_models):
+    """tools/rpc_graph_ops.py's proxy in front of a real rpc-server: every command our client
+    sends is counted by name, and the last GRAPH_COMPUTE's nodes are the graph the server
+    runs: the remote split's computing nodes, with its matmuls and norms by ggml op."""
+    import pytest
+    from support.rpc_server import SERVER_BIN, RpcServer
+    if not SERVER_BIN.is_file():
+        pytest.skip(f"{SERVER_BIN} missing: run `make setup`")
+    from rpc_graph_ops import ENUMS, GraphProxy, _enum, histogram
+
+    from pyggml.backend import rpc
+    from pyggml.llm.runtime import LLM
+    from pyggml.types import VIEW_OPS, Op
+    text = ENUMS.read_text()
+    ops, unary = _enum(text, "ggml_op", "GGML_OP_"), _enum(text, "ggml_unary_op", "GGML_UNARY_OP_")
+    glu = _enum(text, "ggml_glu_op", "GGML_GLU_OP_")
+    assert (ops[29], unary[8], glu[1]) == ("MUL_MAT", "GELU", "GEGLU")
+    srv = RpcServer.start()
+    proxy = GraphProxy(srv.endpoint)
+    tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=4, n_embd=64)
+    try:
+        rpc.register_endpoints([proxy.endpoint], timeout_s=20.0)
+        cfg = {"devices": [f"RPC[{proxy.endpoint}]"], "gpu_layers": "all"}
+        with LLM(tm.path, config=cfg, n_ctx=64, n_ubatch=16, n_threads=1) as llm:
+            llm.eval([1, 2, 3])
+            llm.eval([4])
+            sched = llm.sched["decode"]
+            remote, = [sp for sp in sched.splits if sched.backends[sp.backend_id].name != "CPU"]
+            want = [t for t in remote.graph.nodes if t.op not in VIEW_OPS and t.op != Op.NONE]
+        deadline = time.monotonic() + 10
+        while proxy.commands.get("GET_TENSOR", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not proxy.errors
+        assert proxy.commands["HELLO"] == 1 and proxy.commands["GRAPH_COMPUTE"] >= 2
+        h = histogram(proxy.last_graph, ops, unary, glu)
+        assert len(proxy.last_graph) == len(want)
+        assert h["MUL_MAT"] == sum(t.op == Op.MUL_MAT for t in want)
+        assert h["RMS_NORM"] == sum(t.op == Op.RMS_NORM for t in want)
+        assert h["UNARY:SILU"] == 4            # one per layer's FFN
+    finally:
+        rpc.unregister_endpoints([proxy.endpoint])
+        proxy.close()
+        srv.stop()
