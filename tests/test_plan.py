@@ -424,3 +424,18 @@ def test_parse_size():
     assert parse_size("1.5k") == 1536 and parse_size("100") == 100
     with pytest.raises(ConfigError, match="expected a byte count"):
         parse_size("lots")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_plan_says_where_the_token_lookup_runs(tiny_models, tied):
+    """All of layer 0 on a (planning-only) device with the tied output's copy: `pyggml plan`
+    says the token lookup runs there; layer 0 on the CPU, or an untied model: on the CPU (no
+    line)."""
+    tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=4, n_embd=64,
+                         tied_embeddings=tied)
+    full = dry_run(tm.path, virtual=assumed(), n_gpu_layers=99, gpu_device="Vulkan0", n_ctx=256)
+    part = dry_run(tm.path, virtual=assumed(), n_gpu_layers=3, gpu_device="Vulkan0", n_ctx=256)
+    assert full.lookup_device == ("Vulkan0" if tied else CPU)
+    assert part.lookup_device == CPU
+    assert ("token lookup: on Vulkan0" in format_report(full)) == tied
+    assert "token lookup" not in format_report(part)

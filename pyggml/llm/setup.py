@@ -23,6 +23,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from pyggml import ops
 from pyggml.backend.base import BufferUsage, DeviceType, alloc_tensors, default_registry
 from pyggml.backend.planning import PlanningDevice
 from pyggml.context import Context
@@ -31,7 +32,6 @@ from pyggml.gguf import GGUFModel
 from pyggml.llm.hparams import read_hparams
 from pyggml.llm.kv_cache import KVCache
 from pyggml.llm.models import GraphParams, build_graph, check_weights, graph_size
-from pyggml import ops
 from pyggml.offload import (CPU, DeviceCatalog, OffloadPlan, RunSettings, layer_of,
                             pin_phase_ops, plan_from_args, plan_from_config)
 from pyggml.offload.config import load_config
@@ -307,7 +307,8 @@ def _embedding_lookup(hp, weights: dict, offload: OffloadPlan, by_device: dict):
     if copy.type != emb.type or tuple(copy.ne) != tuple(emb.ne):
         return emb
     layer0 = [p.device for n, p in offload.weights.items() if layer_of(n) == 0]
-    if not layer0 or any(d != dev for d in layer0) or offload.kv[0].device != dev:
+    if (not layer0 or any(d != dev for d in layer0) or not offload.kv
+            or offload.kv[0].device != dev):
         return emb
     probe_ctx = Context(no_alloc=True, name="embedding-lookup-probe")
     ids = probe_ctx.new_tensor_1d(GGMLType.I32, 1, name="inp_tokens")

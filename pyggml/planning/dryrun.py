@@ -122,6 +122,10 @@ def format_report(r: RunPlan, per_tensor: bool = False) -> str:
                      fmt_bytes(sum(kv_bytes[i:j + 1])), key[1]])
         i = j + 1
     L += _table(rows, ["layers", "device", "K/V", "bytes", "rule"])
+    if r.lookup_device != CPU:
+        L.append("")
+        L.append(f"token lookup: on {r.lookup_device}, from the tied output matrix's copy there "
+                 f"(all of layer 0 is there too: token ids go to it, not embedding rows)")
     if plan.phase_ops:
         L.append("")
         L.append("phase rules (ops run elsewhere than their weights' memory):")

@@ -167,6 +167,7 @@ class RunPlan:
     weight_bytes_per_token: int = 0     # weight bytes a decoded token reads (MoE: top-k experts)
     nodes: dict[str, list[NodePlacement]] = field(default_factory=dict, repr=False)  # with_nodes
     draft: "RunPlan | None" = None      # speculative decoding: the draft model's plan (CPU)
+    lookup_device: str = CPU            # where the token lookup runs (Run.embd_lookup)
 
     @property
     def expert_bytes(self) -> int:
@@ -441,9 +442,12 @@ class Planner:
                                        // 256) * 256)
         flags, missing = llama_flags(cfg, plan, mf.model.tensors, hp.n_layer, plan.settings)
         facts = dict(mf.facts(), n_expert=n_exp, n_expert_used=n_used)
+        lookup = next((n for n, t in run.weights.items() if t is run.embd_lookup),
+                      "token_embd.weight")
         return RunPlan(mf.path, facts, opts, cfg, plan, devices, kv_layers, tensor_bytes,
                        reports, by_phase, flags, missing, list(plan.warnings), n_swa,
-                       time.perf_counter() - t0, weight_bytes_per_token=per_token)
+                       time.perf_counter() - t0, weight_bytes_per_token=per_token,
+                       lookup_device=plan.weight_device(lookup))
 
     def close(self) -> None:
         if self.own_model:
