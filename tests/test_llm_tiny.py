@@ -322,8 +322,9 @@ def _mask_reference(sp, pos, seq_ids, n_kv, window):
 
 
 def test_kv_mask_matches_its_definition():
-    """CellSpace.mask (native pg_kv_mask) against numpy, bit for bit, over random cells, several
-    sequences, windows and n_kv (0 included); a malformed output array is a typed error."""
+    """CellSpace.mask_into (native pg_kv_mask) against numpy, bit for bit, over random cells,
+    several sequences, windows and n_kv (0 included); a malformed output array and a sequence
+    id out of range are typed errors."""
     from pyggml.errors import InvalidArgumentError
     from pyggml.llm.kv_cache import CellSpace
     rng = np.random.default_rng(7)
@@ -336,14 +337,16 @@ def test_kv_mask_matches_its_definition():
         pos = rng.integers(0, 420, T).astype(np.int32)
         sids = rng.integers(0, 5, T)
         n_kv, window = int(rng.integers(0, n + 1)), int(rng.choice([0, 1, 7, 128]))
-        got = sp.mask(pos, sids, n_kv, window)
-        assert got.dtype == np.float16 and got.shape == (T, n_kv)
+        got = np.full((T, n_kv), np.float16(1.5))          # every element must be written
+        sp.mask_into(got, pos, sids, window)
         assert got.tobytes() == _mask_reference(sp, pos, sids, n_kv, window).tobytes()
     sp = CellSpace("full", 16)
     for out in (np.zeros((2, 16), np.float32), np.zeros((2, 32), np.float16),
                 np.zeros((16, 2), np.float16).T, np.zeros((3, 16), np.float16)):
         with pytest.raises(InvalidArgumentError, match="KV mask"):
             sp.mask_into(out, np.array([1, 2], np.int32), np.array([0, 0]))
+    with pytest.raises(InvalidArgumentError, match=r"sequence ids must be in \[0, 63\]"):
+        sp.mask_into(np.zeros((2, 16), np.float16), np.array([1, 2], np.int32), np.array([0, 64]))
 
 
 def test_window_sized_cache_for_sliding_layers_equals_full_cache(tiny_models):

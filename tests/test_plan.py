@@ -426,16 +426,26 @@ def test_parse_size():
         parse_size("lots")
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_plan_says_where_the_token_lookup_runs(tiny_models, tied):
+@pytest.mark.parametrize("tied", [True, False, "forced"])
+def test_plan_says_where_the_token_lookup_runs(tiny_models, tied, monkeypatch):
     """All of layer 0 on a (planning-only) device with the tied output's copy: `pyggml plan`
-    says the token lookup runs there; layer 0 on the CPU, or an untied model: on the CPU (no
-    line)."""
+    says the token lookup runs there; layer 0 on the CPU, or a file with its own output.weight:
+    on the CPU (no line). "forced": hparams that say tied (as Gemma 2's always do) over a file
+    that has an output.weight of token_embd's type and shape: that matrix is not token_embd."""
     tm = tiny_models.get(arch="llama", weight_type="q8_0", n_layer=4, n_embd=64,
-                         tied_embeddings=tied)
+                         tied_embeddings=tied is True)
+    if tied == "forced":
+        import pyggml.llm.setup as setup_mod
+        real = setup_mod.read_hparams
+
+        def forced(*a, **k):
+            hp = real(*a, **k)
+            hp.tied_output = True
+            return hp
+        monkeypatch.setattr(setup_mod, "read_hparams", forced)
     full = dry_run(tm.path, virtual=assumed(), n_gpu_layers=99, gpu_device="Vulkan0", n_ctx=256)
     part = dry_run(tm.path, virtual=assumed(), n_gpu_layers=3, gpu_device="Vulkan0", n_ctx=256)
-    assert full.lookup_device == ("Vulkan0" if tied else CPU)
+    assert full.lookup_device == ("Vulkan0" if tied is True else CPU)
     assert part.lookup_device == CPU
-    assert ("token lookup: on Vulkan0" in format_report(full)) == tied
+    assert ("token lookup: on Vulkan0" in format_report(full)) == (tied is True)
     assert "token lookup" not in format_report(part)

@@ -74,7 +74,7 @@ class GraphProxy(CountingProxy):
                 return
             payload = bytes(buf[9:9 + n])
             del buf[:9 + n]
-            self.commands[Cmd(cmd).name if cmd in Cmd._value2member_map_ else str(cmd)] += 1
+            self.commands[Cmd(cmd).name if cmd in set(Cmd) else str(cmd)] += 1
             if cmd == Cmd.GRAPH_COMPUTE:
                 _, n_nodes = struct.unpack_from("<II", payload)
                 ids = struct.unpack_from(f"<{n_nodes}Q", payload, 8)

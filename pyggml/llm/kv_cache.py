@@ -68,10 +68,9 @@ class CellSpace:
     def forget_outside_window(self, pos: np.ndarray, seq_ids: np.ndarray, window: int) -> None:
         """Free what the new tokens (and any later ones) cannot see: for each sequence, cells at
         least `window` positions behind its first new token."""
-        # one sequence (every decode step): its first new token without unique and a mask
-        one = len(seq_ids) == 1 or (seq_ids == seq_ids[0]).all()
-        for sid in (seq_ids[:1] if one else np.unique(seq_ids)):
-            first = int(pos.min() if one else pos[seq_ids == sid].min())
+        one = len(seq_ids) == 1         # a decode step: no unique() and no mask per sequence
+        for sid in (seq_ids if one else np.unique(seq_ids)):
+            first = int(pos[0] if one else pos[seq_ids == sid].min())
             bit = np.uint64(1) << np.uint64(sid)
             sel = ((self.seqs & bit) != 0) & (self.pos <= first - window)
             self.seqs[sel] &= ~bit
@@ -83,17 +82,12 @@ class CellSpace:
         last = int(used[-1]) + 1 if used.size else 1
         return min(self.n_cells, -(-last // KV_PAD) * KV_PAD)
 
-    def mask(self, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
-        """float16 (n_tokens, n_kv): 0 where token t may attend to cell j, -inf elsewhere:
-        same sequence, cell position <= token position, and within `window` if > 0."""
-        out = np.empty((len(pos), n_kv), np.float16)
-        self.mask_into(out, pos, seq_ids, window)
-        return out
-
     def mask_into(self, out: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray,
                   window: int = 0) -> None:
-        """mask() written into `out`, a C-contiguous float16 (n_tokens, n_kv) array (a graph's
-        mask input), in one native pass (pg_kv_mask)."""
+        """The attention mask of new tokens, written into `out`, a C-contiguous float16
+        (n_tokens, n_kv) array (a graph's mask input), in one native pass (pg_kv_mask): 0 where
+        token t may attend to cell j (same sequence, cell position <= token position, and
+        within `window` if > 0), -inf elsewhere."""
         n_kv = out.shape[1]
         if (out.dtype != np.float16 or out.ndim != 2 or not out.flags.c_contiguous
                 or out.shape[0] != len(pos) or not 0 <= n_kv <= self.n_cells or window < 0):
@@ -105,8 +99,9 @@ class CellSpace:
         st = _native.fn("pg_kv_mask")(self._cells_ptrs[0], self._cells_ptrs[1], n_kv,
                                       pos.ctypes.data, seq_ids.ctypes.data, len(pos),
                                       int(window), out.ctypes.data, n_kv)
-        if st != _native.PG_OK:
-            raise InvalidArgumentError(f"pg_kv_mask refused its arguments (status {st})")
+        if st != _native.PG_OK:     # the rest was checked above: a sequence id out of range
+            raise InvalidArgumentError(f"KV mask ({self.name}): sequence ids must be in [0, 63], "
+                                       f"got {sorted(set(seq_ids.tolist()))[:8]}")
 
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> None:
         sel = (self.pos >= p0) & ((self.pos < p1) if p1 is not None else True)
@@ -251,10 +246,6 @@ class KVCache:
     def n_kv(self) -> dict[str, int]:
         """{space: cells the attention reads} (padded to KV_PAD)."""
         return {name: sp.n_kv() for name, sp in self.spaces.items()}
-
-    def mask(self, space: str, pos: np.ndarray, seq_ids: np.ndarray, n_kv: int,
-             window: int = 0) -> np.ndarray:
-        return self.spaces[space].mask(pos, seq_ids, n_kv, window)
 
     def mask_into(self, space: str, out: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray,
                   window: int = 0) -> None:

@@ -293,7 +293,7 @@ def _place_weights(mf: ModelFile, offload: OffloadPlan, by_device: dict, plannin
     return weights, buffers
 
 
-def _embedding_lookup(hp, weights: dict, offload: OffloadPlan, by_device: dict):
+def _embedding_lookup(mf: ModelFile, weights: dict, offload: OffloadPlan, by_device: dict):
     """The matrix the token embedding lookup reads: token_embd, or the tied output matrix's copy
     on a device when all of layer 0 (weights and KV cache) is on that device too and it can run
     the lookup. Then a ubatch sends that device its token ids (4 bytes a token) instead of the
@@ -302,9 +302,9 @@ def _embedding_lookup(hp, weights: dict, offload: OffloadPlan, by_device: dict):
     The copy holds token_embd's bytes, so the rows are the same."""
     emb, copy = weights["token_embd.weight"], weights.get("output.weight")
     dev = offload.weight_device("output.weight")
-    if not hp.tied_output or copy is None or copy is emb or dev == CPU:
-        return emb
-    if copy.type != emb.type or tuple(copy.ne) != tuple(emb.ne):
+    # a copy only where the file has no output.weight (_place_weights made one from token_embd;
+    # Gemma reads token_embd as its output even when hp.tied_output is forced)
+    if "output.weight" in mf.model.tensors or copy is None or copy is emb or dev == CPU:
         return emb
     layer0 = [p.device for n, p in offload.weights.items() if layer_of(n) == 0]
     if (not layer0 or any(d != dev for d in layer0) or not offload.kv
@@ -353,7 +353,7 @@ def build_run(mf: ModelFile, offload: OffloadPlan, opts: RunOptions, *,
                 if w not in offload.warnings:
                     offload.warnings.append(w)
         run = Run(mf, opts, offload, backends, by_device, weights, weight_buffers, kv, sched,
-                  planning, _embedding_lookup(mf.hparams, weights, offload, by_device))
+                  planning, _embedding_lookup(mf, weights, offload, by_device))
         run.reserve()
         return run
     except BaseException:
