@@ -162,8 +162,10 @@ class LLM:
                          flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, offload=offload,
                          progress=progress, swa_full=swa_full, device=device, verbose=verbose)
         draft = as_draft(draft_model, draft_max, draft_min)
-        opts = RunOptions(n_ctx, n_batch, n_ubatch, n_threads, n_threads_batch, n_seq_max,
-                          type_k, type_v, logits_all, flash_attn, swa_full, n_gpu_layers,
+        opts = RunOptions(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+                          n_threads_batch=n_threads_batch, n_seq_max=n_seq_max, type_k=type_k,
+                          type_v=type_v, logits_all=logits_all, flash_attn=flash_attn,
+                          swa_full=swa_full, n_gpu_layers=n_gpu_layers,
                           n_draft=draft.n_max if draft is not None else 0)
         self.file = ModelFile(model_path)
         try:
