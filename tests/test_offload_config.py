@@ -179,7 +179,7 @@ def test_needs_machine_devices_reads_every_device_field():
     """Whether a plan must list this machine's devices (loading every backend module): any
     device, index or buffer type the schema's device fields name that is not the CPU or a
     virtual device, gpu_layers without devices, an rpc-server."""
-    from pyggml.offload.rules import needs_machine_devices as needs
+    from pyggml.offload.devices import needs_machine_devices as needs
     from pyggml.offload import VirtualSpec
     cpu_only = [None, {}, {"devices": []}, {"gpu_layers": 0},
                 {"kv": {"device": "cpu", "ranges": [{"layers": "0-1", "device": "CPU"}]}},

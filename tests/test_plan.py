@@ -276,7 +276,7 @@ def test_layer_norms_run_on_their_layers_device_in_small_batches(tiny_models):
     weight is (the CPU layers' on the CPU, the GPU layers' on the GPU), so no norm's result
     crosses the layer boundary; a 40-token prompt (>= 32 tokens, output on the GPU but not every
     layer) leaves the norms to the scheduler, as llama.cpp does."""
-    from pyggml.offload.rules import layer_of
+    from pyggml.offload.plan import layer_of
     tm = tiny_models.get(arch="gemma3", weight_type="f16", n_layer=4)
     cfg = {"devices": ["Vulkan0"], "gpu_layers": 2, "context": {"n_ctx": 128}}
     with LLM(tm.path, config=cfg, n_threads=1) as m:

@@ -13,7 +13,7 @@ from pyggml.cli import main
 from pyggml.offload.config import load_config
 from pyggml.llm.runtime import LLM
 from pyggml.offload import VirtualSpec
-from pyggml.offload.rules import is_expert
+from pyggml.offload.plan import is_expert
 from pyggml.planning.memory import CPU, Planner
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -557,7 +557,7 @@ def test_server_that_closes_on_hello_is_refused():
 # ---- models split over the CPU and two servers ------------------------------------------------------
 
 from pyggml.llm.runtime import LLM  # noqa: E402
-from pyggml.offload.rules import config_from_flags  # noqa: E402
+from pyggml.offload.flags import config_from_flags  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -860,7 +860,8 @@ def test_env_endpoints_through_the_registry_module(server, monkeypatch):
 
 def test_offload_rules_know_rpc_device_names():
     """An RPC device that is not connected is 'absent' (fallback: cpu applies), not unknown."""
-    from pyggml.offload.rules import DeviceCatalog, plan_from_config
+    from pyggml.backend.catalog import DeviceCatalog
+    from pyggml.offload.rules import plan_from_config
     names = {f"blk.{i}.attn_q.weight": None for i in range(2)} | {"token_embd.weight": None,
                                                                   "output_norm.weight": None}
     cat = DeviceCatalog([])

@@ -22,7 +22,7 @@ import os
 import sys
 
 from pyggml.cli import bench, chat, info, mem, plan, run, serve
-from pyggml.cli.args import Parser
+from pyggml.cmdline import Parser
 from pyggml.errors import PyggmlError, UsageError
 
 COMMANDS = (run, chat, serve, bench, plan, mem, info)

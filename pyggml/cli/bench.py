@@ -6,8 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from pyggml.cli.args import add_offload_args, config_from_cli, count_list, thread_list
+from pyggml.cli.args import count_list, thread_list
+from pyggml.cmdline import add_offload_args
 from pyggml.errors import PyggmlError, UsageError
+from pyggml.offload.flags import config_from_cli
 
 
 def cmd_bench(args) -> int:

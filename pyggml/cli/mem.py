@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import sys
 
-from pyggml.cli.args import (add_draft_args, add_model_args, add_offload_args, config_from_cli,
-                             draft_plan_options, int_list, split_ctx, virtual_specs)
+from pyggml.cli.args import add_draft_args, draft_plan_options, int_list
 from pyggml.cli.output import write_text, writable
+from pyggml.cmdline import add_model_args, add_offload_args
 from pyggml.errors import ConfigError
 from pyggml.llm.setup import DEFAULTS
+from pyggml.offload.flags import planning_config, virtual_specs
 
 WARMUPS = ("fill", "ubatch", "token", "none")
 
@@ -26,22 +27,10 @@ def budgets_arg(items) -> dict[str, str]:
     return out
 
 
-def _run_config(args, virtual):
-    """The command line as an offload Config (file, llama.cpp flags, --set), with -ngl going
-    to the first virtual device when some are declared and no file names devices."""
-    _, path = split_ctx(args.ctx)
-    first = (lambda: virtual[0].name) if virtual else None
-    cfg = config_from_cli(args, always=True, first_gpu=first)
-    kv = {k: v for k, v in (("type_k", args.cache_type_k), ("type_v", args.cache_type_v)) if v}
-    if kv:
-        cfg = cfg.with_values({"kv": kv}, "-ctk/-ctv")
-    return cfg
-
-
 def cmd_mem(args) -> int:
     from pyggml.planning import measure
     virtual = virtual_specs(args)
-    cfg = _run_config(args, virtual)
+    cfg = planning_config(args, virtual)
     planning_only = args.plan_only or bool(virtual) or bool(cfg.get(("virtual_devices",)))
     common = {"logits_all": args.logits_all, "flash_attn": args.flash_attn != "off",
               "swa_full": args.swa_full}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from pyggml.cli.args import add_draft_args, add_model_args, add_offload_args, config_from_cli, \
-    draft_plan_options, run_options, virtual_specs
+from pyggml.cli.args import add_draft_args, draft_plan_options
 from pyggml.cli.output import write_text
+from pyggml.cmdline import add_model_args, add_offload_args, run_options
+from pyggml.offload.flags import config_from_cli, virtual_specs
 from pyggml.offload.config import describe_schema
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import sys
 
-from pyggml.cli.args import (add_draft_args, add_model_args, add_offload_args, bounded,
-                             config_from_cli, draft_from_args, positive_int, run_options)
+from pyggml.cli.args import add_draft_args, bounded, draft_from_args, positive_int
+from pyggml.cmdline import add_model_args, add_offload_args, run_options
+from pyggml.offload.flags import config_from_cli
 
 
 port_number = bounded(int, 1, 65535, what="a port number 1..65535")
@@ -15,8 +16,8 @@ nonnegative_ms = bounded(float, 0.0, what="milliseconds >= 0")
 
 
 def add_model_arguments(p) -> None:
-    """The model, run-size, offload and speculative-decoding flags (cli/args.py, the shared
-    ones) and the chat template: what `serve` and `chat` share."""
+    """The model, run-size, offload and speculative-decoding flags (pyggml.cmdline,
+    cli/args.py) and the chat template: what `serve` and `chat` share."""
     add_model_args(p)
     add_offload_args(p)
     add_draft_args(p)

@@ -32,10 +32,13 @@ from pyggml.gguf import GGUFModel
 from pyggml.llm.hparams import read_hparams
 from pyggml.llm.kv_cache import KVCache
 from pyggml.llm.models import GraphParams, build_graph, check_weights, graph_size
-from pyggml.offload import (CPU, DeviceCatalog, OffloadPlan, RunSettings, layer_of,
-                            pin_phase_ops, plan_from_args, plan_from_config)
+from pyggml.backend.catalog import CPU, DeviceCatalog
 from pyggml.offload.config import load_config
-from pyggml.offload.rules import registry_for
+from pyggml.offload.devices import registry_for
+from pyggml.offload.flags import plan_from_args
+from pyggml.offload.pinning import pin_phase_ops
+from pyggml.offload.plan import OffloadPlan, layer_of
+from pyggml.offload.rules import plan_from_config
 from pyggml.sched import Scheduler
 from pyggml.types import GGMLType
 
@@ -70,17 +73,10 @@ class RunOptions:
     def replace(self, **kw) -> "RunOptions":
         return dataclasses.replace(self, **kw)
 
-    def with_settings(self, s: RunSettings | None) -> "RunOptions":
-        """A config's sizes, threads and KV types replace these (None: not set there)."""
-        if s is None:
-            return self
-        kw = {k: getattr(s, k) for k in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max",
-                                         "n_threads", "n_threads_batch", "type_k", "type_v")
-              if getattr(s, k) is not None}
-        for k in ("type_k", "type_v"):
-            if k in kw:
-                kw[k] = tuple(kw[k])
-        return self.replace(**kw)
+    def with_settings(self, settings) -> "RunOptions":
+        """These with the fields a config sets (plan_from_config's settings: a mapping of field
+        names; the config's sizes, threads and per-layer KV types) replaced."""
+        return self.replace(**settings) if settings else self
 
     def resolved(self, n_ctx_train: int) -> "RunOptions":
         """Checked, with n_ctx 0 as the trained context and n_ubatch at most n_batch."""

@@ -18,7 +18,9 @@ and, where something does not fit, tries the smallest changes.
 
 from __future__ import annotations
 
-from pyggml.offload import CPU, layer_of, shell_join
+from pyggml.backend.catalog import CPU
+from pyggml.offload.flags import shell_join
+from pyggml.offload.plan import layer_of
 from pyggml.offload.config import Config, format_layers
 from pyggml.planning.memory import Planner, RunPlan, kv_type_names
 from pyggml.units import fmt_bytes

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pyggml.backend.catalog import VirtualSpec
 from pyggml.errors import ConfigError, PyggmlError
 from pyggml.planning.memory import CPU, FitChange, Planner, RunPlan
 from pyggml.units import fmt_bytes, parse_size, size_text
@@ -206,13 +207,13 @@ def fit(model=None, budgets: dict | None = None, *, config=None, virtual=(),
     budgets: {device: bytes or '6GiB'}; missing devices get default_budgets. runtime: system RAM
     the runtime needs besides its buffers (default: pyggml.planning.measure's estimate)."""
     from pyggml.offload.config import load_config
-    from pyggml.offload.rules import VirtualSpec
+    from pyggml.offload.devices import with_config_devices
     if prefer not in ("gpu_layers", "ctx"):
         raise ConfigError(f"prefer must be 'gpu_layers' or 'ctx', got {prefer!r}")
     with Planner(model, virtual=virtual) as planner:
         hp = planner.mf.hparams
         base = load_config(config if config is not None else {})
-        planner.catalog = planner.catalog.with_virtual(base)
+        planner.catalog = with_config_devices(planner.catalog, base)
         declared = [d for d in base.get(("devices",)) or [] if str(d).lower() != "cpu"]
         gpu = gpu_device or (str(declared[0]) if declared else None) or planner.catalog.default_gpu()
         if gpu is not None:

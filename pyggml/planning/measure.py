@@ -221,7 +221,7 @@ def measure(model=None, *, config=None, n_ctx: int = DEFAULTS.n_ctx,
         raise PyggmlError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
     from pyggml.backend.base import default_registry
     from pyggml.offload.config import load_config
-    from pyggml.offload.rules import needs_machine_devices
+    from pyggml.offload.devices import needs_machine_devices
     t0 = time.perf_counter()
     if config is not None:
         config = load_config(config)

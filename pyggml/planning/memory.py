@@ -13,7 +13,7 @@ buffer). `RunPlan` is the one report: `pyggml plan` renders its placement (pyggm
 dryrun), `pyggml mem` its memory (pyggml.planning.measure).
 
 Devices. This machine's come from the registry; their backends answer supports_op / offload_op.
-They are listed only for a plan that can use one (offload.rules.needs_machine_devices): a CPU-only
+They are listed only for a plan that can use one (offload.devices.needs_machine_devices): a CPU-only
 plan, or one on virtual devices alone, loads no backend module but the CPU's (no Vulkan driver).
 Virtual devices (`--virtual-device NAME=SIZE[:igpu]`, a config's `virtual_devices`) are planning-
 only GPUs with a declared memory that follow the Vulkan backend's rules; a virtual spec with the
@@ -33,10 +33,12 @@ from pyggml.alloc import PlanReport
 from pyggml.backend.cpu import default_n_threads
 from pyggml.llm.setup import ModelFile, RunOptions, build_run, resolve_offload
 from pyggml.backend.base import Registry
-from pyggml.offload import CPU, DeviceCatalog, OffloadPlan, VirtualSpec, llama_flags
+from pyggml.backend.catalog import CPU, DeviceCatalog
 from pyggml.offload.config import Config, load_config
-from pyggml.offload.rules import (config_from_flags, is_expert, layer_of, needs_machine_devices,
-                                  pin_phase_ops)
+from pyggml.offload.devices import needs_machine_devices, with_config_devices
+from pyggml.offload.flags import config_from_flags, llama_flags
+from pyggml.offload.pinning import pin_phase_ops
+from pyggml.offload.plan import OffloadPlan, is_expert, layer_of
 from pyggml.types import VIEW_OPS
 
 
@@ -356,7 +358,7 @@ class Planner:
         cfg = self.config_of(config, sets=sets, n_gpu_layers=n_gpu_layers,
                              gpu_device=gpu_device, **({"overrides": list(overrides)}
                                                        if overrides else {}))
-        catalog = self.catalog_for(cfg, offload).with_virtual(cfg)
+        catalog = with_config_devices(self.catalog_for(cfg, offload), cfg)
         plan, opts = resolve_offload(mf, opts, config=None if offload else cfg, offload=offload,
                                      catalog=catalog)
         threads = opts.n_threads or default_n_threads()

@@ -22,10 +22,11 @@ from collections import OrderedDict
 
 import yaml
 
-from pyggml.cli.args import Parser, add_model_args, add_offload_args, split_ctx, virtual_specs
+from pyggml.cmdline import Parser, add_model_args, add_offload_args
 from pyggml.errors import ConfigError, PyggmlError, UsageError
 from pyggml.offload.config import parse_text
-from pyggml.offload.rules import layer_of
+from pyggml.offload.flags import planning_config, split_ctx, virtual_specs
+from pyggml.offload.plan import layer_of
 from pyggml.planning.plots import alive_at, peak_node, timeline_rows
 
 N_AT_PEAK = 8               # tensors listed as alive at a buffer's peak
@@ -145,13 +146,12 @@ def estimate_what_if(model_path: str, body: dict):
     """The MemReport `pyggml mem --plan-only` makes for the request's flags and config; where a
     device does not fit, plan.fit_changes holds the changes that fit (as `pyggml plan
     --check-fit` lists them)."""
-    from pyggml.cli.mem import _run_config          # the one place mem turns flags into a Config
     from pyggml.planning.fit import suggest_changes
     from pyggml.planning.measure import estimate
     from pyggml.planning.memory import Planner
     args = what_if_args(body)
     virtual = virtual_specs(args)
-    cfg = _run_config(args, virtual)
+    cfg = planning_config(args, virtual)       # as `pyggml mem` reads its flags
     rep = estimate(model_path, virtual=virtual, config=cfg, with_nodes=True, **_mem_common(args))
     if rep.plan.not_fitting():
         with Planner(model_path, virtual=virtual) as planner:

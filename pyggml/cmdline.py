@@ -1,0 +1,128 @@
+"""The command line that `pyggml`'s commands and the HTTP server's what-if plans share: llama.cpp's
+model and offload flags declared once, with llama.cpp's spellings and pyggml's defaults
+(pyggml.llm.setup.RunOptions: the one table of them), and read into RunOptions fields
+(`run_options`; the offload flags are read into a Config by pyggml.offload.flags).
+
+llama.cpp users type single-dash multi-letter flags (-ngl, -ctk, -cnv): argparse would read an
+unknown one as a known short flag with the rest as its value (`-cnv` as `-c nv`). `Parser` never
+abbreviates and refuses such a token by its name instead (`check_flags`); a number glued to a
+flag (`-t2`, `-c4096`) is still taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from pyggml.errors import UsageError
+from pyggml.llm.setup import DEFAULTS
+from pyggml.offload.flags import split_ctx
+
+_NUMBER = re.compile(r"^-?\d+(\.\d*)?$")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse without prefix matching; usage errors raise UsageError (exit status 2)."""
+
+    def __init__(self, *a, **kw):
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*a, **kw)
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: error: {message}")
+
+    def check_flags(self, argv) -> None:
+        """Refuse single-dash tokens that are no flag of this parser (see the module doc)."""
+        known = set(self._option_string_actions)
+        for tok in argv:
+            if tok == "--":
+                break
+            flag = tok.split("=", 1)[0]
+            if tok.startswith("--") and flag not in known and flag in UNSUPPORTED:
+                raise UsageError(f"{self.prog}: error: {flag} is not a flag of this command" +
+                                 UNSUPPORTED[flag])
+            if not tok.startswith("-") or tok.startswith("--") or len(tok) <= 2:
+                continue
+            if flag in known or _NUMBER.match(tok) or _NUMBER.match(tok[2:]):
+                continue
+            raise UsageError(f"{self.prog}: error: unknown flag {flag!r}" +
+                             UNSUPPORTED.get(flag, ""))
+
+
+#: llama.cpp flags pyggml does not take (yet), and what to use instead
+UNSUPPORTED = {
+    "-sm": " (llama.cpp's split mode: pyggml splits by layer, as -sm layer)",
+    "-mg": " (main GPU: name it first in -dev)",
+    "-fa": " (use -fa on|off|auto)",
+    "--virtual-device": " (planning only: pyggml plan or pyggml mem)",
+    "--assume-device": " (planning only: pyggml plan or pyggml mem)",
+}
+
+
+def add_model_args(p, *, config_file: bool = True) -> None:
+    """-m, -c (context size or config file), -b, -ub, -t, -tb, -fa, -ctk, -ctv, --swa-full."""
+    p.add_argument("-m", "--model", default=None, help="GGUF file (default: Gemma 3 270M)")
+    p.add_argument("-c", "--ctx-size", dest="ctx", action="append", metavar="N|FILE",
+                   help=f"context size (an integer; default {DEFAULTS.n_ctx}, 0: the model's "
+                        f"trained context)" + (" or an offload config file" if config_file
+                                              else ""))
+    p.add_argument("-b", "--batch-size", type=int, default=None,
+                   help=f"default {DEFAULTS.n_batch}")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=None,
+                   help=f"default {DEFAULTS.n_ubatch}")
+    p.add_argument("-t", "--threads", type=int, default=None, help="default: physical cores")
+    p.add_argument("-tb", "--threads-batch", type=int, default=None, help="default: -t")
+    p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
+    p.add_argument("-ctk", "--cache-type-k", default=None, help="f16 (default), f32, q8_0")
+    p.add_argument("-ctv", "--cache-type-v", default=None, help="f16 (default), f32, q8_0")
+    p.add_argument("--swa-full", action="store_true",
+                   help="sliding-window layers keep all n_ctx cells (llama.cpp's --swa-full)")
+    p.add_argument("--logits-all", action="store_true",
+                   help="logits for every position (llama.cpp's compute-buffer worst case)")
+
+
+def add_offload_args(p, *, planning: bool = False) -> None:
+    """llama.cpp's offload flags, --set, and (planning: plan, mem) devices this machine lacks."""
+    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None,
+                   help="the last N layers on the first GPU device (99: all, with the output)")
+    p.add_argument("-dev", "--device", default=None, metavar="DEV[,DEV]",
+                   help="GPUs to use, in priority order ('none': CPU only)")
+    p.add_argument("-ts", "--tensor-split", default=None, metavar="N,N",
+                   help="share of layers per GPU of -dev")
+    p.add_argument("-ot", "--override-tensor", action="append", default=[],
+                   metavar="REGEX=DEVICE", help="tensors whose name matches REGEX go to DEVICE "
+                   "(repeatable, first match wins, before -ngl)")
+    p.add_argument("-nkvo", "--no-kv-offload", action="store_true",
+                   help="keep the KV cache on the CPU")
+    p.add_argument("--no-op-offload", action="store_true",
+                   help="never move an op to a GPU when its weight is in host memory")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value (e.g. gpu_layers=8, context.n_ctx=8192)")
+    p.add_argument("--rpc", default=None, metavar="HOST:PORT[,HOST:PORT]",
+                   help="llama.cpp rpc-servers whose devices this run may use (as llama.cpp; "
+                        "unauthenticated: loopback or a trusted network only)")
+    if not planning:
+        return
+    p.add_argument("--virtual-device", "--assume-device", dest="virtual_device",
+                   action="append", default=[], metavar="NAME=SIZE[:igpu]",
+                   help="plan for a device this machine lacks (or a real one with another "
+                        "memory size), e.g. laptop=8GiB or apu=16GiB:igpu; planning only")
+
+
+def run_options(args) -> dict:
+    """RunOptions fields the shared flags set (the rest keep their defaults)."""
+    n_ctx, _ = split_ctx(getattr(args, "ctx", None))
+    out = {"n_ctx": n_ctx, "n_batch": getattr(args, "batch_size", None),
+           "n_ubatch": getattr(args, "ubatch_size", None),
+           "n_threads": getattr(args, "threads", None),
+           "n_threads_batch": getattr(args, "threads_batch", None),
+           "type_k": getattr(args, "cache_type_k", None),
+           "type_v": getattr(args, "cache_type_v", None),
+           "n_seq_max": getattr(args, "parallel", None)}
+    out = {k: v for k, v in out.items() if v is not None}
+    for flag in ("swa_full", "logits_all"):
+        if getattr(args, flag, False):
+            out[flag] = True
+    if getattr(args, "flash_attn", "auto") == "off":
+        out["flash_attn"] = False
+    return out
