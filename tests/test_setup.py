@@ -173,12 +173,62 @@ def _imports() -> dict[str, set[str]]:
     return out
 
 
-def test_no_module_imports_a_module_that_imports_it_back():
+def _import_graph() -> dict[str, set[str]]:
+    """_imports() as Python runs them: importing a.b.c first runs the packages a and a.b
+    (their __init__), except those of the importer itself, which are running already."""
+    def packages(m: str) -> set[str]:
+        parts = m.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts))}
     deps = _imports()
-    pairs = sorted({tuple(sorted((a, b))) for a, ds in deps.items() for b in ds
-                    if a in deps.get(b, set()) and not (a.startswith(b + ".") or
-                                                        b.startswith(a + "."))})
-    assert pairs == []
+    return {a: {p for d in ds for p in {d} | packages(d)
+                if p in deps and p != a and p not in packages(a)}
+            for a, ds in deps.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of any length: the strongly connected components (Tarjan) of more than
+    one module, each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_cycles_of_any_length_are_found():
+    assert import_cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_cycle_in_the_package():
+    assert import_cycles(_import_graph()) == []
+
+
+def test_the_server_never_imports_the_cli():
+    # both front ends read llama.cpp's flags through pyggml.cmdline and pyggml.offload.flags
+    for mod, ds in _imports().items():
+        if mod.startswith("pyggml.server"):
+            assert not [d for d in ds if d.startswith("pyggml.cli")], mod
 
 
 def test_the_engine_never_imports_planning_or_the_cli():

@@ -61,21 +61,6 @@ class HParams:
         return bool(self.swa_layers) and self.swa_layers[il]
 
 
-def swa_pattern(model, key: str, n_layer: int, default_period: int) -> list[bool]:
-    """Sliding-window layers from `key` (llama.cpp's load_swa_pattern): a bool array (one per
-    layer) or a period p: layer il slides unless il % p == p - 1 (every p-th layer is dense)."""
-    pattern = model.get(key, default_period)
-    if isinstance(pattern, (list, tuple)) or hasattr(pattern, "__len__"):
-        flags = [bool(x) for x in list(pattern)][:n_layer]
-        if len(flags) != n_layer:
-            raise ModelError(f"{key}: {len(flags)} entries for {n_layer} layers")
-        return flags
-    p = int(pattern)
-    if p < 1:
-        raise ModelError(f"{key} must be >= 1, got {p}")
-    return [(il % p) < (p - 1) for il in range(n_layer)]
-
-
 def read_hparams(model, tensor_names) -> HParams:
     """HParams of a GGUFModel. Raises ModelError for an unknown architecture (naming the known
     ones) and for metadata the architecture cannot run with."""

@@ -1,6 +1,7 @@
 """What every architecture's graph shares: the graph inputs, the KV-cache store and attention,
 rope with the model's scaling, the SwiGLU/GeGLU FFN, the output head — as `Builder` methods, so
-an architecture module only writes the order of its layer (pyggml/llm/archs/<family>.py).
+an architecture module only writes the order of its layer (pyggml/llm/archs/<family>.py); and
+the metadata readers several families use (`swa_pattern`).
 
 Shapes (ggml order): T tokens in the ubatch, E = n_embd, D = head size, H / Hkv heads,
 n_kv = KV cells read (n_kv_swa in the sliding-window cell space), n_out = rows whose logits are
@@ -18,6 +19,21 @@ from pyggml.errors import ModelError
 from pyggml.graph import Graph
 from pyggml.tensor import Tensor
 from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType, row_size
+
+
+def swa_pattern(model, key: str, n_layer: int, default_period: int) -> list[bool]:
+    """Sliding-window layers from `key` (llama.cpp's load_swa_pattern): a bool array (one per
+    layer) or a period p: layer il slides unless il % p == p - 1 (every p-th layer is dense)."""
+    pattern = model.get(key, default_period)
+    if isinstance(pattern, (list, tuple)) or hasattr(pattern, "__len__"):
+        flags = [bool(x) for x in list(pattern)][:n_layer]
+        if len(flags) != n_layer:
+            raise ModelError(f"{key}: {len(flags)} entries for {n_layer} layers")
+        return flags
+    p = int(pattern)
+    if p < 1:
+        raise ModelError(f"{key} must be >= 1, got {p}")
+    return [(il % p) < (p - 1) for il in range(n_layer)]
 
 
 # graph capacity: ~40 nodes per dense layer, ~60 per mixture-of-experts layer, plus inputs and
@@ -47,7 +63,7 @@ class GraphInputs:
     out_ids: Tensor | None  # I32 [n_out]: ubatch rows whose logits are wanted (None: all rows)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Arch:
     """One architecture (`general.architecture`): how its metadata is read, which tensors it
     needs, and the graph of one layer.

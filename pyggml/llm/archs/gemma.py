@@ -14,8 +14,7 @@ from __future__ import annotations
 import math
 
 from pyggml import ops
-from pyggml.llm.archs.common import Arch, attn_shapes, ffn_shapes
-from pyggml.llm.hparams import swa_pattern
+from pyggml.llm.archs.common import Arch, attn_shapes, ffn_shapes, swa_pattern
 
 
 def _read_gemma3(model, hp) -> None:
@@ -80,6 +79,8 @@ def build_layer(b, il, x):
 
 
 ARCHS = (
-    Arch("gemma2", True, _read_gemma2, _tensors_gemma2, build_layer),
-    Arch("gemma3", True, _read_gemma3, _tensors_gemma3, build_layer),
+    Arch(name="gemma2", rope_neox=True, read_hparams=_read_gemma2,
+         layer_tensors=_tensors_gemma2, build_layer=build_layer),
+    Arch(name="gemma3", rope_neox=True, read_hparams=_read_gemma3,
+         layer_tensors=_tensors_gemma3, build_layer=build_layer),
 )

@@ -76,9 +76,12 @@ def build_layer(b, il, x):
 
 
 ARCHS = (
-    Arch("llama", False, _read_llama, layer_tensors, build_layer, moe=True),
-    Arch("qwen2", True, _read_qwen2, layer_tensors, build_layer),
-    Arch("granite", False, _read_granite, layer_tensors, build_layer),
-    Arch("granitemoe", False, _read_granite, layer_tensors, build_layer, moe=True,
-         moe_only=True),
+    Arch(name="llama", rope_neox=False, read_hparams=_read_llama,
+         layer_tensors=layer_tensors, build_layer=build_layer, moe=True),
+    Arch(name="qwen2", rope_neox=True, read_hparams=_read_qwen2,
+         layer_tensors=layer_tensors, build_layer=build_layer),
+    Arch(name="granite", rope_neox=False, read_hparams=_read_granite,
+         layer_tensors=layer_tensors, build_layer=build_layer),
+    Arch(name="granitemoe", rope_neox=False, read_hparams=_read_granite,
+         layer_tensors=layer_tensors, build_layer=build_layer, moe=True, moe_only=True),
 )

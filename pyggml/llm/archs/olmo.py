@@ -72,7 +72,9 @@ def build_olmoe(b, il, x):
 
 
 ARCHS = (
-    Arch("olmo2", True, _read_olmo2, _tensors_olmo2, build_olmo2, output_required=True),
-    Arch("olmoe", True, _read_olmoe, _tensors_olmoe, build_olmoe, output_required=True,
-         moe=True, moe_only=True),
+    Arch(name="olmo2", rope_neox=True, read_hparams=_read_olmo2,
+         layer_tensors=_tensors_olmo2, build_layer=build_olmo2, output_required=True),
+    Arch(name="olmoe", rope_neox=True, read_hparams=_read_olmoe,
+         layer_tensors=_tensors_olmoe, build_layer=build_olmoe,
+         output_required=True, moe=True, moe_only=True),
 )

@@ -41,4 +41,7 @@ def build_layer(b, il, x):
     return ops.add(ctx, x, cur, name=f"l_out-{il}")
 
 
-ARCHS = (Arch("phi3", True, _read, layer_tensors, build_layer),)
+ARCHS = (
+    Arch(name="phi3", rope_neox=True, read_hparams=_read,
+         layer_tensors=layer_tensors, build_layer=build_layer),
+)

@@ -37,6 +37,8 @@ def build_layer(b, il, x):
 
 
 ARCHS = (
-    Arch("qwen3", True, _read, layer_tensors, build_layer),
-    Arch("qwen3moe", True, _read, layer_tensors, build_layer, moe=True, moe_only=True),
+    Arch(name="qwen3", rope_neox=True, read_hparams=_read,
+         layer_tensors=layer_tensors, build_layer=build_layer),
+    Arch(name="qwen3moe", rope_neox=True, read_hparams=_read,
+         layer_tensors=layer_tensors, build_layer=build_layer, moe=True, moe_only=True),
 )
