@@ -1,5 +1,5 @@
 // Dequantization of ggml blocks read from the word array `data_a` (declare it before including).
-// Layouts: docs/formats-and-models.md §2.2-2.3 (byte-identical to GGUF).
+// Layouts: docs/FORMATS.md §2.2-2.3 (byte-identical to GGUF).
 //
 // One of TYPE_Q4_0, TYPE_Q4_1, TYPE_Q5_0, TYPE_Q5_1, TYPE_Q8_0, TYPE_Q4_K, TYPE_Q5_K, TYPE_Q6_K
 // (quantized: QK elements in QBYTES bytes; dequant4(b, j) returns elements j..j+3 of the block

@@ -1,4 +1,4 @@
-"""Gemma 3 270M Q4_K_M against llama.cpp (formats-and-models.md §6.3; the issue's references).
+"""Gemma 3 270M Q4_K_M against llama.cpp (docs/FORMATS.md §6.3; the issue's references).
 
 Greedy decoding flips at near ties, so: (a) at the last prompt position the top-3 ids equal
 llama.cpp's and the top-5 logits are within 0.5; (b) our greedy tokens equal one of llama.cpp's

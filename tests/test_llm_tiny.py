@@ -1,5 +1,5 @@
 """The model runtime on tiny generated models: an independent float64 numpy forward pass is the
-reference (formats-and-models.md §3.5 and §4), plus graph reuse, ubatches, sequences, errors.
+reference (docs/FORMATS.md §3.5 and §4), plus graph reuse, ubatches, sequences, errors.
 
 Stated tolerances, as max |ours - ref| / max |ref| over all logits:
 - F32 weights, F32 KV cache: 2e-4 (fp32 arithmetic; ggml-style fp32 rope angles);
@@ -274,7 +274,7 @@ def test_unknown_architecture_missing_and_misshapen_tensors(tiny_models, tmp_pat
 
 
 def test_qwen2_neox_rope_and_qkv_biases(tiny_models, tmp_path):
-    """qwen2 = llama with NEOX rope and q/k/v biases (formats-and-models.md §4)."""
+    """qwen2 = llama with NEOX rope and q/k/v biases (docs/FORMATS.md §4)."""
     tm = _model(tiny_models, "llama", "f32")
     hp = tm.hparams
     rng = np.random.default_rng(5)

@@ -5,7 +5,7 @@ Oracles:
   - gguf.quants (the gguf package) for quantize/dequantize of F32, F16, BF16, Q4_0, Q4_1, Q5_0,
     Q5_1 and Q8_0: bit-exact.
   - Q8_1: gguf has no reference (and lists a stale 40-byte block), so `q8_1_reference` below is
-    our own numpy transcription of ggml's quantize_row_q8_1_ref (formats-and-models.md §2.5).
+    our own numpy transcription of ggml's quantize_row_q8_1_ref (docs/FORMATS.md §2.5).
   - Dot products: ggml's per-block formulas (§2.4) evaluated in float64 from the decoded integers;
     ours must agree within 1e-5 of Σ|block terms| (float32 accumulation in another order).
 
@@ -203,7 +203,7 @@ def test_q8_1_reference_sanity():
 def test_quantize_act_equals_reference(path, type_name, kind):
     """Our fast quantizers keep the reference's roundf (half away from zero) and id = 1/d,
     so they equal gguf's reference bit for bit on every path (ggml's own x86/ARM SIMD paths
-    round ties to even instead, formats-and-models.md §2.5)."""
+    round ties to even instead, docs/FORMATS.md §2.5)."""
     rng = np.random.default_rng(5)
     for n in SIZES:
         x = rows(kind, 3, n, rng, type_name)

@@ -1,5 +1,5 @@
 """Model hyper-parameters read from GGUF metadata, as llama.cpp derives them
-(formats-and-models.md §1.5, §3.2, §4). The keys every architecture shares are read here; each
+(docs/FORMATS.md §1.5, §3.2, §4). The keys every architecture shares are read here; each
 architecture's own keys (scales, soft-caps, sliding windows, experts) are read by its module in
 pyggml/llm/archs/ (`Arch.read_hparams`)."""
 

@@ -1,4 +1,4 @@
-"""The model graph of one ubatch, from GGUF metadata only (formats-and-models.md §3.5 and §4):
+"""The model graph of one ubatch, from GGUF metadata only (docs/FORMATS.md §3.5 and §4):
 `build_graph` and `check_weights` dispatch on the architecture to its module in
 pyggml/llm/archs/ (the shared pieces are in pyggml/llm/archs/common.py).
 

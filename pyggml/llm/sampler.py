@@ -1,4 +1,4 @@
-"""The sampling chain of llama.cpp's `common` defaults (formats-and-models.md §6):
+"""The sampling chain of llama.cpp's `common` defaults (docs/FORMATS.md §6):
 penalties → top_k → top_p → min_p → temperature → dist. Greedy when temperature <= 0.
 
 The random draw reproduces libstdc++'s std::mt19937 seeded with `seed` and
