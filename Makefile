@@ -15,11 +15,15 @@ QEMU      := qemu-aarch64
 GLSLANG   := glslangValidator
 include shaders/variants.mk
 vk_field = $(word $(2),$(subst :, ,$(1)))
+vk_uc = $(subst q,Q,$(subst k,K,$(subst f,F,$(1))))
+# every module of shaders/variants.mk: its VK_TYPED_SHADERS once per type (% -> q4_k, @ -> Q4_K)
+VK_VARIANTS := $(VK_SHADERS) $(VK_TOOL_SHADERS) $(foreach v,$(VK_TYPED_SHADERS),$(foreach \
+    t,$(VK_TYPES),$(subst @,$(call vk_uc,$(t)),$(subst %,$(t),$(v)))))
 SPV       := $(foreach v,$(VK_VARIANTS),$(BUILD)/shaders/$(call vk_field,$(v),1).spv)
 PYTEST_ARGS ?=
 
-.PHONY: setup sysdeps venv native native-asan native-aarch64 shaders model models rpc-server \
-        llamacpp-tools test test-native test-asan test-neon test-python run fuzz bench clean
+.PHONY: setup sysdeps venv native native-asan native-aarch64 shaders shader-names model models \
+        rpc-server llamacpp-tools test test-native test-asan test-neon test-python run fuzz bench clean
 
 setup: sysdeps venv native shaders model rpc-server
 
@@ -46,6 +50,8 @@ native-aarch64:
 
 # Shader variants (name:source:defines) are listed in shaders/variants.mk.
 shaders: $(SPV)
+shader-names:                 # what `make shaders` builds, one name a line (tests/test_setup.py)
+	@printf '%s\n' $(foreach v,$(VK_VARIANTS),$(call vk_field,$(v),1))
 define VK_SHADER_RULE
 $(BUILD)/shaders/$(1).spv: shaders/$(2) $(wildcard shaders/*.glsl) shaders/variants.mk
 	@mkdir -p $(BUILD)/shaders

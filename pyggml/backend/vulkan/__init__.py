@@ -1,10 +1,10 @@
 """The Vulkan backend (see `backend.py`): the registry entry point and public names."""
 
-from pyggml.backend.vulkan.backend import (REQUIRED_SHADERS, VulkanBackend, VulkanBuffer,
-                                           VulkanBufferType, VulkanDevice, VulkanMemoryError,
-                                           backend_reg, devices, open_device,
-                                           unavailable_reason)
+from pyggml.backend.vulkan.backend import (VulkanBackend, VulkanBuffer, VulkanBufferType,
+                                           VulkanDevice, VulkanMemoryError, backend_reg, devices,
+                                           open_device, unavailable_reason)
+from pyggml.backend.vulkan.shaders import required_shaders
 
-__all__ = ["REQUIRED_SHADERS", "VulkanBackend", "VulkanBuffer", "VulkanBufferType",
+__all__ = ["VulkanBackend", "VulkanBuffer", "VulkanBufferType",
            "VulkanDevice", "VulkanMemoryError", "backend_reg", "devices", "open_device",
-           "unavailable_reason"]
+           "required_shaders", "unavailable_reason"]

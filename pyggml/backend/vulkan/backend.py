@@ -28,8 +28,9 @@ allocator keeps compute buffers in one window. A weight larger than one binding 
 
 Modules of this package: info (loader, device facts, KernelConfig: kernel shapes chosen from
 the limits), device (logical device, memory windows, pipelines, submissions, transfers), ops
-(support rules and dispatches per op), record (command-buffer recording and replay);
-shaders/*.comp with their variants in shaders/variants.mk; benchmarks in tools/bench_vulkan.py.
+(support rules and dispatches per op), record (command-buffer recording and replay), shaders
+(the compiled modules required: shaders/variants.mk's list); shaders/*.comp with their variants
+in shaders/variants.mk; benchmarks in tools/bench_vulkan.py.
 
 Execution: a graph is recorded once into one command buffer (pipelines, descriptor sets, push
 constants, a barrier only where a dispatch touches memory an earlier one since the last barrier
@@ -73,6 +74,7 @@ from pyggml.backend.vulkan.info import (
 )
 from pyggml.backend.vulkan.ops import why_unsupported
 from pyggml.backend.vulkan.record import Recorder
+from pyggml.backend.vulkan.shaders import required_shaders
 from pyggml.errors import BackendError, SettingsError
 from pyggml.tensor import Tensor
 from pyggml.types import Op
@@ -81,16 +83,6 @@ __all__ = ["OFFLOAD_MIN_BATCH", "VulkanRules", "VulkanBackend", "VulkanDevice", 
            "VulkanMemoryError", "backend_reg", "devices", "unavailable_reason"]
 
 log = logging.getLogger("pyggml.vulkan")
-
-# every module a device may load (shaders/variants.mk builds them)
-_TYPES = ("f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
-REQUIRED_SHADERS = (["binary", "unary", "rope", "norm", "norm_sg", "soft_max", "soft_max_sg",
-                     "flash_attn", "flash_attn_sg", "cpy", "cpy_s16", "set_rows", "set_rows_s16",
-                     "concat", "concat_s16", "argsort"]
-                    + [f"{k}_{t}" for k in ("get_rows", "mul_mat", "mul_mat_vec", "mul_mat_id",
-                                            "mul_mat_vec_id") for t in _TYPES]
-                    + [f"{k}_{t}_sg" for k in ("mul_mat_vec", "mul_mat_vec_id") for t in _TYPES])
-
 
 OFFLOAD_MIN_BATCH = 32    # a MUL_MAT (ID) over this many rows (tokens): worth copying host weights
 
@@ -127,8 +119,12 @@ _reason: str | None = None
 
 def _check_shaders() -> str | None:
     d = shader_dir()
+    try:
+        required = required_shaders()
+    except BackendError as e:
+        return str(e)
     missing = []
-    for name in REQUIRED_SHADERS:
+    for name in required:
         p = d / f"{name}.spv"
         try:
             with open(p, "rb") as f:
