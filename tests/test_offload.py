@@ -151,6 +151,17 @@ def test_settings_from_config():
     assert s == {"n_threads": 3, "n_threads_batch": 3}
 
 
+def test_config_settings_are_run_options_fields():
+    from pyggml.llm.setup import RunOptions
+    p, s = plan_s("threads: {decode: 2, batch: 6}\nkv: {type_k: q8_0}\n"
+                  "context: {n_ctx: 512, n_batch: 256, n_ubatch: 64, n_seq_max: 2}\n")
+    o = RunOptions(logits_all=True).with_settings(s)
+    assert p.settings is s and o.logits_all          # what the config leaves unset stays
+    assert (o.n_ctx, o.n_batch, o.n_ubatch, o.n_seq_max, o.n_threads, o.n_threads_batch) == \
+        (512, 256, 64, 2, 2, 6)
+    assert o.type_k == ("q8_0",) * L and o.type_v == ("f16",) * L
+
+
 def test_phase_rules_move_ops_not_memory():
     text = ("devices: [Vulkan0]\ngpu_layers: 0\nop_offload: {prefill: true, decode: false}\n"
             "overrides:\n  - kind: attn\n    device: Vulkan0\n    phase: prefill\n"
