@@ -1,14 +1,15 @@
 """Completions in llama-cpp-python's shapes (pyggml/llm/completion.py) and prompt prefix reuse
 (LLM.reuse_prefix, KVCache.can_keep_prefix).
 
-Stop strings and UTF-8 holding-back are tested on `Generation` with a scripted tokenizer (one
-token forced per step), so every split of a character or stop string is exercised exactly; the
+Stop strings and UTF-8 holding-back are tested on `Generation` (pyggml/llm/generate.py) with a
+scripted tokenizer (one token forced per step), so every split of a character or stop string is exercised exactly; the
 API shapes and prefix reuse run SmolLM2-135M-Instruct (make setup) and tiny models."""
 import numpy as np
 import pytest
 
 from pyggml.errors import ChatTemplateError, ModelError
-from pyggml.llm.completion import Generation, sampling_params
+from pyggml.llm.completion import sampling_params
+from pyggml.llm.generate import Generation
 from pyggml.models_pypi import ensure_smollm2
 from pyggml.llm.runtime import LLM
 
@@ -24,20 +25,44 @@ class _Tok:
         return t == 0
 
 
-class _FakeLLM:
-    def __init__(self, pieces):
-        self.tokenizer = _Tok(pieces)
+class _FakeContext:
+    """The few Context calls a Generation makes, over one sequence of unbounded room."""
+    def __init__(self):
+        import threading
+        from pyggml.llm.context import RunStats
+        self.lock, self.stats, self.closed, self.held = threading.RLock(), RunStats(), False, 0
+
+    check_seq = staticmethod(int)
+
+    def check_open(self):
+        pass
+
+    def reuse_prefix(self, ids, seq_id):
+        return 0
+
+    def seq_epoch(self, seq_id):
+        return 0
+
+    def seq_len(self, seq_id):
+        return self.held
+
+    def free_cells(self):
+        return 1 << 20
 
 
 def _run(pieces: list[bytes], stop, max_tokens=100, eog_at_end=True):
-    """Force tokens 1..n (then EOG) through a Generation; return (chunks, generation)."""
+    """Force tokens 1..n (then EOG) through a Generation, one step each with the logits the
+    decode of its input would give; return (chunks, generation)."""
     vocab = [b""] + pieces
-    gen = Generation(_FakeLLM(vocab), [1], max_tokens, sampling_params(temperature=0), stop)
+    gen = Generation(_Tok(vocab), [1], max_tokens, sampling_params(temperature=0), stop)
+    ctx = _FakeContext()
+    gen.start(ctx)
     chunks = []
     for i in range(1, len(vocab) + 1):
+        ctx.held += len(gen.next_input())
         logits = np.zeros(len(vocab), np.float32)
         logits[i if i < len(vocab) else 0] = 1.0
-        chunks.append(gen.step(logits))
+        chunks.append(gen.advance(logits))
         if gen.done:
             break
     return chunks, gen

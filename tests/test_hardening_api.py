@@ -260,7 +260,7 @@ class _Script:
 
 @pytest.mark.parametrize("end", ["stop", "length", "context"])
 def test_generation_flushes_unfinished_bytes_into_the_last_token(tiny, monkeypatch, end):
-    import pyggml.llm.runtime as runtime
+    import pyggml.llm.generate as generate
     with LLM(tiny.path, n_ctx=16, n_threads=1) as m:
         tk = m.tokenizer
         byte = {b: tk.text_to_id(f"<0x{b:02X}>") for b in (0xE4, 0xBD, 0xA0, 0xFF)}
@@ -268,7 +268,7 @@ def test_generation_flushes_unfinished_bytes_into_the_last_token(tiny, monkeypat
         script = [byte[0xE4], byte[0xBD], byte[0xA0], a, byte[0xFF], byte[0xE4]]
         prompt = m.tokenize(PROMPT)[:16 - len(script) + 1 if end == "context" else 4]
         _Script.script = script + [tk.eos_id] + [a] * 8
-        monkeypatch.setattr(runtime, "Sampler", _Script)
+        monkeypatch.setattr(generate, "Sampler", _Script)
         n = {"stop": -1, "length": len(script), "context": -1}[end]
         g = m.generate(prompt, n, stop_at_eog=(end != "context"))
         out = list(g)

@@ -1,7 +1,7 @@
 """How the server's engine cuts prompts into steps (pyggml/server/engine.py): chunks sized to
 `step_target_s` from the measured seconds per row, and a new request's first chunk in a step
 without older prompts' chunks, so that its time to first token does not wait for a long prompt.
-The steps are observed by wrapping the LLM's decode_batch; SmolLM2, every wait bounded."""
+The steps are observed by wrapping the LLM context's decode; SmolLM2, every wait bounded."""
 import threading
 
 import httpx
@@ -24,12 +24,12 @@ def llm():
 
 def _served(llm, step_target_s):
     steps = []
-    orig = llm.decode_batch
+    orig = llm.context.decode       # every step of the engine is one decode
 
     def spy(batch, *a, **k):
         steps.append([(sid, len(toks)) for toks, sid in batch])
         return orig(batch, *a, **k)
-    llm.decode_batch = spy
+    llm.context.decode = spy
     rs = start_in_thread(make_server(llm, 2, "m", step_target_s=step_target_s))
     return rs, steps, orig
 
@@ -58,7 +58,7 @@ def test_a_short_request_gets_its_own_step_while_a_long_prompt_is_evaluated(llm)
         assert not t.is_alive()
     finally:
         rs.stop()
-        llm.decode_batch = orig
+        llm.context.decode = orig
     long_sid = steps[0][0][0]
     rows = [sum(n for _, n in s) for s in steps]
     # the long prompt went in several chunks, none of them a whole ubatch
@@ -86,7 +86,7 @@ def test_step_target_zero_takes_whole_ubatches(llm):
         _complete(f"http://127.0.0.1:{rs.port}", LONG, 1, out, "long")
     finally:
         rs.stop()
-        llm.decode_batch = orig
+        llm.context.decode = orig
     assert steps[0] == [(steps[0][0][0], llm.n_ubatch)]
 
 

@@ -138,8 +138,8 @@ def test_a_draft_file_is_opened_once_per_llm(tiny_models, scalar_path, monkeypat
             assert _greedy(llm, PROMPTS[0], 24, DraftModel(other, n_max=3)) == plain
         assert opened[key] == 2
         drafts = [s.draft.llm for s in llm._speculators.values()]
-        assert len(drafts) == 2 and not any(d._closed for d in drafts)
-    assert all(d._closed for d in drafts), "the drafts outlive their LLM"
+        assert len(drafts) == 2 and not any(d.closed for d in drafts)
+    assert all(d.closed for d in drafts), "the drafts outlive their LLM"
     # the LLM's own draft_model is the one a call naming the same file and options gets
     with LLM(tm.path, n_ctx=256, n_threads=1, draft_model=other) as llm:
         assert _greedy(llm, PROMPTS[0], 24, other) == plain

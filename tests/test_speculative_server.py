@@ -83,7 +83,7 @@ def test_draft_model_evaluates_the_prompt_with_the_models_chunks(tiny_models, sc
               draft_model=DraftModel(other.path, n_max=4, n_threads=1))
     draft = llm.speculator.draft.llm
     model_steps, draft_steps, at_first_round = [], [], []
-    orig_model, orig_draft = llm.decode_batch, draft.decode_batch
+    orig_model, orig_draft = llm.context.decode, draft.decode_batch
 
     def model_spy(batch, *a, **k):
         model_steps.append([(sid, len(t)) for t, sid in batch])
@@ -92,7 +92,7 @@ def test_draft_model_evaluates_the_prompt_with_the_models_chunks(tiny_models, sc
     def draft_spy(batch, *a, **k):
         draft_steps.append([(sid, len(t)) for t, sid in batch])
         return orig_draft(batch, *a, **k)
-    llm.decode_batch, draft.decode_batch = model_spy, draft_spy
+    llm.context.decode, draft.decode_batch = model_spy, draft_spy
     # a tiny step target: the prompt goes in chunks of MIN_PROMPT_CHUNK tokens
     server = make_server(llm, 2, "m", step_target_s=1e-6)
     engine = server.engine
@@ -100,7 +100,7 @@ def test_draft_model_evaluates_the_prompt_with_the_models_chunks(tiny_models, sc
 
     def drafts_spy(gen_slots):
         for s in gen_slots:
-            if not s.drafting:          # a job's first round
+            if len(s.job.gen.tokens) == 1:     # a job's first round
                 at_first_round.append((s.seq_id, draft.seq_tokens(s.seq_id),
                                        llm.seq_tokens(s.seq_id), len(model_steps),
                                        len(draft_steps)))
@@ -121,7 +121,7 @@ def test_draft_model_evaluates_the_prompt_with_the_models_chunks(tiny_models, sc
         assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     finally:
         rs.stop()
-        llm.decode_batch, draft.decode_batch = orig_model, orig_draft
+        llm.context.decode, draft.decode_batch = orig_model, orig_draft
         llm.close()
     assert r.json()["choices"][0]["text"] == plain
     (sid, draft_held, model_held, n_model_steps, n_draft_steps), second = at_first_round

@@ -18,12 +18,12 @@ One round on a sequence whose last sampled token `last` is not evaluated yet:
    residual is p without d_i. Greedy targets: d_i is kept iff it is the argmax, the round ends
    with the argmax, so the output is the target's own greedy output.
 4. the KV cells of the rejected tokens are removed from the target's cache and the draft's
-   (`LLM._truncate_locked`), so both hold exactly the kept tokens.
+   (`Context.seq_keep_first`), so both hold exactly the kept tokens.
 
 A round yields 1..k+1 tokens, each with the target's logits row it was chosen from (logprobs);
-callers hand them out one by one and stop at an end-of-generation token, a stop string or
-max_tokens exactly where plain decoding would (pyggml/llm/runtime.py, completion.py,
-server/engine.py): a token kept past the end is never shown, and the caller drops its cells.
+the generation loop hands them out one by one and stops at an end-of-generation token, a stop
+string or max_tokens exactly where plain decoding would (pyggml/llm/generate.py): a token kept
+past the end is never shown, and its cells are dropped.
 
 Drafts: `PromptLookup` (n-gram match in the sequence's own tokens: llama.cpp's prompt lookup
 decoding / `--spec-type ngram-simple`, llama-cpp-python's LlamaPromptLookupDecoding; the CLI
@@ -588,7 +588,7 @@ class Speculator:
     def request(self, seq_id: int, last: int, sampler: Sampler, cap: int) -> DraftRequest:
         """What to draft for seq_id this round: at most min(k, cap) tokens (cap: what max_tokens
         and the free cells allow past `last`); a draft that trims is asked for n_max."""
-        ctx = self.target._seq_tokens[seq_id] + [int(last)]
+        ctx = self.target.context.seq_tokens(seq_id) + [int(last)]
         k = self.draft.n_max if self.draft.trims else self.k_for(seq_id)
         n = max(0, min(k, cap, self.target.n_ubatch - 1))
         return DraftRequest(seq_id, ctx, n, sampler)
@@ -637,8 +637,7 @@ class Speculator:
         toks = accept_tokens(rows, proposal, sampler)
         n_draft, n_kept = len(proposal.tokens), len(toks) - 1
         t = self.target
-        with t.lock:
-            t._truncate_locked(seq_id, n_before + 1 + n_kept)
+        t.context.seq_keep_first(seq_id, n_before + 1 + n_kept, invalidate=False)
         if isinstance(self.draft, DraftModel):
             self.draft.forget_after(seq_id, n_before + 1 + n_kept)
         if n_draft:
@@ -664,21 +663,6 @@ class Speculator:
     def prefill(self, seq_id: int, tokens: list[int]) -> None:
         """The prompt `tokens` (what seq_id holds now) to the draft, before the first round."""
         self.draft.prefill(seq_id, tokens)
-
-    def round(self, seq_id: int, last: int, sampler: Sampler, cap: int, decode):
-        """One round on one sequence: [(token, logits row it was chosen from)]; None when the
-        target has no cell for `last`. decode(tokens) -> float32 [len(tokens), n_vocab] or
-        None (no room): the caller's evaluation (it checks its generation is still valid)."""
-        prop = self.propose([self.request(seq_id, last, sampler, cap)])[0]
-        with self.target.lock:          # nothing else may change the sequence in between
-            n_before = len(self.target._seq_tokens[seq_id])
-            t0 = time.perf_counter()
-            rows = decode([int(last)] + prop.tokens)
-            if rows is None:
-                return None
-            self.costs.add_verify(len(prop.tokens) + 1, time.perf_counter() - t0)
-            toks = self.finish_round(seq_id, n_before, prop, rows, sampler)
-        return list(zip(toks, rows))
 
     def close(self) -> None:
         self.draft.close()

@@ -21,8 +21,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from pyggml.errors import ChatTemplateError, ModelError, PyggmlError
-from pyggml.llm.completion import (Generation, chat_logprobs, chat_prompt_ids, completion_logprobs,
-                                   normalize_stop, sampling_params, token_budget)
+from pyggml.llm.completion import (chat_logprobs, chat_prompt_ids, completion_logprobs,
+                                   normalize_stop, openai_finish_reason, sampling_params,
+                                   token_budget)
+from pyggml.llm.generate import Generation
 from pyggml.server import webapi
 from pyggml.server.engine import Engine, Job, QueueFullError
 
@@ -293,7 +295,8 @@ class Server:
         except ModelError as e:
             raise BadRequest(str(e)) from None
         stop_at_eog = not _bool(body, "ignore_eos", False)       # llama-server's extra field
-        return Generation(self.llm, ids, budget, params, stop, n_logprobs, stop_at_eog), stream
+        return Generation(self.llm.tokenizer, ids, budget, params, stop, n_logprobs,
+                          stop_at_eog), stream
 
     def _submit(self, job: Job) -> None:
         try:
@@ -372,7 +375,7 @@ class Server:
                     if ev[0] == "text":
                         yield _sse(chunk({"content": ev[1]}, None))
                     elif ev[0] == "done":
-                        last = chunk({}, gen.finish_reason)
+                        last = chunk({}, openai_finish_reason(gen))
                         last["usage"] = self._usage(job)
                         yield _sse(last)
                         if include_usage:
@@ -389,7 +392,7 @@ class Server:
             "id": cid, "object": "chat.completion", "created": created, "model": self.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
                          "logprobs": chat_logprobs(gen) if logprobs else None,
-                         "finish_reason": gen.finish_reason}],
+                         "finish_reason": openai_finish_reason(gen)}],
             "usage": self._usage(job)})
 
     async def completions(self, request):
@@ -439,7 +442,7 @@ class Server:
                         off += len(ev[1])
                         yield _sse(chunk(ev[1], None, lp))
                     elif ev[0] == "done":
-                        last = chunk("", gen.finish_reason)
+                        last = chunk("", openai_finish_reason(gen))
                         last["usage"] = self._usage(job)
                         yield _sse(last)
                     elif ev[0] == "error":
@@ -449,7 +452,7 @@ class Server:
         if failed is not None:
             return failed
         lp = completion_logprobs(gen.token_logprobs, len(prefix)) if n_lp is not None else None
-        return JSONResponse({**chunk(prefix + "".join(text), gen.finish_reason, lp),
+        return JSONResponse({**chunk(prefix + "".join(text), openai_finish_reason(gen), lp),
                              "usage": self._usage(job)})
 
     async def embeddings(self, request):

@@ -11,10 +11,11 @@ for at most one short step, then gets a step of its own size (time to first toke
 (full: `QueueFullError`, the server answers 503). A cancelled request frees its slot before the
 next step. Events go back to the asyncio side through `loop.call_soon_threadsafe`.
 
+Each slot's request is a `pyggml.llm.generate.Generation`, stepped by the one generation loop's
+calls (next_input, advance): sampling, stop strings, the end, the cells kept are decided there.
 With a draft (LLM(draft_model=...), `serve -md / --lookup`), each generating slot first drafts
 (all slots together, pyggml/llm/speculative.py) and puts its last token and drafted tokens into
-the same one decode_batch, with logits for every row; its round's accepted tokens then go to its
-completion one by one. A draft model evaluates each prompt chunk right after the model's, in the
+the same one decode_batch, with logits for every row. A draft model evaluates each prompt chunk right after the model's, in the
 same step (timed with it, so the step-time chunks cover both): when a prompt is done, the
 draft's cache holds it too, and the first round drafts at once.
 """
@@ -28,11 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from pyggml.errors import PyggmlError
-from pyggml.llm.completion import Generation
-from pyggml.llm.speculative import Proposal
-
-
-_NONE = Proposal()          # no draft tokens
+from pyggml.llm.generate import Generation, decode_step
 
 
 #: fewest prompt tokens a step takes: smaller chunks cost prefill speed (Qwen2.5-Coder-1.5B, 2
@@ -71,12 +68,16 @@ class Job:
 class Slot:
     seq_id: int
     job: Job | None = None
-    todo: list[int] = field(default_factory=list)     # prompt tokens still to evaluate
-    draft_todo: list[int] = field(default_factory=list)   # ... by the draft model (a suffix
-    #                                 of the prompt: todo, and any prefix the draft lacks)
+    draft_todo: list[int] = field(default_factory=list)   # prompt tokens the draft model has
+    #                     yet to evaluate (the generation's todo, and any prefix it lacks)
     started: bool = False                             # a chunk of this job's prompt ran
     last_used: float = 0.0
-    drafting: bool = False          # speculative rounds started for this job (k was reset)
+
+    @property
+    def todo(self) -> list[int]:
+        """Prompt tokens of its request still to evaluate."""
+        gen = self.job.gen if self.job is not None else None
+        return gen.todo if gen is not None else []
 
 
 class PerSecond:
@@ -230,24 +231,14 @@ class Engine:
                 self.metrics.requests_cancelled_total += 1
                 continue
 
-            def common(s):
-                held = self.llm.seq_tokens(s.seq_id)
-                n = 0
-                for a, b in zip(held, job.ids):
-                    if a != b:
-                        break
-                    n += 1
-                return n
-            slot = max(free, key=lambda s: (common(s), -s.last_used))
+            slot = max(free, key=lambda s: (self.llm.context.common_prefix(job.ids, s.seq_id),
+                                            -s.last_used))
             slot.job = job
             if job.kind == "embed":
-                slot.todo = []
                 continue
-            n = self.llm.reuse_prefix(job.ids, slot.seq_id)
-            job.n_reused = n
-            self.metrics.prompt_tokens_reused_total += n
-            slot.todo = list(job.ids[n:])
             spec = self.llm.speculator
+            job.n_reused = job.gen.start(self.llm.context, spec, slot.seq_id)
+            self.metrics.prompt_tokens_reused_total += job.n_reused
             slot.draft_todo = spec.draft.start_prompt(slot.seq_id, job.ids) if spec else []
 
     def _prompt_budget(self, n_decoding: int) -> int:
@@ -270,8 +261,8 @@ class Engine:
                 self._release(s)
 
     def _release(self, s: Slot) -> None:
-        s.job, s.todo, s.draft_todo, s.last_used = None, [], [], time.perf_counter()
-        s.started = s.drafting = False
+        s.job, s.draft_todo, s.last_used = None, [], time.perf_counter()
+        s.started = False
 
     def _fail(self, s: Slot, status: int, message: str) -> None:
         s.job.emit("error", status, message)
@@ -294,45 +285,40 @@ class Engine:
                     self._release(s)
                 except PyggmlError as e:
                     self._fail(s, 400, str(e))
-        batch, sampled = [], []
-        gen_slots = [s for s in self.slots
-                     if s.job is not None and not s.todo and s.job.gen.last_token is not None]
-        props = self._drafts(gen_slots)
-        n_before = {}
-        for s in gen_slots:
-            batch.append(([s.job.gen.last_token] + props.get(s.seq_id, _NONE).tokens, s.seq_id))
-            n_before[s.seq_id] = len(llm.seq_tokens(s.seq_id))
-            sampled.append(s)
-        budget = self._prompt_budget(sum(len(t) for t, _ in batch))
-        waiting = sorted((s for s in self.slots if s.job is not None and s.todo),
-                         key=lambda s: len(s.todo))
+        gens = [s for s in self.slots if s.job is not None and s.job.kind == "complete"]
+        gen_slots = [s for s in gens if not s.job.gen.prefilling]
+        self._drafts(gen_slots)
+        batch = [s for s in gen_slots]
+        n_rows = sum(len(s.job.gen.next_input()) for s in batch)
+        budget = self._prompt_budget(n_rows)
+        waiting = sorted((s for s in gens if s.job.gen.prefilling),
+                         key=lambda s: len(s.job.gen.todo))
         if any(not s.started for s in waiting):      # new requests first, in a short step
             waiting = [s for s in waiting if not s.started]
         draft_chunks = []
         for s in waiting:
             if budget <= 0:
                 break
-            chunk = s.todo[:budget]
-            s.todo = s.todo[len(chunk):]
+            gen = s.job.gen
+            chunk = gen.next_input(budget)
             s.started = True
             budget -= len(chunk)
-            batch.append((chunk, s.seq_id))
+            n_rows += len(chunk)
+            batch.append(s)
             m.prompt_tokens_total += len(chunk)
             # the draft takes what it lacks up to where the model stands after this chunk
-            k = max(0, len(s.draft_todo) - len(s.todo))
+            k = max(0, len(s.draft_todo) - len(gen.todo))
             if k:
                 draft_chunks.append((s.draft_todo[:k], s.seq_id))
                 s.draft_todo = s.draft_todo[k:]
-            if not s.todo:
-                sampled.append(s)
         if not batch:
             return
         t0 = time.perf_counter()
         try:
-            out = llm.decode_batch(batch, all_logits=tuple(props))
+            out = decode_step(llm.context, [s.job.gen for s in batch])
         except PyggmlError as e:
-            for tokens, sid in batch:
-                self._fail(self.slots[sid], 400 if "context" in str(e) else 500, str(e))
+            for s in batch:
+                self._fail(s, 400 if "context" in str(e) else 500, str(e))
             return
         if draft_chunks:
             try:
@@ -340,7 +326,6 @@ class Engine:
             except PyggmlError:         # the first round evaluates what the draft lacks
                 pass
         dt = time.perf_counter() - t0
-        n_rows = sum(len(t) for t, _ in batch)
         if n_rows >= 8:                    # one token's step is mostly fixed costs: not a rate
             rate = dt / n_rows
             self.s_per_row = rate if self.s_per_row is None else 0.7 * self.s_per_row + 0.3 * rate
@@ -349,68 +334,32 @@ class Engine:
         m.decode_seconds_total += dt
         m.decode_steps_multi_seq_total += n_seqs >= 2
         m.max_seqs_per_step = max(m.max_seqs_per_step, n_seqs)
-        for s in sampled:
-            job = s.job
-            if job.cancelled.is_set():
-                if s.seq_id in props:           # its drafts were never checked: drop them
-                    with llm.lock:
-                        llm._truncate_locked(s.seq_id, n_before[s.seq_id] + 1)
+        for s in batch:
+            job, gen = s.job, s.job.gen
+            if job.cancelled.is_set():      # its drafts were never checked: their cells go
+                gen.close()
                 continue
-            gen = job.gen
-            if s.seq_id in props:
-                self._finish_round(s, n_before[s.seq_id], props[s.seq_id], out[s.seq_id])
-                continue
-            n_before_gen = len(gen.tokens)
-            text = gen.step(out[s.seq_id])
-            m.generated_tokens_total += len(gen.tokens) - n_before_gen
+            n_gen, n_drafted, n_accepted = len(gen.tokens), gen.n_drafted, gen.n_accepted
+            text = gen.advance(out[s.seq_id])
+            m.generated_tokens_total += len(gen.tokens) - n_gen
+            m.draft_tokens_total += gen.n_drafted - n_drafted
+            m.draft_accepted_total += gen.n_accepted - n_accepted
             if text:
                 job.emit("text", text)
             if gen.done:
                 job.emit("done", gen)
                 self._release(s)
 
-    def _drafts(self, gen_slots: list[Slot]) -> dict:
-        """Speculative decoding (the LLM's draft_model): {seq_id: Proposal} for the generating
-        slots, drafted together; their drafted tokens join this step's one decode_batch. Each
-        slot drafts at most what its max_tokens and its share of the free cells allow."""
+    def _drafts(self, gen_slots: list[Slot]) -> None:
+        """Speculative decoding (the LLM's draft_model): the generating slots draft together;
+        their drafted tokens join this step's one decode_batch. Each slot drafts at most what
+        its max_tokens and its share of the free cells allow."""
         spec = self.llm.speculator
         if spec is None or not gen_slots:
-            return {}
-        free = self.llm.n_ctx - self.llm.kv.n_used() - len(gen_slots)
+            return
+        free = self.llm.context.free_cells() - len(gen_slots)
         room = max(0, min(free // len(gen_slots),
                           (self.llm.n_ubatch - len(gen_slots)) // len(gen_slots)))
-        reqs = []
-        for s in gen_slots:
-            gen = s.job.gen
-            if not s.drafting:
-                spec.reset_seq(s.seq_id)
-                s.drafting = True
-            cap = min(room, gen.max_tokens - len(gen.tokens) - 1)
-            reqs.append(spec.request(s.seq_id, gen.last_token, gen.sampler, cap))
-        return {r.seq_id: p for r, p in zip(reqs, spec.propose(reqs))}
-
-    def _finish_round(self, s: Slot, n_before: int, prop, rows) -> None:
-        """A slot's speculative round after the step's decode_batch: the round's tokens go to
-        its completion one by one until it ends; then its sequence keeps the cells plain
-        decoding would (the prompt and every token that did not end the completion)."""
-        llm, m, job = self.llm, self.metrics, s.job
-        gen = job.gen
-        rows = rows.reshape(len(prop.tokens) + 1, -1)
-        with llm.lock:
-            toks = llm.speculator.finish_round(s.seq_id, n_before, prop, rows, gen.sampler)
-        m.draft_tokens_total += len(prop.tokens)
-        m.draft_accepted_total += len(toks) - 1 if prop.tokens else 0
-        n_keep = n_before + 1
-        for tok, row in zip(toks, rows):
-            n0 = len(gen.tokens)
-            text = gen.push(tok, row)
-            m.generated_tokens_total += len(gen.tokens) - n0
-            if text:
-                job.emit("text", text)
-            if gen.done:
-                with llm.lock:
-                    llm._truncate_locked(s.seq_id, n_keep)
-                job.emit("done", gen)
-                self._release(s)
-                return
-            n_keep += 1
+        gens = [s.job.gen for s in gen_slots]
+        for gen, p in zip(gens, spec.propose([g.draft_request(room) for g in gens])):
+            gen.propose(p)

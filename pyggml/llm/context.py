@@ -1,0 +1,371 @@
+"""`Context`: the decode side of a model run — batches split into ubatches, the graph cache, the
+KV cache's per-sequence bookkeeping and the lock. llama.cpp's `llama_context` plus its public
+sequence API (`llama_memory_seq_rm / seq_pos_max`); the sampler and the generation loop sit on
+top (pyggml/llm/generate.py), the user-facing `LLM` around both (pyggml/llm/runtime.py).
+
+Per ubatch: find KV cells → GraphParams(n_tokens, n_outputs, n_kv, n_kv_swa). Equal to the params
+of one of the last few graphs (GRAPHS_KEPT; decoding, the verification of k drafts and prompt
+chunks take turns): the reuse path writes the inputs and computes that graph again (no build, no
+allocator planning — the scheduler keeps it allocated, `Scheduler._park` — and the CPU backend
+replays its marshalled node array). Otherwise a new graph is built and placed with
+`alloc_graph` from the plan reserved at start-up for the worst case.
+
+Sequences: each holds tokens at positions 0..n-1 (`seq_tokens`, `seq_len`). Only this module
+changes what a sequence holds: `decode` appends, `seq_keep_first` keeps a prefix, `seq_reset`
+forgets, `reuse_prefix` keeps the longest common prefix with a new prompt. Every change bumps
+the sequence's epoch unless its owner says otherwise (`invalidate=False`: a generation moving
+its own sequence on); a generation started at one epoch stops with GeneratorInvalidatedError
+once it changed (`check_epoch`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pyggml.backend.base import is_host_tensor, tensor_get_into
+from pyggml.backend.cpu import host_array
+from pyggml.errors import (ArgumentTypeError, ClosedError, ContextOverflowError,
+                           GeneratorInvalidatedError, ModelError, PyggmlError)
+from pyggml.llm.models import GraphParams
+from pyggml.llm.options import is_int, token_list
+from pyggml.llm.speculative import SpecStats
+from pyggml.offload import pin_phase_ops
+from pyggml.sched import Scheduler
+
+#: built graphs kept per context: as many as the scheduler keeps allocated
+GRAPHS_KEPT = Scheduler.PARKED_MAX
+
+#: what a ubatch returns: the logits (float32 [n, n_vocab]) or the final normed hidden state
+#: (float32 [n, n_embd], the `result_norm` node before the output matrix: embeddings)
+OUTPUTS = ("logits", "hidden")
+
+
+@dataclass
+class RunStats:
+    """Counters and timings (seconds) since the model was opened or stats were reset."""
+    graphs_built: int = 0
+    graphs_reused: int = 0
+    allocator_plans: int = 0          # reserve() calls (planning); the reuse path makes none
+    n_prompt_tokens: int = 0          # prompt tokens evaluated
+    n_prompt_reused: int = 0          # prompt tokens whose KV cells were kept (reuse_prefix)
+    n_gen_tokens: int = 0
+    t_load_s: float = 0.0
+    t_prompt_s: float = 0.0
+    t_gen_s: float = 0.0
+    ubatch_sizes: list = field(default_factory=list)
+    spec: SpecStats = field(default_factory=SpecStats)    # speculative decoding: drafted, accepted
+
+
+@dataclass
+class _BuiltGraph:
+    """A graph of a recent ubatch, kept for reuse: its inputs' numpy views and its output."""
+    graph: object
+    output: object
+    views: dict
+    sched: Scheduler
+
+
+class Context:
+    """The decode side of a run (pyggml.llm.setup.Run) of a model file: see the module docstring.
+
+    Threads: every call holds `lock` (re-entrant), so calls from several threads run one after
+    another; hold it yourself to make several calls atomic. close() frees the run's backends;
+    afterwards every call raises ClosedError."""
+
+    def __init__(self, run, offload, name: str):
+        self.run, self.offload, self.name = run, offload, name
+        self.hparams = run.model.hparams
+        self.kv = run.kv
+        self.lock = threading.RLock()
+        self.stats = RunStats(allocator_plans=sum(1 for _ in run.scheds()))
+        # called as on_ubatch(tokens_done, tokens_total) after each ubatch of a decode of more
+        # than one ubatch (a progress bar for long prompts; None: nothing)
+        self.on_ubatch = None
+        self._closed = False
+        self._graphs: OrderedDict[tuple, _BuiltGraph] = OrderedDict()   # (params, sched, output)
+        n = self.n_seq_max
+        self._seq_tokens: list[list[int]] = [[] for _ in range(n)]   # what each holds, in order
+        self._seq_epoch = [0] * n           # bumped by every change of a sequence from outside
+
+    n_ctx = property(lambda self: self.run.opts.n_ctx)
+    n_ubatch = property(lambda self: self.run.opts.n_ubatch)
+    n_seq_max = property(lambda self: self.run.opts.n_seq_max)
+    logits_all = property(lambda self: self.run.opts.logits_all)
+    closed = property(lambda self: self._closed)
+
+    # ---- checks ------------------------------------------------------------------------------
+    def check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"this LLM ({os.path.basename(self.name)}) was closed: create a "
+                              f"new one")
+
+    def check_seq(self, seq_id) -> int:
+        """seq_id as an int in [0, n_seq_max), else a typed error naming it."""
+        if not is_int(seq_id):
+            raise ArgumentTypeError(f"seq_id must be an integer in [0, {self.n_seq_max}), got "
+                                    f"{type(seq_id).__name__} {seq_id!r}")
+        if not 0 <= seq_id < self.n_seq_max:
+            raise ModelError(f"seq_id must be in [0, {self.n_seq_max}) (n_seq_max), got {seq_id!r}")
+        return int(seq_id)
+
+    def check_tokens(self, tokens, what: str = "tokens") -> list[int]:
+        """A non-empty list of token ids inside the vocabulary, else a typed error."""
+        tokens = token_list(tokens, what)
+        if not tokens:
+            raise ModelError(f"empty prompt: {what} has no token, at least one is needed")
+        V = self.hparams.n_vocab
+        bad = [t for t in tokens if not 0 <= t < V]
+        if bad:
+            raise ModelError(f"token ids outside the vocabulary [0, {V}): {bad[:5]}")
+        return tokens
+
+    # ---- sequences ---------------------------------------------------------------------------
+    def free_cells(self) -> int:
+        """KV cells no sequence holds (shared by all sequences)."""
+        return self.n_ctx - self.kv.n_used()
+
+    def seq_tokens(self, seq_id: int = 0) -> list[int]:
+        """The tokens sequence `seq_id` holds, in position order (a copy)."""
+        return list(self._seq_tokens[self.check_seq(seq_id)])
+
+    def seq_len(self, seq_id: int = 0) -> int:
+        """Tokens sequence `seq_id` holds: the next position (llama.cpp's seq_pos_max + 1)."""
+        return len(self._seq_tokens[self.check_seq(seq_id)])
+
+    def seq_epoch(self, seq_id: int) -> int:
+        return self._seq_epoch[self.check_seq(seq_id)]
+
+    def check_epoch(self, seq_id: int, epoch: int) -> None:
+        """ClosedError after close(); GeneratorInvalidatedError once the sequence was changed
+        since `epoch` by anyone but the generation that holds it."""
+        if self._closed:
+            raise ClosedError(f"this LLM ({os.path.basename(self.name)}) was closed: its "
+                              f"generations cannot continue")
+        if self._seq_epoch[seq_id] != epoch:
+            raise GeneratorInvalidatedError(
+                f"sequence {seq_id} was changed after this generation started (a newer "
+                f"generate, reset, eval or decode_batch on it): its cache no longer holds this "
+                f"generation's tokens; start a new generate")
+
+    def seq_keep_first(self, seq_id: int, n_keep: int, *, invalidate: bool = True) -> None:
+        """Keep the first n_keep tokens of a sequence, forget the rest (positions >= n_keep).
+        invalidate=False: the sequence's own generation moving on (its epoch stays)."""
+        seq_id = self.check_seq(seq_id)
+        with self.lock:
+            self.check_open()
+            held = self._seq_tokens[seq_id]
+            if not is_int(n_keep) or not 0 <= n_keep <= len(held):
+                raise ModelError(f"n_keep must be in [0, {len(held)}] (tokens held by sequence "
+                                 f"{seq_id}), got {n_keep!r}")
+            if n_keep < len(held):
+                self.kv.seq_rm(seq_id, int(n_keep))
+                del held[n_keep:]
+            if invalidate:
+                self._seq_epoch[seq_id] += 1
+
+    def seq_reset(self, seq_id: int | None = None) -> None:
+        """Forget a sequence's tokens (every sequence with None); their generations end."""
+        with self.lock:
+            self.check_open()
+            if seq_id is None:
+                self.kv.clear()
+                self._seq_tokens = [[] for _ in range(self.n_seq_max)]
+                self._seq_epoch = [e + 1 for e in self._seq_epoch]
+            else:
+                seq_id = self.check_seq(seq_id)
+                self.kv.seq_rm(seq_id)
+                self._seq_tokens[seq_id] = []
+                self._seq_epoch[seq_id] += 1
+
+    def common_prefix(self, ids: list[int], seq_id: int) -> int:
+        """Tokens at the start of `ids` that sequence seq_id holds already."""
+        n = 0
+        for a, b in zip(self._seq_tokens[self.check_seq(seq_id)], ids):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def reuse_prefix(self, ids: list[int], seq_id: int = 0) -> int:
+        """Prepare sequence seq_id to evaluate prompt `ids`: keep the KV cells of the longest
+        common prefix with what it holds, forget the rest. Returns the tokens kept: evaluate
+        ids[n:] next. At least the last two prompt tokens are evaluated again: the last one's
+        logits are needed, and with a single row the matmuls take the one-row path, whose
+        rounding differs from the multi-row path for some formats (Q4_1's block sums), so a
+        reused prompt would not give exactly the tokens of a fresh one. Sliding-window layers:
+        when cells the window needs for the shorter prefix were already dropped, nothing is
+        kept (llama.cpp does the same)."""
+        seq_id = self.check_seq(seq_id)
+        with self.lock:
+            n = self.common_prefix(ids[:-2], seq_id)
+            if n > 0 and not self.kv.can_keep_prefix(seq_id, n):
+                n = 0
+            self.seq_keep_first(seq_id, n)
+            self.stats.n_prompt_reused += n
+        return n
+
+    # ---- evaluation --------------------------------------------------------------------------
+    def decode_batch(self, seqs, all_logits=()) -> dict[int, np.ndarray]:
+        """Append tokens to several sequences in one batch: [(tokens, seq_id), ...], each
+        sequence once; checked (typed errors naming the item), then `decode`."""
+        if not isinstance(seqs, (list, tuple)) or not seqs:
+            raise ArgumentTypeError(f"decode_batch takes a non-empty list of (tokens, seq_id) "
+                                    f"pairs, got {type(seqs).__name__} {seqs!r:.60}")
+        checked = []
+        for i, item in enumerate(seqs):
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise ArgumentTypeError(f"decode_batch: seqs[{i}] must be a (tokens, seq_id) "
+                                        f"pair, got {type(item).__name__} {item!r:.60}")
+            checked.append((self.check_tokens(item[0]), self.check_seq(item[1])))
+        sids_given = [sid for _, sid in checked]
+        if len(set(sids_given)) != len(sids_given):
+            raise ModelError(f"decode_batch: each sequence at most once per batch, got seq_ids "
+                             f"{sids_given}")
+        return self.decode(checked, frozenset(int(s) for s in all_logits))
+
+    def decode(self, seqs: list[tuple[list[int], int]], all_rows=frozenset(), *,
+               output: str = "logits", invalidate: bool = True) -> dict[int, np.ndarray]:
+        """Append checked tokens to sequences [(tokens, seq_id), ...] in ubatches of at most
+        n_ubatch tokens. Returns {seq_id: float32 rows}: the last row of each sequence
+        ([n_vocab]), or every row ([n, n_vocab]) with logits_all and for the seq_ids in
+        `all_rows` (a speculative round verifies every drafted token in one batch);
+        output="hidden": every row of the final normed hidden state ([n, n_embd]).
+        ContextOverflowError (nothing changed) when the cache lacks room; on any error the
+        cache is left as it was. invalidate=False: the sequences' own generations are
+        evaluating (their epochs stay)."""
+        if output not in OUTPUTS:
+            raise ModelError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+        with self.lock:
+            self.check_open()
+            if invalidate:
+                for _, sid in seqs:
+                    self._seq_epoch[sid] += 1
+            every = output == "hidden" or self.logits_all
+            toks, pos, sids, want = [], [], [], []
+            for tokens, sid in seqs:
+                p0 = len(self._seq_tokens[sid])
+                toks += tokens
+                pos += range(p0, p0 + len(tokens))
+                sids += [sid] * len(tokens)
+                want += [every or sid in all_rows] * (len(tokens) - 1) + [True]
+            if len(toks) > self.free_cells():
+                raise ContextOverflowError(f"context overflow: {len(toks)} new tokens but "
+                                           f"{self.free_cells()} of n_ctx={self.n_ctx} KV cells "
+                                           f"are free; reset a sequence or use a larger n_ctx")
+            toks, pos = np.asarray(toks, np.int32), np.asarray(pos, np.int32)
+            sids, want = np.asarray(sids, np.int64), np.asarray(want, bool)
+            rows = []
+            snapshot = self.kv.snapshot()
+            try:
+                for i in range(0, len(toks), self.n_ubatch):
+                    sl = slice(i, i + self.n_ubatch)
+                    rows.append(self._decode_ubatch(toks[sl], pos[sl], sids[sl], want[sl], output))
+                    if self.on_ubatch is not None and len(toks) > self.n_ubatch:
+                        self.on_ubatch(min(i + self.n_ubatch, len(toks)), len(toks))
+            except BaseException:
+                # leave the cache as it was: the model stays usable after an error
+                self.kv.restore(snapshot)
+                raise
+            for tokens, sid in seqs:
+                self._seq_tokens[sid] += [int(t) for t in tokens]
+        out = np.concatenate(rows) if len(rows) > 1 else rows[0]
+        if len(seqs) == 1:          # no selection: no second copy of (maybe large) logits
+            sid = seqs[0][1]
+            return {sid: out if every or sid in all_rows else out[-1]}
+        out_sids = sids[want]
+        result = {}
+        for _, sid in seqs:
+            sel = out[out_sids == sid]
+            result[sid] = sel if every or sid in all_rows else sel[-1]
+        return result
+
+    def _decode_ubatch(self, toks, pos, sids, want, output: str) -> np.ndarray:
+        T = len(toks)
+        cells = self.kv.place(pos, sids, atomic=False)     # decode() restores on errors
+        n_kv = self.kv.n_kv()
+        out_ids = np.flatnonzero(want).astype(np.int32)
+        n_wanted = len(out_ids)
+        if n_wanted == 0:       # keep the topology of a full ubatch: compute one row, drop it
+            out_ids = np.array([T - 1], np.int32)
+        gp = GraphParams(T, len(out_ids), n_kv["full"], n_kv.get("swa", 0))
+        self.stats.ubatch_sizes.append(T)
+        phase = "decode" if T == 1 else "prefill"
+        sched = self.run.sched[phase]
+        key = (gp, id(sched), output)
+        built = self._graphs.get(key)
+        if built is not None and built.sched is sched and sched.holds(built.graph):
+            self._graphs.move_to_end(key)
+            self.stats.graphs_reused += 1
+        else:
+            g, inp, logits = self.run.build_graph(gp)
+            # the hidden state is found once per built graph, not per token
+            res = logits if output == "logits" else \
+                next(t for t in g.nodes if t.name == "result_norm").set_output()
+            before = sched.n_reserves
+            pin_phase_ops(sched, g, self.offload, phase, self.run.weights, n_tokens=T)
+            sched.alloc_graph(g)
+            self.stats.allocator_plans += sched.n_reserves - before
+            built = self._graphs[key] = _BuiltGraph(g, res, self._input_views(inp, T), sched)
+            while len(self._graphs) > GRAPHS_KEPT:
+                self._graphs.popitem(last=False)
+            self.stats.graphs_built += 1
+        self._write_inputs(built.views, toks, pos, sids, cells, out_ids, n_kv)
+        cpu = self.run.cpu
+        cpu.set_n_threads(cpu.n_threads if T == 1 else cpu.n_threads_batch)
+        sched.graph_compute(built.graph)
+        if output == "hidden":      # every row: the normed hidden state of all T tokens
+            E = self.hparams.n_embd
+            if is_host_tensor(built.output):
+                return host_array(built.output).reshape(T, E).copy()
+            return tensor_get_into(built.output, np.empty((T, E), np.float32))
+        V = self.hparams.n_vocab
+        if is_host_tensor(built.output):
+            out = host_array(built.output).reshape(len(out_ids), V)[:n_wanted].copy()
+        else:
+            out = tensor_get_into(built.output, np.empty((n_wanted, V), np.float32))
+        # NaN or +inf anywhere makes the maximum non-finite: one pass over the logits (1 MiB a
+        # token for a 262K vocabulary, read from memory) instead of isfinite's two and a mask;
+        # -inf alone (a token that cannot come) is allowed
+        if out.size and not np.isfinite(out.max()):
+            raise PyggmlError("the model produced non-finite logits (NaN or +inf)")
+        return out
+
+    @staticmethod
+    def _input_views(inp, T: int) -> dict:
+        """numpy views of a placed graph's input tensors (host memory), by input name."""
+        views = {name: host_array(getattr(inp, name)).reshape(-1)
+                 for name in ("tokens", "pos", "kv_idxs", "kv_idxs_swa", "out_ids")
+                 if getattr(inp, name) is not None}
+        if inp.mask is not None:
+            views["mask"] = host_array(inp.mask).reshape(T, -1)
+        if inp.mask_swa is not None:
+            views["mask_swa"] = host_array(inp.mask_swa).reshape(T, -1)
+        return views
+
+    def _write_inputs(self, views, toks, pos, sids, cells, out_ids, n_kv) -> None:
+        """Write a ubatch's inputs into its graph's input tensors (numpy views of them)."""
+        views["tokens"][:] = toks
+        views["pos"][:] = pos
+        if "kv_idxs" in views:
+            views["kv_idxs"][:] = cells["full"]
+        if "kv_idxs_swa" in views:
+            views["kv_idxs_swa"][:] = cells["swa"]
+        if "out_ids" in views:
+            views["out_ids"][:] = out_ids
+        if "mask" in views:
+            self.kv.mask_into("full", views["mask"], pos, sids)
+        if "mask_swa" in views:
+            sp = "swa" if "swa" in n_kv else "full"
+            self.kv.mask_into(sp, views["mask_swa"], pos, sids, self.hparams.sliding_window)
+
+    def close(self) -> None:
+        """Free the run's backends (waits for a decode in progress); idempotent."""
+        with self.lock:
+            if not self._closed:
+                self._closed = True
+                self.run.close()
