@@ -16,7 +16,7 @@ How a weight's device is decided (llama.cpp's order):
 3. otherwise the CPU.
 A layer's KV cache goes to that layer's gpu_layers device unless `kv` says otherwise. Rules with
 `phase` do not move memory: in their phase the ops that read matched weights run on their device
-(`pin_phase_ops`), the weights being copied per batch, like op offload.
+(`pin_phase_ops`, pyggml.offload.pinning), the weights being copied per batch, like op offload.
 """
 
 from __future__ import annotations
