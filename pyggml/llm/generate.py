@@ -226,13 +226,17 @@ class Generation:
                 self._n_cells += 1
         return text + self._check_room()
 
-    def close(self) -> None:
+    def close(self, n_shown: int | None = None) -> None:
         """Stop here (a cancelled request, an iterator closed early): the sequence keeps the
         cells plain decoding would hold (with those of a prompt chunk or of the last token
-        that were evaluated for a step not taken: drafts never checked go)."""
+        that were evaluated for a step not taken: drafts never checked go). n_shown: only
+        that many generated tokens were handed out (the rest of a speculative round was
+        not): plain decoding would have evaluated all but the last of them."""
         if self._input:
             self._n_cells += len(self._input) if self.last_token is None else 1
             self._input = []
+        if n_shown is not None and self._n_cells >= len(self.prompt_ids):
+            self._n_cells = min(self._n_cells, len(self.prompt_ids) + max(n_shown - 1, 0))
         self._settle()
         self.last_token = None
 
@@ -416,16 +420,25 @@ class Tokens:
     @staticmethod
     def _tokens(ctx, gen, speculator, on_end) -> Iterator[Token]:
         held: Token | None = None
-        for _ in run(ctx, gen, speculator):
-            if gen.done and on_end is not None:
-                on_end(gen)
-            for t in gen.new_tokens:
-                if held is not None:
+        n_shown = 0
+        steps = run(ctx, gen, speculator)
+        try:
+            for _ in steps:
+                if gen.done and on_end is not None:
+                    on_end(gen)
+                for t in gen.new_tokens:
+                    if held is not None:
+                        n_shown += 1
+                        yield held
+                    held = Token(t.id, t.text)
+                if held is not None and not gen.done and not gen.stream.pending:
+                    n_shown += 1
                     yield held
-                held = Token(t.id, t.text)
-            if held is not None and not gen.done and not gen.stream.pending:
+                    held = None
+            if held is not None:
+                held.text += gen.tail
                 yield held
-                held = None
-        if held is not None:
-            held.text += gen.tail
-            yield held
+        finally:
+            if not gen.done:            # closed early: keep what was handed out
+                gen.close(n_shown)
+            steps.close()
