@@ -348,6 +348,23 @@ class Server:
     async def chat(self, request):
         self._count("chat")
         body = await _json_body(request)
+        out = await self.chat_completion(request, body)
+        if isinstance(out, Response):
+            return out
+        if isinstance(out, dict):
+            return JSONResponse(out)
+
+        async def sse():
+            async for c in out:
+                yield _sse(c)
+        return _event_stream(sse())
+
+    async def chat_completion(self, request, body: dict):
+        """One chat completion request (OpenAI's body, checked here): the chat.completion
+        dict, or with "stream" an async iterator of chat.completion.chunk dicts (an error
+        after the start comes as an {"error": ...} item), or a Response to send instead (the
+        job's error, 499 when the client went away). BadRequest for a bad body. The other
+        chat-shaped APIs (/v1/messages, /v1/responses) translate onto this."""
         if "messages" not in body:
             raise BadRequest("'messages' is required", "messages")
         try:
@@ -369,31 +386,32 @@ class Server:
                     "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                  "finish_reason": finish}]}
         if stream:
-            async def sse():
-                yield _sse(chunk({"role": "assistant", "content": ""}, None))
+            async def chunks():
+                yield chunk({"role": "assistant", "content": ""}, None)
                 async for ev in self._events(request, job, True):
                     if ev[0] == "text":
-                        yield _sse(chunk({"content": ev[1]}, None))
+                        yield chunk({"content": ev[1]}, None)
                     elif ev[0] == "done":
                         last = chunk({}, openai_finish_reason(gen))
                         last["usage"] = self._usage(job)
-                        yield _sse(last)
+                        yield last
                         if include_usage:
                             u = chunk({}, None)
                             u["choices"], u["usage"] = [], self._usage(job)
-                            yield _sse(u)
+                            yield u
                     elif ev[0] == "error":
-                        yield _sse_error(ev)
-            return _event_stream(sse())
+                        yield {"error": {"message": ev[2], "type": "server_error",
+                                         "code": ev[1]}}
+            return chunks()
         text, failed = await self._collect_text(request, job, gen)
         if failed is not None:
             return failed
-        return JSONResponse({
+        return {
             "id": cid, "object": "chat.completion", "created": created, "model": self.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
                          "logprobs": chat_logprobs(gen) if logprobs else None,
                          "finish_reason": openai_finish_reason(gen)}],
-            "usage": self._usage(job)})
+            "usage": self._usage(job)}
 
     async def completions(self, request):
         self._count("completions")
