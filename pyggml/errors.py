@@ -108,3 +108,12 @@ class InsufficientMemoryError(PyggmlError, MemoryError):
 class ChatTemplateError(PyggmlError, ValueError):
     """A chat template is missing, cannot be compiled or fails to render, or chat messages are
     malformed; the message names the template (and line) or the message and field."""
+
+
+class GrammarError(ModelError):
+    """A grammar, JSON schema or regex for constrained output is invalid or unsupported; the
+    message names where (a GBNF line:col, a schema path)."""
+
+    def __init__(self, message: str, where: str | None = None):
+        super().__init__(message)
+        self.where = where
