@@ -308,13 +308,15 @@ def normalize_messages(messages) -> list[dict]:
     return out
 
 
-def chat_prompt(template: ChatTemplate, messages, tools=None) -> str:
+def chat_prompt(template: ChatTemplate, messages, tools=None, extra: dict | None = None) -> str:
     """The prompt that asks for the next assistant message. A last message from the assistant
     is a prefill (as llama-server): the others are rendered with the generation prompt and its
-    text is appended, so the reply continues it."""
+    text is appended, so the reply continues it. extra: more template variables (a request's
+    chat_template_kwargs, e.g. enable_thinking)."""
     msgs = normalize_messages(messages)
-    if msgs[-1]["role"] == "assistant":
-        head = template.render(msgs[:-1], True, tools) if len(msgs) > 1 else \
-            template.render([], True, tools)
+    kw = dict(extra or {})
+    if msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls"):
+        head = template.render(msgs[:-1], True, tools, **kw) if len(msgs) > 1 else \
+            template.render([], True, tools, **kw)
         return head + msgs[-1]["content"]
-    return template.render(msgs, True, tools)
+    return template.render(msgs, True, tools, **kw)
