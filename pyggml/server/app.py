@@ -145,6 +145,12 @@ class Server:
             Route("/web/{name}", self.web_asset, methods=["GET"]),
             Route("/v1/pyggml/plan", self.plan, methods=["GET", "POST"]),
             Route("/v1/pyggml/live", self.live, methods=["GET"]),
+            Route("/v1/messages", self.anthropic_messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.anthropic_count_tokens, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/responses", self.responses, methods=["POST"]),
+            Route("/props", self.props, methods=["GET"]),
+            Route("/apply-template", self.apply_template, methods=["POST"]),
         ]
         self.plans = webapi.PlanCache(llm)
         self.web = _web_assets()
@@ -280,6 +286,29 @@ class Server:
 
     async def live(self, request):
         return JSONResponse(webapi.live_json(self))
+
+    # ---- other chat-shaped APIs, translated onto chat_completion ---------------------------
+    async def anthropic_messages(self, request):
+        from pyggml.server import anthropic_api
+        self._count("messages")
+        return await anthropic_api.messages(self, request)
+
+    async def anthropic_count_tokens(self, request):
+        from pyggml.server import anthropic_api
+        return await anthropic_api.count_tokens(self, request)
+
+    async def responses(self, request):
+        from pyggml.server import responses_api
+        self._count("responses")
+        return await responses_api.responses(self, request)
+
+    async def props(self, request):
+        from pyggml.server import props
+        return await props.get_props(self, request)
+
+    async def apply_template(self, request):
+        from pyggml.server import props
+        return await props.apply_template(self, request)
 
     # ---- generation ------------------------------------------------------------------------
     def _generation(self, ids, body, max_default, n_logprobs) -> tuple[Generation, bool]:
@@ -553,8 +582,11 @@ class _Auth:
         path = scope.get("path", "")
         if (scope["type"] == "http" and key and path not in PUBLIC_PATHS
                 and not path.startswith("/web/")):
-            auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-            if auth != f"Bearer {key}":
+            headers = dict(scope.get("headers") or [])
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            # Anthropic's clients send the key as x-api-key
+            x_key = headers.get(b"x-api-key", b"").decode("latin-1")
+            if auth != f"Bearer {key}" and x_key != key:
                 resp = error_response(401, "invalid or missing API key (Authorization: Bearer KEY)",
                                       kind="authentication_error")
                 return await resp(scope, receive, send)
