@@ -18,6 +18,8 @@ import numpy as np
 
 from pyggml.errors import ModelError
 from pyggml.llm.chat import chat_prompt
+from pyggml.llm.chatturn import ChatTurn, prompt_ids
+from pyggml.llm.grammar import constraint_for, request_spec
 from pyggml.llm.generate import FINISH_CONTEXT, FINISH_LENGTH, Generation, TokenLogprob, run
 from pyggml.llm.sampler import SamplingParams
 
@@ -112,11 +114,13 @@ def _model_name(llm) -> str:
 
 def create_completion(llm, prompt, *, max_tokens=16, temperature=0.8, top_p=0.95, top_k=40,
                       min_p=0.05, repeat_penalty=1.0, seed=None, stop=None, logprobs=None,
-                      echo=False, stream=False, seq_id=0, stop_at_eog=True, draft=None):
+                      echo=False, stream=False, seq_id=0, stop_at_eog=True, draft=None,
+                      grammar=None, json_schema=None, response_format=None):
     """llama-cpp-python's Llama.create_completion: an OpenAI text_completion dict, or with
     stream=True an iterator of text_completion chunks (the last carries finish_reason).
     draft: speculative decoding, as LLM.generate's (usage then says draft_tokens and
-    draft_accepted_tokens)."""
+    draft_accepted_tokens); grammar (GBNF text or a pyggml.llm.grammar.GrammarSpec),
+    json_schema, response_format: the output is constrained (pyggml/llm/grammar.py)."""
     ids = llm.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not ids:
         raise ModelError("empty prompt: at least one token is needed")
@@ -124,7 +128,10 @@ def create_completion(llm, prompt, *, max_tokens=16, temperature=0.8, top_p=0.95
         raise ModelError(f"logprobs must be a non-negative integer, got {logprobs!r}")
     gen = Generation(llm.tokenizer, ids, token_budget(len(ids), max_tokens, llm.n_ctx),
                      sampling_params(temperature, top_p, top_k, min_p, repeat_penalty, seed),
-                     normalize_stop(stop), logprobs, stop_at_eog, seq_id=seq_id)
+                     normalize_stop(stop), logprobs, stop_at_eog,
+                     token_filter=constraint_for(llm, request_spec(grammar, json_schema,
+                                                                   response_format)),
+                     seq_id=seq_id)
     spec = llm.speculator_for(draft)
     cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
     prefix = (prompt if isinstance(prompt, str) else llm.detokenize(ids)) if echo else ""
@@ -161,26 +168,33 @@ def create_completion(llm, prompt, *, max_tokens=16, temperature=0.8, top_p=0.95
 def chat_prompt_ids(llm, template, messages) -> list[int]:
     """Token ids of the chat prompt: special tokens parsed and BOS added as the model wants,
     once (a template that writes bos_token itself does not get a second one)."""
-    ids = llm.tokenize(chat_prompt(template, messages))
-    bos = llm.tokenizer.bos_id
-    if len(ids) >= 2 and bos is not None and ids[0] == bos and ids[1] == bos:
-        ids = ids[1:]
-    return ids
+    return prompt_ids(llm, chat_prompt(template, messages))
 
 
 def create_chat_completion(llm, messages, *, chat_template=None, max_tokens=None,
                            temperature=0.8, top_p=0.95, top_k=40, min_p=0.05,
                            repeat_penalty=1.0, seed=None, stop=None, logprobs=False,
-                           top_logprobs=None, stream=False, seq_id=0, draft=None):
+                           top_logprobs=None, stream=False, seq_id=0, draft=None, tools=None,
+                           tool_choice=None, parallel_tool_calls=None, response_format=None,
+                           grammar=None, json_schema=None, chat_template_kwargs=None,
+                           reasoning_format=None, reasoning_budget=None):
     """llama-cpp-python's Llama.create_chat_completion: an OpenAI chat.completion dict, or with
-    stream=True an iterator of chat.completion.chunk dicts (role first, then content deltas,
-    then an empty delta with finish_reason)."""
-    template = llm.get_chat_template(chat_template)
-    ids = chat_prompt_ids(llm, template, messages)
+    stream=True an iterator of chat.completion.chunk dicts (role first, then deltas of
+    content / reasoning_content / tool_calls, then an empty delta with finish_reason).
+    tools, tool_choice, parallel_tool_calls, response_format: OpenAI's; grammar (GBNF),
+    json_schema, chat_template_kwargs, reasoning_format, reasoning_budget: llama.cpp's
+    (pyggml/llm/chatturn.py)."""
+    turn = ChatTurn(llm, llm.get_chat_template(chat_template), messages, tools=tools,
+                    tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                    grammar=grammar, json_schema=json_schema, response_format=response_format,
+                    chat_template_kwargs=chat_template_kwargs,
+                    reasoning_format=reasoning_format, reasoning_budget=reasoning_budget)
+    ids = turn.ids
     n_lp = (top_logprobs or 0) if logprobs else None
     gen = Generation(llm.tokenizer, ids, token_budget(len(ids), max_tokens, llm.n_ctx),
                      sampling_params(temperature, top_p, top_k, min_p, repeat_penalty, seed),
-                     normalize_stop(stop), n_lp, True, seq_id=seq_id)
+                     normalize_stop(stop), n_lp, True, token_filter=turn.token_filter(),
+                     seq_id=seq_id)
     spec = llm.speculator_for(draft)
     cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
 
@@ -194,15 +208,20 @@ def create_chat_completion(llm, messages, *, chat_template=None, max_tokens=None
         def chunks():
             yield chunk({"role": "assistant"}, None)
             for text in _pieces(llm, gen, spec):
-                yield chunk({"content": text}, None)
-            last = chunk({}, openai_finish_reason(gen))
+                for d in turn.feed(text):
+                    yield chunk(d, None)
+            for d in turn.finish():
+                yield chunk(d, None)
+            last = chunk({}, turn.finish_reason(gen))
             last["usage"] = usage(gen)
             yield last
         return chunks()
-    text = "".join(_pieces(llm, gen, spec))
+    for text in _pieces(llm, gen, spec):
+        turn.feed(text)
+    turn.finish()
     return {"id": cid, "object": "chat.completion", "created": created,
             "model": _model_name(llm),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": 0, "message": turn.message(),
                          "logprobs": chat_logprobs(gen) if logprobs else None,
-                         "finish_reason": openai_finish_reason(gen)}],
+                         "finish_reason": turn.finish_reason(gen)}],
             "usage": usage(gen)}

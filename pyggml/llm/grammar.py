@@ -351,3 +351,10 @@ def request_spec(grammar=None, json_schema=None, response_format=None) -> Gramma
     if json_schema is not None:
         return GrammarSpec.json_schema(json_schema)
     return response_format_spec(response_format)
+
+
+def constraint_for(llm, spec: GrammarSpec | None, lazy=None) -> Constraint | None:
+    """The token filter of `spec` on an LLM's vocabulary (None: unconstrained)."""
+    if spec is None:
+        return None
+    return Constraint(vocabulary_for(llm.tokenizer, llm.hparams.n_vocab), spec, lazy)
