@@ -79,15 +79,23 @@ def template_caps(template) -> dict:
     typed = _render(template, [{"role": "user", "content": [
         {"type": "text", "text": "TYPED_MARKER_2b6c"}]}])
     tools_out = _render(template, [user], [_TOOL])
-    call = {"id": "call00001", "type": "function",
-            "function": {"name": "called_tool_4e1b", "arguments": '{"arg": "ARG_MARKER_a83f"}'}}
-    call2 = {"id": "call00002", "type": "function",
-             "function": {"name": "second_tool_c55d", "arguments": '{"arg": "value"}'}}
-    history = [user, {"role": "assistant", "content": "", "tool_calls": [call, call2]},
-               {"role": "tool", "tool_call_id": "call00001", "content": "TOOL_RESULT_6e2f"},
-               {"role": "assistant", "content": "The tool said so."},
-               {"role": "user", "content": "More."}]
-    calls_out = _render(template, history, [_TOOL]) or ""
+    def calls_out(calls):
+        history = [user, {"role": "assistant", "content": "", "tool_calls": calls},
+                   {"role": "tool", "tool_call_id": "call00001", "content": "TOOL_RESULT_6e2f"},
+                   {"role": "assistant", "content": "The tool said so."},
+                   {"role": "user", "content": "More."}]
+        return _render(template, history, [_TOOL]) or ""
+
+    def call(k, name, args):
+        return {"id": f"call0000{k}", "type": "function",
+                "function": {"name": name, "arguments": args}}
+    # arguments as an object first (what most templates take), then as a JSON string
+    args = {"arg": "value"}
+    one = calls_out([call(1, "called_tool_4e1b", args)])
+    if "called_tool_4e1b" not in one:
+        args = '{"arg": "value"}'
+        one = calls_out([call(1, "called_tool_4e1b", args)])
+    two = calls_out([call(1, "called_tool_4e1b", args), call(2, "second_tool_c55d", args)])
     on = _render(template, [user], None, enable_thinking=True)
     off = _render(template, [user], None, enable_thinking=False)
     reasoning_out = _render(template, [user, {"role": "assistant", "content": "Answer.",
@@ -100,9 +108,10 @@ def template_caps(template) -> dict:
         "supports_typed_content": typed is not None and "TYPED_MARKER_2b6c" in typed,
         "supports_system_role": sys_out is not None and "SYSTEM_MARKER_9d0e" in sys_out,
         "supports_tools": tools_out is not None and "probe_tool_7f3a" in tools_out,
-        "supports_tool_calls": "called_tool_4e1b" in calls_out,
-        "supports_parallel_tool_calls": "second_tool_c55d" in calls_out,
-        "supports_tool_responses": "TOOL_RESULT_6e2f" in calls_out,
+        "supports_tool_calls": "called_tool_4e1b" in one,
+        "supports_parallel_tool_calls": "second_tool_c55d" in two,
+        "supports_tool_responses": "TOOL_RESULT_6e2f" in one,
+        "supports_object_arguments": "called_tool_4e1b" in one and isinstance(args, dict),
         "supports_thinking": on is not None and off is not None and on != off,
         "supports_reasoning_content": "REASONING_MARKER_3f7d" in reasoning_out
                                       or "reasoning_content" in src,

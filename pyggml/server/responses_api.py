@@ -243,7 +243,8 @@ def to_chat(body: dict) -> dict:
 # ---- reply -----------------------------------------------------------------------------------
 def _usage(usage: dict | None) -> dict:
     n_prompt, n_out, cached = usage_numbers(usage)
-    return {"input_tokens": n_prompt, "input_tokens_details": {"cached_tokens": cached},
+    return {"input_tokens": n_prompt,
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": n_prompt + n_out}
 
