@@ -20,11 +20,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from pyggml.errors import ChatTemplateError, ModelError, PyggmlError
+from pyggml.errors import ChatTemplateError, GrammarError, ModelError, PyggmlError
 from pyggml.llm.completion import (chat_logprobs, chat_prompt_ids, completion_logprobs,
                                    normalize_stop, openai_finish_reason, sampling_params,
                                    token_budget)
+from pyggml.llm.chatturn import ChatRequestError, ChatTurn
 from pyggml.llm.generate import Generation
+from pyggml.llm.grammar import constraint_for, request_spec
 from pyggml.server import webapi
 from pyggml.server.engine import Engine, Job, QueueFullError
 
@@ -50,6 +52,18 @@ def error_response(status: int, message: str, param=None, kind="invalid_request_
                    headers=None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param,
                                    "code": status}}, status_code=status, headers=headers)
+
+
+def _grammar_param(body: dict, e: GrammarError) -> str:
+    """The request field a GrammarError is about (with its path in a schema, if any)."""
+    field = next((f for f in ("response_format", "json_schema", "grammar") if f in body),
+                 "tools")
+    where = getattr(e, "where", None)
+    if field == "json_schema" and where and where.startswith("schema"):
+        return "json_schema" + where[len("schema"):]
+    if field == "response_format" and where and where.startswith("schema"):
+        return "response_format.json_schema." + where
+    return field
 
 
 # ---- field checks ----------------------------------------------------------------------------
@@ -311,7 +325,8 @@ class Server:
         return await props.apply_template(self, request)
 
     # ---- generation ------------------------------------------------------------------------
-    def _generation(self, ids, body, max_default, n_logprobs) -> tuple[Generation, bool]:
+    def _generation(self, ids, body, max_default, n_logprobs,
+                    token_filter=None) -> tuple[Generation, bool]:
         max_tokens, stop, stream = _common(body, max_default)
         try:
             budget = token_budget(len(ids), max_tokens, self.engine.n_ctx_slot)
@@ -325,7 +340,7 @@ class Server:
             raise BadRequest(str(e)) from None
         stop_at_eog = not _bool(body, "ignore_eos", False)       # llama-server's extra field
         return Generation(self.llm.tokenizer, ids, budget, params, stop, n_logprobs,
-                          stop_at_eog), stream
+                          stop_at_eog, token_filter=token_filter), stream
 
     def _submit(self, job: Job) -> None:
         try:
@@ -396,14 +411,14 @@ class Server:
         chat-shaped APIs (/v1/messages, /v1/responses) translate onto this."""
         if "messages" not in body:
             raise BadRequest("'messages' is required", "messages")
-        try:
-            template = self.llm.get_chat_template(self.chat_template_spec)
-            ids = chat_prompt_ids(self.llm, template, body["messages"])
-        except ChatTemplateError as e:
-            raise BadRequest(str(e), "messages") from None
+        # rendering and compiling a grammar take a while (the first grammar for a model
+        # builds its vocabulary table): off the event loop
+        turn, token_filter = await asyncio.to_thread(self._chat_turn, body)
+        ids = turn.ids
         logprobs = _bool(body, "logprobs", False)
         top = _num(body, "top_logprobs", 0, 0, 20, integer=True)
-        gen, stream = self._generation(ids, body, None, top if logprobs else None)
+        gen, stream = self._generation(ids, body, None, top if logprobs else None,
+                                       token_filter)
         job = self._new_job(ids, gen)
         self._submit(job)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
@@ -419,9 +434,12 @@ class Server:
                 yield chunk({"role": "assistant", "content": ""}, None)
                 async for ev in self._events(request, job, True):
                     if ev[0] == "text":
-                        yield chunk({"content": ev[1]}, None)
+                        for d in turn.feed(ev[1]):
+                            yield chunk(d, None)
                     elif ev[0] == "done":
-                        last = chunk({}, openai_finish_reason(gen))
+                        for d in turn.finish():
+                            yield chunk(d, None)
+                        last = chunk({}, turn.finish_reason(gen))
                         last["usage"] = self._usage(job)
                         yield last
                         if include_usage:
@@ -435,12 +453,44 @@ class Server:
         text, failed = await self._collect_text(request, job, gen)
         if failed is not None:
             return failed
+        for piece in text:
+            turn.feed(piece)
+        turn.finish()
         return {
             "id": cid, "object": "chat.completion", "created": created, "model": self.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
+            "choices": [{"index": 0, "message": turn.message(),
                          "logprobs": chat_logprobs(gen) if logprobs else None,
-                         "finish_reason": openai_finish_reason(gen)}],
+                         "finish_reason": turn.finish_reason(gen)}],
             "usage": self._usage(job)}
+
+    def _constraint(self, body: dict):
+        """The token filter of a completion body's grammar / json_schema / response_format."""
+        try:
+            return constraint_for(self.llm, request_spec(body.get("grammar"),
+                                                         body.get("json_schema"),
+                                                         body.get("response_format")))
+        except GrammarError as e:
+            raise BadRequest(str(e), _grammar_param(body, e)) from None
+
+    def _chat_turn(self, body: dict):
+        """(ChatTurn, its token filter) of a chat body; BadRequest naming the field."""
+        try:
+            template = self.llm.get_chat_template(self.chat_template_spec)
+            turn = ChatTurn(self.llm, template, body["messages"], tools=body.get("tools"),
+                            tool_choice=body.get("tool_choice"),
+                            parallel_tool_calls=body.get("parallel_tool_calls"),
+                            grammar=body.get("grammar"), json_schema=body.get("json_schema"),
+                            response_format=body.get("response_format"),
+                            chat_template_kwargs=body.get("chat_template_kwargs"),
+                            reasoning_format=body.get("reasoning_format"),
+                            reasoning_budget=body.get("reasoning_budget"))
+            return turn, turn.token_filter()
+        except ChatTemplateError as e:
+            raise BadRequest(str(e), "messages") from None
+        except ChatRequestError as e:
+            raise BadRequest(str(e), e.param) from None
+        except GrammarError as e:
+            raise BadRequest(str(e), _grammar_param(body, e)) from None
 
     async def completions(self, request):
         self._count("completions")
@@ -463,7 +513,8 @@ class Server:
         n_lp = None if n_lp is None else _num({"logprobs": n_lp}, "logprobs", 0, 0, 20,
                                                integer=True)
         echo = _bool(body, "echo", False)
-        gen, stream = self._generation(ids, body, None, n_lp)
+        token_filter = await asyncio.to_thread(self._constraint, body)
+        gen, stream = self._generation(ids, body, None, n_lp, token_filter)
         job = self._new_job(ids, gen)
         self._submit(job)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
