@@ -951,12 +951,13 @@ def template_supports_system_role(template) -> bool:
     """Whether a chat template (anything with render(messages, add_generation_prompt, tools))
     prints a system message (Gemma 2's raises instead): llama.cpp probes its templates so."""
     probe = "<<system probe 7f3a>>"
-    try:
-        text = template.render([{"role": "system", "content": probe},
-                                {"role": "user", "content": "hi"}], False, None)
-    except Exception:  # noqa: BLE001 - any failure to render means "no system role"
-        return False
-    return probe in text
+    msgs = [{"role": "system", "content": probe}, {"role": "user", "content": "hi"}]
+    for tools in ([], None):     # tool-use templates iterate `tools` unconditionally
+        try:
+            return probe in template.render(msgs, False, tools)
+        except Exception:  # noqa: BLE001 - a template that fails here has no system role
+            continue
+    return False
 
 
 def prepare_messages(messages, fmt: ToolFormat, tools=None,
