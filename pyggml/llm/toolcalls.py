@@ -563,6 +563,8 @@ class Llama3Format(ToolFormat):
                 j += 1
             if j < len(buf) and buf[j] == "{":
                 return pos, "{"
+            if j == len(buf) and after_call and j > pos:
+                return pos, "{"       # separators after a call: wait for what follows them
         return super()._find_open(buf, pos, at_start, after_call)
 
     def _read(self, buf, i, opener, final, functions):
@@ -571,7 +573,9 @@ class Llama3Format(ToolFormat):
         while opener == "{" and j < len(buf) and buf[j] in "; \t\r\n":
             j += 1
         if j == len(buf):
-            return (_NEED_MORE, i, None) if not final else (_CONTENT, len(buf), None)
+            if final:   # a lone tag or separators after a call: markup
+                return (_SKIP if opener == "{" else _CONTENT), len(buf), None
+            return _NEED_MORE, i, None
         if buf[j] != "{":
             # <|python_tag|> before code (a built-in tool): the tag is markup, the code content
             return _SKIP, j, None
