@@ -15,7 +15,7 @@ import pytest
 
 from pyggml.llm.chat import ChatTemplate
 from pyggml.llm.runtime import LLM
-from pyggml.models_pypi import ensure_smollm2
+from pyggml.models_pypi import QWEN_CODER_0_5B, cached_path, ensure_smollm2
 from pyggml.server import make_server, start_in_thread
 from pyggml.server.app import BadRequest
 from pyggml.server.props import template_caps
@@ -394,10 +394,14 @@ def test_function_call_round_trip(server):
     assert after.output_text and not [i for i in after.output if i.type == "function_call"]
 
 
-def test_openai_agents_loop_with_two_tools(server):
-    rs, base, oc = server
-    _needs_tool_calls(oc)
+def test_openai_agents_loop_with_two_tools():
+    """The agents SDK's loop (Responses model) with two function tools, to its end, on the
+    tool-trained Qwen2.5-Coder-0.5B (Hermes format): a forced first call, the tool's output
+    back as a function_call_output item, then a reply."""
     agents = pytest.importorskip("agents")
+    path = cached_path(QWEN_CODER_0_5B)
+    if path is None:
+        pytest.skip("Qwen2.5-Coder-0.5B-Instruct is not fetched (make models)")
     agents.set_tracing_disabled(True)
     seen = []
 
@@ -413,14 +417,26 @@ def test_openai_agents_loop_with_two_tools(server):
         seen.append(("get_time", city))
         return f"It is 14:05 in {city}."
 
-    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", timeout=TIMEOUT_S,
-                                max_retries=0)
-    agent = agents.Agent(
-        name="assistant", instructions="Answer with the tools.", tools=[get_weather, get_time],
-        model=agents.OpenAIResponsesModel(model="smollm2", openai_client=client),
-        model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
-                                            max_tokens=96))
-    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?",
-                                           max_turns=6))
-    assert seen and all(name in ("get_weather", "get_time") for name, _ in seen)
-    assert isinstance(result.final_output, str)
+    llm = LLM(path, n_ctx=4096, n_threads=2, n_seq_max=1)
+    rs = start_in_thread(make_server(llm, 1, "qwen"))
+    try:
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{rs.port}/v1", api_key="none",
+                                    timeout=120, max_retries=0)
+        agent = agents.Agent(
+            name="assistant", instructions="Answer with the tools.",
+            tools=[get_weather, get_time],
+            model=agents.OpenAIResponsesModel(model="qwen", openai_client=client),
+            # required for the first turn; the SDK resets it to auto after a tool ran
+            model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
+                                                max_tokens=128))
+        result = asyncio.run(agents.Runner.run(
+            agent, "What is the weather and the local time in Paris?", max_turns=6))
+    finally:
+        rs.stop()
+        llm.close()
+    assert seen and all(name in ("get_weather", "get_time") and city == "Paris"
+                        for name, city in seen)
+    kinds = [type(i).__name__ for i in result.new_items]
+    assert kinds[:2] == ["ToolCallItem", "ToolCallOutputItem"]
+    assert kinds[-1] == "MessageOutputItem"
+    assert isinstance(result.final_output, str) and result.final_output

@@ -12,7 +12,6 @@ from starlette.responses import JSONResponse
 
 import pyggml
 from pyggml.errors import ChatTemplateError
-from pyggml.llm.chat import chat_prompt
 from pyggml.server.app import DEFAULTS, BadRequest, _json_body
 
 _CAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -25,31 +24,34 @@ def _template(server):
         raise BadRequest(str(e), "messages") from None
 
 
-def prompt_text(server, body: dict) -> str:
-    """The prompt text the chat path renders for an OpenAI chat body (messages, tools,
-    chat_template_kwargs where the renderer takes them). BadRequest naming `messages`."""
+def _turn(server, body: dict):
+    """The chat path's ChatTurn of an OpenAI chat body (the prompt as it renders it: tools and
+    tool results through the family's format); BadRequest naming the field."""
+    from pyggml.llm.chatturn import ChatRequestError, ChatTurn
     if "messages" not in body:
         raise BadRequest("'messages' is required", "messages")
     template = _template(server)
-    extra = body.get("chat_template_kwargs")
-    if extra is not None and not isinstance(extra, dict):
-        raise BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-    tools = body.get("tools") or None
-    if tools is not None and not isinstance(tools, list):
-        raise BadRequest("'tools' must be an array", "tools")
     try:
-        return chat_prompt(template, body["messages"], tools, extra)
+        return ChatTurn(server.llm, template, body["messages"], tools=body.get("tools"),
+                        tool_choice=body.get("tool_choice"),
+                        parallel_tool_calls=body.get("parallel_tool_calls"),
+                        chat_template_kwargs=body.get("chat_template_kwargs"),
+                        reasoning_format=body.get("reasoning_format"))
     except ChatTemplateError as e:
         raise BadRequest(str(e), "messages") from None
+    except ChatRequestError as e:
+        raise BadRequest(str(e), e.param) from None
+
+
+def prompt_text(server, body: dict) -> str:
+    """The prompt text the chat path renders for an OpenAI chat body (messages, tools,
+    tool_choice, chat_template_kwargs)."""
+    return _turn(server, body).prompt
 
 
 def prompt_ids(server, body: dict) -> list[int]:
     """Token ids of prompt_text (special tokens parsed, BOS once), as the chat path."""
-    ids = server.llm.tokenize(prompt_text(server, body))
-    bos = server.llm.tokenizer.bos_id
-    if len(ids) >= 2 and bos is not None and ids[0] == bos and ids[1] == bos:
-        ids = ids[1:]
-    return ids
+    return _turn(server, body).ids
 
 
 # ---- what the template can show --------------------------------------------------------------
@@ -123,11 +125,13 @@ def template_caps(template) -> dict:
 def props(server) -> dict:
     """GET /props, in llama-server's shape (the fields that mean something here)."""
     llm, engine = server.llm, server.engine
+    from pyggml.llm import reasoning, toolcalls
     try:
         template = llm.get_chat_template(server.chat_template_spec)
         source, caps = template.source, template_caps(template)
     except ChatTemplateError:
         template, source, caps = None, None, {}
+    rfmt = reasoning.reasoning_for_template(source) if template is not None else None
     tok = llm.tokenizer
     text = lambda i: tok.decode([i], special=True) if i is not None else ""   # noqa: E731
     params = {"n_predict": -1, "seed": 4294967295, "temperature": DEFAULTS["temperature"],
@@ -151,6 +155,12 @@ def props(server) -> dict:
         "chat_template": source,
         "chat_template_name": template.name if template is not None else None,
         "chat_template_caps": caps,
+        # how the chat path parses tool calls for this template ("generic": the template cannot
+        # show tools; they and a JSON reply format are described in the system message) and
+        # the reasoning markers it splits off (null: none)
+        "tool_call_format": (toolcalls.format_for_template(source).name
+                             if template is not None else None),
+        "reasoning_format": rfmt.name if rfmt is not None else None,
         "bos_token": text(tok.bos_id),
         "eos_token": text(tok.eos_id),
         "build_info": f"pyggml {pyggml.__version__}",
