@@ -350,6 +350,9 @@ def test_props_and_apply_template(server):
     assert caps["supports_system_role"] and caps["supports_string_content"]
     assert not caps["supports_thinking"]
     assert isinstance(caps["supports_tools"], bool)
+    from pyggml.llm import toolcalls
+    assert p["tool_call_format"] == toolcalls.format_for_template(p["chat_template"]).name
+    assert p["reasoning_format"] is None
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
     prompt = httpx.post(f"{base}/apply-template", json={"messages": msgs},
                         timeout=TIMEOUT_S).json()["prompt"]
