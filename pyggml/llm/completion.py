@@ -42,11 +42,15 @@ def openai_finish_reason(gen: Generation) -> str | None:
 
 # ---- request checks --------------------------------------------------------------------------
 def sampling_params(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05, repeat_penalty=1.0,
-                    seed=None, repeat_last_n=64) -> SamplingParams:
-    """llama-cpp-python's / llama-server's defaults; seed None: a random one."""
+                    seed=None, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0,
+                    logit_bias=None) -> SamplingParams:
+    """llama-cpp-python's / llama-server's defaults; seed None: a random one. logit_bias:
+    {token id: bias} or (id, bias) pairs (pyggml/llm/sampler.py)."""
     return SamplingParams(float(temperature), int(top_k), float(top_p), float(min_p),
                           float(repeat_penalty), int(repeat_last_n),
-                          0xFFFFFFFF if seed is None else int(seed) & 0xFFFFFFFF).validate()
+                          0xFFFFFFFF if seed is None else int(seed) & 0xFFFFFFFF,
+                          float(presence_penalty), float(frequency_penalty),
+                          logit_bias or ()).validate()
 
 
 def token_budget(n_prompt: int, max_tokens, n_ctx: int) -> int:

@@ -1,5 +1,12 @@
 """The sampling chain of llama.cpp's `common` defaults (docs/FORMATS.md §6):
-penalties → top_k → top_p → min_p → temperature → dist. Greedy when temperature <= 0.
+logit_bias → penalties → top_k → top_p → min_p → temperature → dist. Greedy when
+temperature <= 0.
+
+The penalties are llama.cpp's `penalties` sampler over the last `repeat_last_n` tokens (0: off,
+-1: all of them): a token seen there has its logit divided by `repeat_penalty` (multiplied when
+<= 0), then `frequency_penalty` times its count and `presence_penalty` subtracted (all in fp32,
+in that order). `logit_bias` adds (token id, bias) pairs to the logits first (-inf bans a token).
+With them off (1.0, 0.0, 0.0, no biases) the chain is the one it was without them, bit for bit.
 
 The random draw reproduces libstdc++'s std::mt19937 seeded with `seed` and
 uniform_real_distribution<double>(0, 1) (two 32-bit outputs per double), which is what llama.cpp's
@@ -19,6 +26,7 @@ from pyggml.errors import ArgumentTypeError, ModelError
 DEFAULT_SEED = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: a random seed
 RANDOM_SEEDS = (-1, DEFAULT_SEED)   # -1: llama.cpp's `--seed -1`, also random
 _INT_FIELDS = ("top_k", "repeat_last_n", "seed")
+_OTHER_FIELDS = ("logit_bias",)             # checked on their own (validate)
 
 
 @dataclass(frozen=True)
@@ -30,9 +38,24 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int = DEFAULT_SEED
+    presence_penalty: float = 0.0           # llama.cpp's penalty_present (OpenAI's field)
+    frequency_penalty: float = 0.0          # llama.cpp's penalty_freq
+    logit_bias: tuple = ()                  # ((token id, bias), ...); a dict is taken too
+
+    def __post_init__(self):
+        lb = self.logit_bias
+        if isinstance(lb, dict):
+            lb = tuple(lb.items())
+        elif lb is None:
+            lb = ()
+        elif isinstance(lb, list):
+            lb = tuple(tuple(x) if isinstance(x, list) else x for x in lb)
+        object.__setattr__(self, "logit_bias", lb)
 
     def validate(self) -> "SamplingParams":
         for f in fields(self):
+            if f.name in _OTHER_FIELDS:
+                continue
             v = getattr(self, f.name)
             kind = numbers.Integral if f.name in _INT_FIELDS else numbers.Real
             if isinstance(v, bool) or not isinstance(v, kind):
@@ -52,6 +75,21 @@ class SamplingParams:
             problems.append(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
         if self.repeat_last_n < -1:
             problems.append(f"repeat_last_n must be >= -1, got {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not np.isfinite(getattr(self, name)):
+                problems.append(f"{name} must be finite, got {getattr(self, name)}")
+        if not isinstance(self.logit_bias, tuple):
+            problems.append(f"logit_bias must be (token id, bias) pairs, got {self.logit_bias!r}")
+        else:
+            for pair in self.logit_bias:
+                ok = isinstance(pair, tuple) and len(pair) == 2
+                tok, bias = pair if ok else (None, None)
+                if not (ok and isinstance(tok, numbers.Integral) and not isinstance(tok, bool)
+                        and tok >= 0 and isinstance(bias, numbers.Real)
+                        and not isinstance(bias, bool) and bias == bias and bias != np.inf):
+                    problems.append(f"logit_bias entries must be (token id >= 0, bias: a number "
+                                    f"or -inf), got {pair!r}")
+                    break
         if not -1 <= self.seed <= 0xFFFFFFFF:
             problems.append(f"seed must be in [0, 2^32) or -1 (random), got {self.seed}")
         if problems:
@@ -111,7 +149,24 @@ class Sampler:
         if logits.ndim != 1 or logits.size == 0:
             raise ModelError(f"sample: logits must be one non-empty row [n_vocab], got shape "
                              f"{logits.shape}")
-        if p.repeat_penalty != 1.0 and recent:
+        if p.logit_bias:
+            logits = logits.copy()
+            for tok, bias in p.logit_bias:
+                if tok >= logits.size:
+                    raise ModelError(f"logit_bias: token id {tok} is outside the vocabulary "
+                                     f"(n_vocab {logits.size})")
+                logits[tok] += np.float32(bias)
+        freq_pres = p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+        if p.repeat_last_n != 0 and recent and freq_pres:
+            logits = logits.copy()
+            ids, counts = np.unique(np.fromiter(recent, dtype=np.int64), return_counts=True)
+            v = logits[ids]
+            v = np.where(v <= 0, v * np.float32(p.repeat_penalty),
+                         v / np.float32(p.repeat_penalty))
+            v = v - (counts.astype(np.float32) * np.float32(p.frequency_penalty) +
+                     (counts > 0).astype(np.float32) * np.float32(p.presence_penalty))
+            logits[ids] = v
+        elif p.repeat_penalty != 1.0 and recent and p.repeat_last_n != 0:
             logits = logits.copy()
             ids = np.fromiter(set(recent), dtype=np.int64)
             v = logits[ids]
