@@ -29,8 +29,12 @@ COMMANDS = (run, chat, serve, bench, plan, mem, info)
 
 
 def parser() -> Parser:
-    p = Parser(prog="pyggml", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
+    from pyggml import __version__
+    p = Parser(prog="pyggml", description="Run quantized GGUF language models on the CPU (and "
+               "Vulkan GPUs), llama.cpp's flags and an OpenAI-compatible server.")
+    p.add_argument("--version", action="version", version=f"pyggml {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser,
+                           metavar="COMMAND")
     for module in COMMANDS:
         module.add_commands(sub)
     return p

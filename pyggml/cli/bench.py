@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -66,7 +65,7 @@ def add_commands(sub) -> None:
                    help="llama.cpp without its repacked/AMX buffer types (VMs without AMX)")
     b.set_defaults(func=cmd_bench)
 
-    bk = sub.add_parser("bench-kernels", help=argparse.SUPPRESS)
+    bk = sub.add_parser("bench-kernels")         # `pyggml bench kernels`; not listed
     for opt, kw in (("--types", {"default": "q4_0,q4_1,q5_0,q5_1,q8_0,f16,bf16,f32,q4_k,q6_k"}),
                     ("--paths", {"default": None}), ("--threads", {"default": "1,2"}),
                     ("--rows", {"type": int, "default": 4096}),

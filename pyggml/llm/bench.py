@@ -105,6 +105,10 @@ def bench_llamacpp(model_path, prompts, gens, threads, reps, python: str | None,
     args = {"model": str(model_path), "prompts": prompts, "gens": gens, "threads": threads,
             "reps": reps, "flash_attn": flash_attn, "n_gpu_layers": n_gpu_layers,
             "no_extra_bufts": no_extra_bufts}
+    if not WORKER.is_file():
+        raise PyggmlError(f"{WORKER} not found: --compare-llamacpp runs llama.cpp through a "
+                          f"helper of the source checkout (tools/); run it from a clone of "
+                          f"pyggml (`pyggml bench` without it works from the installed package)")
     exe = python or sys.executable
     out = subprocess.run([exe, str(WORKER), json.dumps(args)], capture_output=True, text=True,
                          timeout=3600)

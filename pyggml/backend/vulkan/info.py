@@ -48,9 +48,14 @@ def _human(n: int) -> str:
 
 def shader_dir() -> Path:
     """Where the compiled SPIR-V lives: $PYGGML_SHADER_DIR (pyggml.settings), else
-    <repo>/build/shaders."""
+    <repo>/build/shaders (`make shaders`), else the installed package's pyggml/shaders (a wheel:
+    setup.py's build_shaders)."""
     env = settings.current().shader_dir
-    return env if env else Path(__file__).resolve().parents[3] / "build" / "shaders"
+    if env:
+        return env
+    repo = Path(__file__).resolve().parents[3] / "build" / "shaders"
+    package = Path(__file__).resolve().parents[2] / "shaders"
+    return repo if repo.is_dir() or not package.is_dir() else package
 
 
 # ---- physical devices ----------------------------------------------------------------------------

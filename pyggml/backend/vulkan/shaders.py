@@ -16,7 +16,10 @@ from pathlib import Path
 
 from pyggml.errors import BackendError
 
-VARIANTS_FILE = Path(__file__).resolve().parents[3] / "shaders" / "variants.mk"
+_REPO_VARIANTS = Path(__file__).resolve().parents[3] / "shaders" / "variants.mk"
+# an installed wheel carries a copy next to its compiled modules (setup.py's build_shaders)
+_PACKAGE_VARIANTS = Path(__file__).resolve().parents[2] / "shaders" / "variants.mk"
+VARIANTS_FILE = _REPO_VARIANTS if _REPO_VARIANTS.is_file() else _PACKAGE_VARIANTS
 _ASSIGNMENT = re.compile(r"^([A-Z_]+)\s*:=\s*(.*)$")
 
 
