@@ -3,8 +3,10 @@ server-sent events when `stream` is true, ending in `data: [DONE]`), /v1/embeddi
 /health, /tokenize, /detokenize, /metrics (Prometheus text); the web page (GET /, its assets
 under /web/) and the JSON it reads: /v1/pyggml/plan, /v1/pyggml/live (pyggml.server.webapi).
 
-Requests are checked field by field (wrong type or range: 400 naming the field; unknown fields
-are ignored, as OpenAI clients expect); sampling defaults are llama-server's. Errors are
+Requests are checked field by field (wrong type or range: 400 naming the field; a field this
+server does not implement, set to anything but its "off" value: 400 "not supported: FIELD" —
+NOT_SUPPORTED; other unknown fields are ignored, as OpenAI clients expect); sampling defaults are
+llama-server's. Errors are
 OpenAI-style objects: {"error": {"message", "type", "param", "code"}}.
 """
 
@@ -102,14 +104,94 @@ def _sampling(body) -> dict:
         "repeat_penalty": _num(body, "repeat_penalty", DEFAULTS["repeat_penalty"], 0.0,
                                100.0, lo_open=True),
         "seed": _num(body, "seed", None, -(1 << 63), (1 << 64) - 1, integer=True),
+        # llama.cpp's penalties sampler (pyggml/llm/sampler.py); OpenAI's range
+        "presence_penalty": _num(body, "presence_penalty", 0.0, -2.0, 2.0),
+        "frequency_penalty": _num(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        "repeat_last_n": _num(body, "repeat_last_n", 64, -1, 1 << 20, integer=True),
+        "logit_bias": _logit_bias(body),
     }
 
 
+def _logit_bias(body) -> tuple:
+    """OpenAI's {"token id": bias} (bias -100..100) or llama-server's [[id, bias], ...] (bias
+    false: never that token) as (id, bias) pairs; ids beyond the vocabulary are refused when
+    sampling starts (ModelError -> 400)."""
+    lb = body.get("logit_bias")
+    if lb is None:
+        return ()
+    items = list(lb.items()) if isinstance(lb, dict) else lb
+    if not isinstance(items, list):
+        raise BadRequest("'logit_bias' must be an object {token id: bias}", "logit_bias")
+    out = []
+    for item in items:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2):
+            raise BadRequest("'logit_bias' list items must be [token id, bias]", "logit_bias")
+        tok, bias = item
+        if isinstance(tok, str) and tok.strip().lstrip("-").isdigit():
+            tok = int(tok)
+        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+            raise BadRequest(f"not supported: logit_bias key {json.dumps(tok)[:40]} (token ids "
+                             f"only, as OpenAI's: text keys are not tokenized here)",
+                             "logit_bias")
+        if bias is False:
+            bias = float("-inf")
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias \
+                or not -100 <= bias <= 100:
+            raise BadRequest(f"'logit_bias' values must be numbers in [-100, 100] (or false), got "
+                             f"{json.dumps(bias)[:40]}", "logit_bias")
+        out.append((tok, float(bias)))
+    return tuple(out)
+
+
+#: request fields this server does not implement, and the values that mean "off" (accepted):
+#: any other value is a 400 "not supported: FIELD" (never ignored). docs/server.md has the table.
+NOT_SUPPORTED = {
+    "suffix": (None, ""), "best_of": (None, 1), "audio": (None,), "modalities": (None, ["text"]),
+    "prediction": (None,), "web_search_options": (None,), "functions": (None, []),
+    "function_call": (None, "none", "auto"), "store": (None, False), "service_tier": (
+        None, "auto", "default"),
+    # llama-server's sampler extras not in pyggml's chain (yet)
+    "typical_p": (None, 1, 1.0), "mirostat": (None, 0), "xtc_probability": (None, 0, 0.0),
+    "dry_multiplier": (None, 0, 0.0), "tfs_z": (None, 1, 1.0), "dynatemp_range": (None, 0, 0.0),
+    "top_n_sigma": (None, -1, -1.0, 0, 0.0), "samplers": (None,), "lora": (None, []),
+    "min_keep": (None, 0), "n_keep": (None, 0, -1), "id_slot": (None, -1),
+    "penalize_nl": (None, False), "n_indent": (None, 0), "t_max_predict_ms": (None, 0),
+}
+
+
+def _refuse_unsupported(body) -> None:
+    def off(v, values):      # equal to an "off" value, and a boolean only where one is listed
+        return any(v == o and isinstance(v, bool) == isinstance(o, bool) for o in values)
+    for name, values in NOT_SUPPORTED.items():
+        if name in body and not off(body[name], values):
+            raise BadRequest(f"not supported: {name} (this server does not implement it; "
+                             f"docs/server.md lists the fields it honours)", name)
+
+
+def _embedding_encoder(body):
+    """OpenAI's encoding_format: "float" (lists of numbers) or "base64" (the little-endian
+    float32 bytes, as OpenAI and llama-server send them); `dimensions` is refused."""
+    fmt = body.get("encoding_format", "float")
+    if body.get("dimensions") is not None:
+        raise BadRequest("not supported: dimensions (embeddings have the model's size)",
+                         "dimensions")
+    if fmt in (None, "float"):
+        return lambda v: v
+    if fmt == "base64":
+        import base64
+
+        import numpy as np
+        return lambda v: base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()
+    raise BadRequest(f"'encoding_format' must be 'float' or 'base64', got "
+                     f"{json.dumps(fmt)[:40]}", "encoding_format")
+
+
 def _common(body, max_default=None):
-    for ignored in ("presence_penalty", "frequency_penalty"):
-        _num(body, ignored, 0.0, -2.0, 2.0)
-    n = _num(body, "n", 1, 1, 1, integer=True)
-    del n
+    _refuse_unsupported(body)
+    n = body.get("n")
+    if n is not None and n != 1:
+        _num(body, "n", 1, 1, None, integer=True)           # a bad value: the usual message
+        raise BadRequest("not supported: n > 1 (one choice per request)", "n")
     mt = body.get("max_completion_tokens", body.get("max_tokens", max_default))
     max_tokens = _num({"max_tokens": mt}, "max_tokens", max_default, -1, 1 << 40, integer=True)
     try:
@@ -338,6 +420,10 @@ class Server:
             params = sampling_params(**_sampling(body))
         except ModelError as e:
             raise BadRequest(str(e)) from None
+        bad = [t for t, _ in params.logit_bias if t >= self.llm.hparams.n_vocab]
+        if bad:
+            raise BadRequest(f"'logit_bias': token id {bad[0]} is outside the vocabulary "
+                             f"(n_vocab {self.llm.hparams.n_vocab})", "logit_bias")
         stop_at_eog = not _bool(body, "ignore_eos", False)       # llama-server's extra field
         return Generation(self.llm.tokenizer, ids, budget, params, stop, n_logprobs,
                           stop_at_eog, token_filter=token_filter), stream
@@ -574,6 +660,7 @@ class Server:
         pooling = body.get("pooling", "mean")
         if pooling not in ("mean", "last"):
             raise BadRequest("'pooling' must be 'mean' or 'last'", "pooling")
+        enc = _embedding_encoder(body)
         for k, x in enumerate(items):
             n = len(self.llm.tokenize(x)) if isinstance(x, str) else len(x)
             if n > self.llm.n_ubatch * 8 or n > self.engine.n_ctx_slot:
@@ -589,7 +676,8 @@ class Server:
             if ev[0] == "embeddings":
                 vecs, n = ev[1], ev[2]
                 return JSONResponse({"object": "list", "model": self.model_name,
-                                     "data": [{"object": "embedding", "index": i, "embedding": v}
+                                     "data": [{"object": "embedding", "index": i,
+                                               "embedding": enc(v)}
                                               for i, v in enumerate(vecs)],
                                      "usage": {"prompt_tokens": n, "total_tokens": n}})
         return Response(status_code=499)
