@@ -124,10 +124,11 @@ class ChatTurn:
         self.content, self.reasoning = [], []
         self.calls: list[dict] = []
 
-    def _grammar(self, user: GrammarSpec | None, fmt) -> tuple[GrammarSpec, tuple | None] | None:
-        """(spec, lazy triggers or None) of this turn, or None: unconstrained."""
+    def _grammar(self, user: GrammarSpec | None, fmt):
+        """(spec, lazy triggers, triggers at the reply's start) of this turn (no triggers:
+        constrained from the first token), or None: unconstrained."""
         if self.fmt is None:
-            return (user, None) if user is not None else None
+            return (user, None, ()) if user is not None else None
         if user is not None:
             raise GrammarError("a grammar or response_format together with tools is not "
                                "supported: give one, or tool_choice \"none\"", "response_format")
@@ -136,8 +137,9 @@ class ChatTurn:
                      if (i := self.llm.tokenizer.text_to_id(m)) is not None}
         lark = fmt.grammar(self.tools, required=forced, name=self.tool_name,
                            parallel=self.parallel, token_ids=token_ids)
-        lazy = fmt.triggers if (fmt.triggers and not forced) else None
-        return GrammarSpec.lark(lark), lazy
+        if forced or not (fmt.triggers or fmt.start_triggers):
+            return GrammarSpec.lark(lark), None, ()
+        return GrammarSpec.lark(lark), fmt.triggers, fmt.start_triggers
 
     # ---- decoding --------------------------------------------------------------------------
     def token_filter(self):

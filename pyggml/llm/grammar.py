@@ -210,11 +210,15 @@ class Constraint:
     """The token filter of one generation (see the module docstring). lazy: trigger texts
     (None: the grammar holds from the first token). Not shared between generations."""
 
-    def __init__(self, vocab: Vocabulary, spec: GrammarSpec, lazy=None):
+    def __init__(self, vocab: Vocabulary, spec: GrammarSpec, lazy=None, lazy_at_start=()):
         self.vocab, self.spec = vocab, spec
         self.matcher = vocab.matcher(spec)
-        self.triggers = tuple(t.encode() for t in lazy) if lazy else ()
-        self._proto = self.matcher.deep_copy() if self.triggers else None
+        self.triggers = tuple(t.encode() for t in lazy or ())
+        # triggers that count only at the start of the output (after whitespace)
+        self.start_triggers = tuple(t.encode() for t in lazy_at_start or ())
+        self._start_open = bool(self.start_triggers)    # the start is still being read
+        lazy = bool(self.triggers or self.start_triggers)
+        self._proto = self.matcher.deep_copy() if lazy else None
         self._mask = np.full((1, (vocab.n_vocab + 31) // 32), -1, np.int32)
         self._consumed: list[int] = []     # the tokens the matcher holds
         # lazy: the generated tokens scanned and their bytes; once a trigger is found, the
@@ -222,7 +226,7 @@ class Constraint:
         # the generated index after that token
         self._hist: list[int] = []
         self._hist_bytes: list[bytes] = []
-        self._head: list[int] | None = None if self.triggers else []
+        self._head: list[int] | None = None if lazy else []
         self._after = 0
 
     @property
@@ -231,7 +235,7 @@ class Constraint:
         return self._head is not None
 
     def __call__(self, generated: list[int], logits: np.ndarray) -> np.ndarray:
-        if self.triggers:
+        if self._proto is not None:
             self._scan(generated)
             if self._head is None:
                 return logits
@@ -272,6 +276,8 @@ class Constraint:
         if self._head is not None and n < self._after:     # rolled back before the trigger
             self._head, self._consumed = None, []
             self.matcher = self._proto.deep_copy()
+        if n == 0:
+            self._start_open = bool(self.start_triggers)
         del self._hist[n:], self._hist_bytes[n:]
         piece = self.vocab.tokenizer.token_to_piece
         for t in generated[n:]:
@@ -281,17 +287,34 @@ class Constraint:
                 self._find_trigger()
 
     def _find_trigger(self) -> None:
+        if self._start_open:
+            text = b"".join(self._hist_bytes)
+            lead = text.lstrip()
+            for t in self.start_triggers:
+                if lead.startswith(t):
+                    self._start_at(len(text) - len(lead))
+                    return
+            # the start is decided once it is longer than every start trigger
+            self._start_open = len(lead) < max(len(t) for t in self.start_triggers) or any(
+                t.startswith(lead) for t in self.start_triggers)
+        if not self.triggers:
+            return
         # only the last token's bytes and a trigger's length before them can hold a new one
         span = len(self._hist_bytes[-1]) + max(len(t) for t in self.triggers)
         tail = b"".join(self._hist_bytes[-span:])[-span:]
         at = [i for i in (tail.find(t) for t in self.triggers) if i >= 0]
         if at:
             text = b"".join(self._hist_bytes)
-            at = [len(text) - len(tail) + min(at)]
-            # the matcher checks bytes, so any tokenization of the text is accepted
-            self._head = self.vocab.tokenizer.encode(text[min(at):], add_special=False,
-                                                     parse_special=True)
-            self._after = len(self._hist)
+            self._start_at(len(text) - len(tail) + min(at))
+
+    def _start_at(self, offset: int) -> None:
+        """The grammar starts at byte `offset` of the output: it holds the text from there to
+        the end of the last token (the matcher checks bytes, so any tokenization of them is
+        accepted), then every token after."""
+        text = b"".join(self._hist_bytes)
+        self._head = self.vocab.tokenizer.encode(text[offset:], add_special=False,
+                                                 parse_special=True)
+        self._after = len(self._hist)
 
 
 def response_format_spec(fmt) -> GrammarSpec | None:
@@ -353,8 +376,10 @@ def request_spec(grammar=None, json_schema=None, response_format=None) -> Gramma
     return response_format_spec(response_format)
 
 
-def constraint_for(llm, spec: GrammarSpec | None, lazy=None) -> Constraint | None:
+def constraint_for(llm, spec: GrammarSpec | None, lazy=None,
+                   lazy_at_start=()) -> Constraint | None:
     """The token filter of `spec` on an LLM's vocabulary (None: unconstrained)."""
     if spec is None:
         return None
-    return Constraint(vocabulary_for(llm.tokenizer, llm.hparams.n_vocab), spec, lazy)
+    return Constraint(vocabulary_for(llm.tokenizer, llm.hparams.n_vocab), spec, lazy,
+                      lazy_at_start)

@@ -345,6 +345,7 @@ class ToolFormat:
 
     name = "base"
     triggers: tuple[str, ...] = ()
+    start_triggers: tuple[str, ...] = ()     # triggers that count only at the reply's start
     markers: tuple[str, ...] = ()
     _opens: tuple[str, ...] = ()      # texts that open markup when reading (triggers and more)
 
@@ -417,10 +418,25 @@ class HermesFormat(ToolFormat):
 
     name = "hermes"
     triggers = ("<tool_call>",)
+    # Qwen2.5-Coder writes its calls without the tags, as bare or fenced JSON (what llama.cpp
+    # used to accept as Hermes too): at the start of a reply or after a call only
+    start_triggers = ('{"name"', "```json", "```\n{")
     markers = ("<tool_call>", "</tool_call>")
     _opens = ("<tool_call>",)
+    _FENCE = "```"
+
+    def _find_open(self, buf, pos, at_start, after_call):
+        if at_start or after_call:
+            j = _skip_ws(buf, pos)
+            rest = buf[j:]
+            if rest.startswith("{") or rest.startswith(self._FENCE) or (
+                    rest and self._FENCE.startswith(rest)):
+                return j, "{" if rest.startswith("{") else self._FENCE
+        return super()._find_open(buf, pos, at_start, after_call)
 
     def _read(self, buf, i, opener, final, functions):
+        if opener in ("{", self._FENCE):
+            return self._read_bare(buf, i, opener, final, functions)
         j = _skip_ws(buf, i + len(opener))
         if j == len(buf):
             return (_NEED_MORE, i, None) if not final else (_CONTENT, len(buf), None)
@@ -442,6 +458,45 @@ class HermesFormat(ToolFormat):
             return _NEED_MORE, i, None
         return _CALLS, k, [call]
 
+    def _read_bare(self, buf, i, opener, final, functions):
+        """A call written as a bare JSON object, or one in a ```json fence: a call only when
+        it names one of the tools; else it is content."""
+        j = i
+        if opener == self._FENCE:
+            if len(buf) - i < len("```json") and not final:
+                return _NEED_MORE, i, None
+            if not buf.startswith(self._FENCE, i):
+                return _CONTENT, len(buf) if final else i, None
+            j = i + len(self._FENCE)
+            if buf.startswith("json", j):
+                j += len("json")
+            j = _skip_ws(buf, j)
+            if j == len(buf):
+                return (_NEED_MORE, i, None) if not final else (_CONTENT, len(buf), None)
+            if buf[j] != "{":       # a fence of something else: content to its end
+                k = buf.find(self._FENCE, j)
+                return _CONTENT, (k + len(self._FENCE) if k >= 0 else len(buf)), None
+        end = _json_end(buf, j)
+        if end is None:
+            return (_NEED_MORE, i, None) if not final else (_CONTENT, len(buf), None)
+        call = None
+        if end > 0:
+            try:
+                call = _call_from_object(json.loads(buf[j:end]))
+            except ValueError:
+                call = None
+        if call is None or call.name not in functions:
+            return _CONTENT, (end if end > 0 else len(buf)), None
+        if opener == self._FENCE:
+            k = _skip_ws(buf, end)
+            if k == len(buf) and not final:
+                return _NEED_MORE, i, None
+            if buf.startswith(self._FENCE, k):
+                end = k + len(self._FENCE)
+            elif len(buf) - k < len(self._FENCE) and self._FENCE.startswith(buf[k:]) and not final:
+                return _NEED_MORE, i, None
+        return _CALLS, end, [call]
+
     def _grammar_call(self, g, functions):
         alts = []
         for fname, params in functions.items():
@@ -449,8 +504,11 @@ class HermesFormat(ToolFormat):
             head = '{"name": ' + json.dumps(fname) + ', "arguments": '
             alts.append(g.rule(f'{_lit(head)} {args} "}}"', "call_" + fname))
         body = g.rule(" | ".join(alts), "body")
-        return g.rule(f'{g.text("<tool_call>")} "\\n" {body} "\\n" {g.text("</tool_call>")} '
-                      f'"\\n"?', "tool_call")
+        tagged = g.rule(f'{g.text("<tool_call>")} "\\n" {body} "\\n" {g.text("</tool_call>")} '
+                        f'"\\n"?', "tagged")
+        # the untagged forms a lazy start may have begun with (start_triggers)
+        fenced = g.rule(f'"```json\\n" {body} "\\n```" | "```\\n" {body} "\\n```"', "fenced")
+        return g.rule(f"{tagged} | {body} | {fenced}", "tool_call")
 
 
 def _param_is_string(schema) -> bool:
@@ -552,7 +610,8 @@ class Llama3Format(ToolFormat):
     object opens a call only at the start of the reply or after a call."""
 
     name = "llama3"
-    triggers = ("<|python_tag|>", '{"name"')
+    triggers = ("<|python_tag|>",)
+    start_triggers = ('{"name"',)
     markers = ("<|python_tag|>",)
     _opens = ("<|python_tag|>",)
 
