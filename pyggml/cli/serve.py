@@ -34,9 +34,8 @@ def load_llm(args, n_seq_max: int = 1):
 
 
 def cmd_serve(args) -> int:
-    import uvicorn
-
-    from pyggml.server import bind_warning, make_server
+    from pyggml.server import bind_warning, make_server, serve
+    from pyggml.server.guard import Limits
     warn = bind_warning(args.host, args.api_key)
     if warn:
         print(f"pyggml: warning: {warn}", file=sys.stderr)
@@ -44,14 +43,16 @@ def cmd_serve(args) -> int:
     for w in llm.offload.warnings:
         print(f"pyggml: warning: {w}", file=sys.stderr)
     name = args.alias or os.path.basename(llm.path)
+    limits = Limits(max_body_bytes=args.max_body_bytes,
+                    allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",")
+                                        if h.strip()))
     server = make_server(llm, args.parallel, name, args.chat_template, args.api_key,
-                         args.queue_size, args.step_ms / 1000)
+                         args.queue_size, args.step_ms / 1000, limits, args.host)
     print(f"pyggml: serving {name} on http://{args.host}:{args.port} ({args.parallel} slots, "
           f"{server.engine.n_ctx_slot} tokens each; devices: "
           f"{', '.join(llm.offload.devices_used())})", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning",
-                    lifespan="off", timeout_graceful_shutdown=2)
+        serve(server, args.host, args.port)
     finally:
         server.engine.stop()
         llm.close()
@@ -73,4 +74,9 @@ def add_commands(sub) -> None:
                         "milliseconds: a new request waits at most about that long behind "
                         "another's long prompt (0: n_ubatch tokens per step; default 250)")
     s.add_argument("-a", "--alias", default=None, help="model name in the API")
+    s.add_argument("--max-body-bytes", type=positive_int, default=32 << 20, metavar="N",
+                   help="largest request body taken (beyond: 413; default 32 MiB)")
+    s.add_argument("--allowed-hosts", default=None, metavar="NAME[,NAME]",
+                   help="Host header names served without --api-key besides IP addresses, "
+                        "localhost and --host ('.example.com': its subdomains too; '*': any)")
     s.set_defaults(func=cmd_serve)

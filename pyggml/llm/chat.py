@@ -198,10 +198,144 @@ def _template_line(exc: BaseException) -> int | None:
     return line
 
 
+# ---- bounds: a template (a GGUF's, a file's) runs under a time and size budget ----------------
+#: seconds one render may take (real templates take milliseconds), characters it may output or
+#: build in one string, items one range() may give, and the template source's size
+RENDER_TIMEOUT_S = 2.0
+MAX_RENDER_CHARS = 16 << 20
+MAX_RANGE_ITEMS = 100_000
+MAX_TEMPLATE_CHARS = 1 << 20
+_LINES_PER_CLOCK = 256          # template lines run between two looks at the clock
+
+
+class _OverBudget(Exception):
+    """A render past its time or size budget."""
+
+
+class _Budget:
+    """The budget of the render running in this thread (threading.local: renders in other
+    threads have their own)."""
+    _local = __import__("threading").local()
+
+    @classmethod
+    def current(cls):
+        return getattr(cls._local, "b", None)
+
+    def __init__(self, timeout_s: float, max_chars: int):
+        import time
+        self.deadline = time.monotonic() + timeout_s
+        self.timeout_s, self.max_chars = timeout_s, max_chars
+        self.lines = 0
+        self.range_items = 0
+
+    def tick(self) -> None:
+        import time
+        if time.monotonic() > self.deadline:
+            raise _OverBudget(f"took more than {self.timeout_s:g} s (an endless loop?)")
+
+    def size(self, n: int, what: str = "a string") -> None:
+        if n > self.max_chars:
+            raise _OverBudget(f"{what} of {n} characters/items (at most {self.max_chars})")
+
+    def tracer(self, frame, event, arg):
+        """sys.settrace: template code only (jinja2 compiles templates to Python code whose
+        file is "<template>"); every line counted, the clock read every _LINES_PER_CLOCK."""
+        if frame.f_code.co_filename != "<template>":
+            return None
+        return self._line
+
+    def _line(self, frame, event, arg):
+        self.lines += 1
+        if self.lines % _LINES_PER_CLOCK == 0:
+            self.tick()
+        return self._line
+
+
+_NO_DEADLINE = _Budget(float("inf"), MAX_RENDER_CHARS)     # compile-time constant folding
+_BIG_DIGITS = __import__("re").compile(r"\d{8,}")
+
+
+def _budget_check_args(args, kwargs) -> None:
+    b = _Budget.current() or _NO_DEADLINE
+    b.tick()
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, int) and not isinstance(v, bool) and v > b.max_chars:
+            b.size(v, "an argument")
+
+
+def _check_format_string(s) -> None:
+    """A printf/format string whose width or precision asks for more than the budget."""
+    if isinstance(s, str):
+        for m in _BIG_DIGITS.finditer(s):
+            if int(m.group()) > MAX_RENDER_CHARS:
+                raise _OverBudget(f"a format width of {m.group()}")
+
+
+def _budget_check_result(v):
+    b = _Budget.current() or _NO_DEADLINE
+    if isinstance(v, (str, list, tuple, dict)):
+        b.size(len(v), f"a {type(v).__name__}")
+    return v
+
+
+def _bounded_range(*args):
+    b = _Budget.current()
+    r = range(*args)
+    if b is not None:
+        b.range_items += len(r)
+        if b.range_items > MAX_RANGE_ITEMS:
+            raise _OverBudget(f"range() over more than {MAX_RANGE_ITEMS} items in all")
+    return r
+
+
+def _bounded_filter(f):
+    import functools
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        # the filtered value is not a size; a pass_context filter gets the context first
+        _budget_check_args(args[2:] if getattr(wrapper, "_ctx", False) else args[1:], kwargs)
+        if f.__name__ == "do_format" and args:
+            _check_format_string(args[0])
+        return _budget_check_result(f(*args, **kwargs))
+    return wrapper
+
+
 def _environment():
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        """The sandbox plus the render budget: string/list growth by *, ** and + checked before
+        it happens, every call and filter checked (time, integer sizes, result size)."""
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+        def call_binop(self, context, operator, left, right):
+            b = _Budget.current()
+            if b is not None:
+                b.tick()
+                if operator == "%":
+                    _check_format_string(left)
+                if operator == "*":
+                    for x, n in ((left, right), (right, left)):
+                        if isinstance(x, (str, list, tuple)) and isinstance(n, int):
+                            b.size(len(x) * max(n, 0), f"a {type(x).__name__}")
+                elif operator == "**":
+                    if isinstance(right, (int, float)) and abs(right) > 4096:
+                        raise _OverBudget(f"an exponent of {right}")
+                elif operator == "+" and hasattr(left, "__len__") and hasattr(right, "__len__"):
+                    b.size(len(left) + len(right), f"a {type(left).__name__}")
+            return super().call_binop(context, operator, left, right)
+
+        def getattr(self, obj, attribute):
+            if isinstance(obj, str) and attribute in ("format", "format_map"):
+                _check_format_string(obj)
+            return super().getattr(obj, attribute)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja2's signature
+            _budget_check_args(args, kwargs)
+            return _budget_check_result(super().call(__context, __obj, *args, **kwargs))
 
     class IgnoreGenerationTags(jinja2.ext.Extension):
         """transformers' `{% generation %}` tag (marks assistant text for training): passed
@@ -212,10 +346,16 @@ def _environment():
             parser.stream.skip(1)
             return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
-    env = ImmutableSandboxedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True,
-                                        lstrip_blocks=True,
-                                        extensions=[IgnoreGenerationTags, jinja2.ext.loopcontrols])
+    env = BoundedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
+                             extensions=[IgnoreGenerationTags, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
+    for name, f in list(env.filters.items()):
+        w = _bounded_filter(f)
+        # pass_context/pass_environment filters get that first: not a size
+        w._ctx = hasattr(f, "jinja_pass_arg")
+        env.filters[name] = w
+    env.globals["range"] = _bounded_range
+    env.globals.pop("lipsum", None)
     return env
 
 
@@ -227,6 +367,9 @@ class ChatTemplate:
         import jinja2
         self.source, self.name = source, name
         self.bos_token, self.eos_token = bos_token, eos_token
+        if len(source) > MAX_TEMPLATE_CHARS:
+            raise ChatTemplateError(f"chat template {name}: {len(source)} characters (at most "
+                                    f"{MAX_TEMPLATE_CHARS} are taken)")
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
@@ -234,19 +377,37 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools=None,
                **extra) -> str:
-        """The prompt text for `messages` ([{"role": ..., "content": ...}, ...])."""
+        """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]), rendered
+        within RENDER_TIMEOUT_S and MAX_RENDER_CHARS (ChatTemplateError past them: a template
+        with an endless loop or a gigabyte string is refused, not run)."""
+        import sys
+
         import jinja2
+        budget = _Budget(RENDER_TIMEOUT_S, MAX_RENDER_CHARS)
+        prev_budget, prev_trace = _Budget.current(), sys.gettrace()
+        _Budget._local.b = budget
+        sys.settrace(budget.tracer)
         try:
-            return self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token, eos_token=self.eos_token, tools=tools,
-                raise_exception=_raise_exception, strftime_now=_strftime_now, **extra)
+            out, n = [], 0
+            for piece in self._template.generate(
+                    messages=messages, add_generation_prompt=add_generation_prompt,
+                    bos_token=self.bos_token, eos_token=self.eos_token, tools=tools,
+                    raise_exception=_raise_exception, strftime_now=_strftime_now, **extra):
+                n += len(piece)
+                budget.size(n, "an output")
+                out.append(piece)
+            return "".join(out)
         except (jinja2.TemplateError, _RaisedByTemplate, TypeError, ValueError, KeyError,
-                AttributeError, IndexError, ZeroDivisionError) as e:
+                AttributeError, IndexError, ZeroDivisionError, _OverBudget, RecursionError,
+                MemoryError, OverflowError) as e:
             line = _template_line(e)
             where = f", line {line}" if line is not None else ""
-            what = "raised: " if isinstance(e, _RaisedByTemplate) else f"{type(e).__name__}: "
+            what = ("raised: " if isinstance(e, _RaisedByTemplate) else "refused: " if
+                    isinstance(e, _OverBudget) else f"{type(e).__name__}: ")
             raise ChatTemplateError(f"chat template {self.name}{where}: {what}{e}") from None
+        finally:
+            sys.settrace(prev_trace)
+            _Budget._local.b = prev_budget
 
 
 def load_chat_template(spec: str | os.PathLike | None, model_template: str | None,
@@ -318,5 +479,10 @@ def chat_prompt(template: ChatTemplate, messages, tools=None, extra: dict | None
     if msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls"):
         head = template.render(msgs[:-1], True, tools, **kw) if len(msgs) > 1 else \
             template.render([], True, tools, **kw)
-        return head + msgs[-1]["content"]
-    return template.render(msgs, True, tools, **kw)
+        out = head + msgs[-1]["content"]
+    else:
+        out = template.render(msgs, True, tools, **kw)
+    if not out:
+        raise ChatTemplateError(f"chat template {template.name} rendered an empty prompt for "
+                                f"these messages")
+    return out

@@ -355,15 +355,95 @@ def _where(file: str, node) -> Where:
     return Where(file, m.line + 1, m.column + 1)
 
 
-def _parse_yaml(text: str, file: str) -> tuple[dict, dict]:
-    """(data, {key path: Where}) of one YAML document; ConfigError with line and column for a
-    syntax error, a duplicate key or a top level that is not a mapping."""
+#: bounds on a YAML document (configs from files, requests and --set values): its text, the
+#: values it expands to (aliases count as often as they are used: a "billion laughs" document
+#: of a few hundred characters expands to 10^9 values) and its nesting
+MAX_YAML_CHARS = 1_000_000
+MAX_YAML_NODES = 100_000
+MAX_YAML_DEPTH = 64
+
+
+def _compose(text: str, file: str):
+    """The node tree of one YAML document, within MAX_YAML_CHARS and MAX_YAML_DEPTH."""
+    if len(text) > MAX_YAML_CHARS:
+        raise ConfigError(f"{file}: {len(text)} characters of YAML; at most {MAX_YAML_CHARS} "
+                          f"are read")
+    # nesting counted on the text before the (recursive) composer sees it
+    depth = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                break
+        elif ch in "]}":
+            depth = max(0, depth - 1)
     try:
+        if depth > MAX_YAML_DEPTH:
+            raise RecursionError
         loader = yaml.SafeLoader(text)
         try:
-            node = loader.get_single_node()
+            return loader.get_single_node()
         finally:
             loader.dispose()
+    except RecursionError:
+        raise ConfigError(f"{file}: YAML nested more than {MAX_YAML_DEPTH} levels deep") from None
+
+
+def _expand_budget(file: str):
+    """A function to call per value converted: ConfigError naming file:line:col once more than
+    MAX_YAML_NODES values (aliases expanded) or MAX_YAML_DEPTH levels were converted."""
+    count = [0]
+
+    def spend(node, depth: int) -> None:
+        count[0] += 1
+        if count[0] > MAX_YAML_NODES or depth > MAX_YAML_DEPTH:
+            what = (f"more than {MAX_YAML_NODES} values" if count[0] > MAX_YAML_NODES
+                    else f"nesting deeper than {MAX_YAML_DEPTH}")
+            raise ConfigError(f"{_where(file, node)}: the YAML expands to {what} (aliases "
+                              f"count each time they are used); refused")
+    return spend
+
+
+def safe_load_bounded(text: str, file: str):
+    """yaml.safe_load within the bounds above (ConfigError naming file:line:col past them)."""
+    try:
+        node = _compose(text, file)
+    except yaml.MarkedYAMLError as e:
+        m = e.problem_mark or e.context_mark
+        at = f"{file}:{m.line + 1}:{m.column + 1}" if m is not None else file
+        what = " ".join(x for x in (e.context, e.problem) if x)
+        raise ConfigError(f"{at}: YAML syntax error: {what}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{file}: YAML error: {e}") from None
+    if node is None:
+        return None
+    spend = _expand_budget(file)
+
+    def walk(n, depth):
+        spend(n, depth)
+        if isinstance(n, yaml.MappingNode):
+            for kn, vn in n.value:
+                walk(kn, depth + 1)
+                walk(vn, depth + 1)
+        elif isinstance(n, yaml.SequenceNode):
+            for item in n.value:
+                walk(item, depth + 1)
+    walk(node, 0)
+    builder = yaml.SafeLoader("")
+    try:
+        return builder.construct_document(node)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{file}: YAML error: {e}") from None
+    finally:
+        builder.dispose()
+
+
+def _parse_yaml(text: str, file: str) -> tuple[dict, dict]:
+    """(data, {key path: Where}) of one YAML document; ConfigError with line and column for a
+    syntax error, a duplicate key, a top level that is not a mapping, or a document past the
+    bounds above (an alias bomb)."""
+    try:
+        node = _compose(text, file)
     except yaml.MarkedYAMLError as e:
         m = e.problem_mark or e.context_mark
         at = f"{file}:{m.line + 1}:{m.column + 1}" if m is not None else file
@@ -380,8 +460,10 @@ def _parse_yaml(text: str, file: str) -> tuple[dict, dict]:
                           f"{'list' if isinstance(node, yaml.SequenceNode) else 'scalar'}")
     errors: list[str] = []
     builder = yaml.SafeLoader("")
+    spend = _expand_budget(file)
 
     def convert(n, path):
+        spend(n, len(path))
         if isinstance(n, yaml.MappingNode):
             out = {}
             for kn, vn in n.value:
@@ -514,10 +596,9 @@ def parse_set(item: str) -> tuple[tuple, object, str]:
         raise ConfigError(f"{text}: '{key}' is not a key path (words joined by dots, list "
                           f"indices as numbers: overrides.0.device)")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{text}: the value is not valid YAML: "
-                          f"{getattr(e, 'problem', None) or e}") from None
+        value = safe_load_bounded(raw, "value") if raw.strip() else None
+    except ConfigError as e:
+        raise ConfigError(f"{text}: the value is not valid YAML: {e}") from None
     path = tuple(int(p) if p.isdigit() else p for p in key.split("."))
     return path, value, text
 
@@ -706,10 +787,10 @@ def format_layers(ranges) -> str:
 def _check_format(fmt: str, v):
     """None or why `v` is not valid for the format."""
     if fmt == "regex":
-        try:
-            re.compile(v)
-        except re.error as e:
-            return f"invalid regex {v!r}: {e}"
+        from pyggml.offload.saferegex import check_pattern
+        why = check_pattern(v)
+        if why is not None:
+            return f"invalid regex {v!r}: {why}"
     elif fmt == "layers":
         try:
             parse_layers(v)

@@ -16,6 +16,7 @@ from pyggml.errors import ConfigError, UsageError
 from pyggml.offload.config import CLI, Config, Where, load_config
 from pyggml.offload.plan import OffloadPlan, layer_of
 from pyggml.offload.rules import resolve
+from pyggml.offload.saferegex import check_pattern
 
 
 def config_from_flags(config=None, *, sets=(), n_gpu_layers: int | None = None, overrides=(),
@@ -37,10 +38,9 @@ def config_from_flags(config=None, *, sets=(), n_gpu_layers: int | None = None, 
     if overrides:
         rules = []
         for pattern, device in overrides:
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise ConfigError(f"-ot {pattern}={device}: invalid regex: {e}") from None
+            why = check_pattern(pattern)
+            if why is not None:
+                raise ConfigError(f"-ot {pattern}={device}: invalid regex: {why}")
             rules.append({"match": pattern, "device": device})
         old = cfg.get(("overrides",)) or []
         new = cfg.with_values({"overrides": rules + old}, "-ot")

@@ -38,6 +38,7 @@ from pyggml.offload.config import (
     parse_layers,
 )
 from pyggml.offload.devices import with_config_devices
+from pyggml.offload.saferegex import SafeRegex
 from pyggml.offload.plan import OffloadPlan, Placement, RuleReport, layer_of, tensor_kind
 
 
@@ -48,7 +49,7 @@ class _Rule:
     index: int
     where: Where
     label: str
-    regex: re.Pattern | None
+    regex: SafeRegex | None
     has_layers: bool
     ranges: list | None
     kinds: frozenset | None
@@ -287,7 +288,7 @@ class _Resolver:
             where = self.cfg.where_of(path)
             out.append(_Rule(
                 i, where, _rule_label(i, r, where, bt or dev),
-                re.compile(r["match"]) if "match" in r else None,
+                SafeRegex(r["match"]) if "match" in r else None,
                 "layers" in r, parse_layers(layers) if layers is not None else None,
                 frozenset(kinds if isinstance(kinds, list) else [kinds]) if kinds else None,
                 dev, bt, r.get("phase")))

@@ -45,13 +45,29 @@ class RunningServer:
 
 
 def make_server(llm, n_slots: int, model_name: str, chat_template=None,
-                api_key: str | None = None, queue_size: int = 64, step_target_s: float = 0.25):
+                api_key: str | None = None, queue_size: int = 64, step_target_s: float = 0.25,
+                limits=None, host: str = "127.0.0.1"):
+    """The Server (routes, engine). limits: a pyggml.server.guard.Limits (body size, timeouts,
+    --allowed-hosts); host: the bind address (its name is always an allowed Host)."""
     from pyggml.server.app import Server
     from pyggml.server.engine import Engine
     if chat_template is not None:
         llm.get_chat_template(chat_template)        # a bad template fails at start, not later
-    return Server(llm, Engine(llm, n_slots, queue_size, step_target_s), model_name,
-                  chat_template, api_key)
+    server = Server(llm, Engine(llm, n_slots, queue_size, step_target_s), model_name,
+                    chat_template, api_key)
+    if limits is not None:
+        server.limits = limits
+    server.bind_host = host
+    return server
+
+
+def serve(server, host: str, port: int) -> None:
+    """Serve until SIGINT/SIGTERM (`pyggml serve`), with the guarded uvicorn settings."""
+    import uvicorn
+
+    from pyggml.server.guard import uvicorn_config
+    server.bind_host = host
+    uvicorn.Server(uvicorn_config(server.app, host, port, server.limits)).run()
 
 
 def start_in_thread(server, host: str = "127.0.0.1", port: int = 0,
@@ -60,8 +76,10 @@ def start_in_thread(server, host: str = "127.0.0.1", port: int = 0,
     import time
 
     import uvicorn
-    cfg = uvicorn.Config(server.app, host=host, port=port, log_level="warning",
-                         lifespan="off", timeout_graceful_shutdown=2)
+
+    from pyggml.server.guard import uvicorn_config
+    server.bind_host = host
+    cfg = uvicorn_config(server.app, host, port, server.limits)
     uv = uvicorn.Server(cfg)
     t = threading.Thread(target=uv.run, name="pyggml-http", daemon=True)
     t.start()

@@ -13,6 +13,7 @@ OpenAI-style objects: {"error": {"message", "type", "param", "code"}}.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -29,7 +30,7 @@ from pyggml.llm.completion import (chat_logprobs, chat_prompt_ids, completion_lo
 from pyggml.llm.chatturn import ChatRequestError, ChatTurn
 from pyggml.llm.generate import Generation
 from pyggml.llm.grammar import constraint_for, request_spec
-from pyggml.server import webapi
+from pyggml.server import guard, webapi
 from pyggml.server.engine import Engine, Job, QueueFullError
 
 # llama-server's sampling defaults
@@ -206,9 +207,9 @@ def _common(body, max_default=None):
 
 async def _json_body(request: Request) -> dict:
     raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    try:                        # bounded depth and numbers; big bodies off the event loop
+        body = await guard.parse_json_async(raw)
+    except guard.JSONLimitError as e:
         raise BadRequest(f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -254,6 +255,9 @@ class Server:
             404: self._not_found, 405: self._not_allowed, BadRequest: self._bad_request,
             PyggmlError: self._pyggml_error, Exception: self._internal_error})
         self.app.add_middleware(_Auth, server=self)
+        # outermost: Host / Content-Type checks and the bounded body read (pyggml.server.guard)
+        self.limits, self.bind_host = guard.Limits(), "127.0.0.1"
+        self.app.add_middleware(guard.Guard, server=self)
 
     async def _bad_request(self, request, e: BadRequest):
         return error_response(e.status, str(e), e.param, e.kind, e.headers)
@@ -429,6 +433,9 @@ class Server:
                           stop_at_eog, token_filter=token_filter), stream
 
     def _submit(self, job: Job) -> None:
+        if job.kind == "complete" and not job.ids:
+            raise BadRequest("the prompt is empty (the chat template rendered nothing, or it "
+                             "tokenizes to no tokens)")
         try:
             self.engine.submit(job)
         except QueueFullError as e:
@@ -588,7 +595,7 @@ class Server:
         if isinstance(prompt, str):
             if not prompt:
                 raise BadRequest("'prompt' must not be empty", "prompt")
-            ids = self.llm.tokenize(prompt)
+            ids = await _tokenize(self.llm, prompt)
         elif (isinstance(prompt, list) and prompt and
               all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < V for t in prompt)):
             ids = list(prompt)
@@ -661,8 +668,8 @@ class Server:
         if pooling not in ("mean", "last"):
             raise BadRequest("'pooling' must be 'mean' or 'last'", "pooling")
         enc = _embedding_encoder(body)
-        for k, x in enumerate(items):
-            n = len(self.llm.tokenize(x)) if isinstance(x, str) else len(x)
+        sizes = await _tokenize(self.llm, items, count=True)
+        for k, n in enumerate(sizes):
             if n > self.llm.n_ubatch * 8 or n > self.engine.n_ctx_slot:
                 raise BadRequest(f"input {k} has {n} tokens; the limit is "
                                  f"{min(self.llm.n_ubatch * 8, self.engine.n_ctx_slot)}",
@@ -681,6 +688,18 @@ class Server:
                                               for i, v in enumerate(vecs)],
                                      "usage": {"prompt_tokens": n, "total_tokens": n}})
         return Response(status_code=499)
+
+
+async def _tokenize(llm, what, count: bool = False):
+    """llm.tokenize(what) (count: the token counts of a list of strings / id lists), off the
+    event loop when there is more than a little text (a 10 MB prompt takes seconds)."""
+    def run():
+        if not count:
+            return llm.tokenize(what)
+        return [len(llm.tokenize(x)) if isinstance(x, str) else len(x) for x in what]
+    n_chars = (len(what) if isinstance(what, str) else
+               sum(len(x) for x in what if isinstance(x, str)))
+    return run() if n_chars <= 4096 else await asyncio.to_thread(run)
 
 
 def _web_assets() -> dict[str, bytes]:
@@ -725,7 +744,12 @@ class _Auth:
             auth = headers.get(b"authorization", b"").decode("latin-1")
             # Anthropic's clients send the key as x-api-key
             x_key = headers.get(b"x-api-key", b"").decode("latin-1")
-            if auth != f"Bearer {key}" and x_key != key:
+            scheme, _, token = auth.strip().partition(" ")
+            # the scheme is case-insensitive (RFC 7235); constant-time comparisons
+            ok = (scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(
+                "utf-8", "replace"), key.encode())) or (x_key and hmac.compare_digest(
+                    x_key.encode("utf-8", "replace"), key.encode()))
+            if not ok:
                 resp = error_response(401, "invalid or missing API key (Authorization: Bearer KEY)",
                                       kind="authentication_error")
                 return await resp(scope, receive, send)

@@ -56,6 +56,8 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     t_queued: float = field(default_factory=time.perf_counter)
     n_reused: int = 0
+    vecs: list = field(default_factory=list)     # embed: the inputs' vectors so far
+    n_embedded: int = 0                          # embed: their tokens
 
     def emit(self, *event) -> None:
         try:
@@ -274,15 +276,18 @@ class Engine:
 
     def _step(self) -> None:
         llm, m = self.llm, self.metrics
-        for s in self.slots:                       # embeddings: run whole, between steps
+        for s in self.slots:       # embeddings: one input per step, so streams keep flowing
             if s.job is not None and s.job.kind == "embed":
+                job = s.job
                 try:
-                    vecs = llm.embed(s.job.texts, s.job.pooling, True, s.seq_id)
-                    n = sum(len(llm.tokenize(t)) if isinstance(t, str) else len(t)
-                            for t in s.job.texts)
+                    x = job.texts[len(job.vecs)]
+                    job.vecs.extend(llm.embed([x], job.pooling, True, s.seq_id))
+                    n = len(llm.tokenize(x)) if isinstance(x, str) else len(x)
+                    job.n_embedded += n
                     m.prompt_tokens_total += n
-                    s.job.emit("embeddings", vecs, n)
-                    self._release(s)
+                    if len(job.vecs) == len(job.texts):
+                        job.emit("embeddings", job.vecs, job.n_embedded)
+                        self._release(s)
                 except PyggmlError as e:
                     self._fail(s, 400, str(e))
         gens = [s for s in self.slots if s.job is not None and s.job.kind == "complete"]

@@ -20,11 +20,9 @@ import threading
 import time
 from collections import OrderedDict
 
-import yaml
-
 from pyggml.cmdline import Parser, add_model_args, add_offload_args
 from pyggml.errors import ConfigError, PyggmlError, UsageError
-from pyggml.offload.config import parse_text
+from pyggml.offload.config import parse_text, safe_load_bounded
 from pyggml.offload.flags import planning_config, split_ctx, virtual_specs
 from pyggml.offload.plan import layer_of
 from pyggml.planning.plots import alive_at, peak_node, timeline_rows
@@ -38,6 +36,17 @@ MAX_CONFIG_CHARS = 64_000
 # this process is connected to (check_rpc): planning opens no connection.
 REFUSED_FLAGS = {"-m": "the model is the one being served", "--model": "the model is the one "
                  "being served"}
+# What a what-if request may set, as allow-lists checked on the result (the parsed flags and the
+# final config, whatever spelled them: a flag, `--set`, the config text), so that a new option
+# that opens a file or a connection is refused until it is listed here.
+ALLOWED_DESTS = frozenset({
+    "ctx", "batch_size", "ubatch_size", "threads", "threads_batch", "flash_attn",
+    "cache_type_k", "cache_type_v", "swa_full", "logits_all", "n_gpu_layers", "device",
+    "tensor_split", "override_tensor", "no_kv_offload", "no_op_offload", "set", "rpc",
+    "virtual_device"})
+ALLOWED_CONFIG_KEYS = frozenset({
+    "fallback", "devices", "gpu_layers", "tensor_split", "overrides", "kv", "op_offload",
+    "n_copies", "threads", "virtual_devices", "context", "rpc"})      # rpc: connected ones only
 
 
 class PlanRequestError(PyggmlError):
@@ -71,8 +80,8 @@ def _request_config(text: str):
         raise PlanRequestError(f"'config' must be YAML text of at most {MAX_CONFIG_CHARS} "
                                f"characters", "config")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
+        data = safe_load_bounded(text, "<request config>")
+    except ConfigError as e:
         raise PlanRequestError(f"'config' is not valid YAML: {e}", "config") from None
     if data is None:
         return None
@@ -107,6 +116,17 @@ def check_rpc(endpoints, param: str) -> None:
             f"they can be reached)", param)
 
 
+def check_final_config(cfg) -> None:
+    """The config a what-if plan is made of, whatever spelled it (flags, `--set`, the config
+    text): only ALLOWED_CONFIG_KEYS, and rpc-servers this process is connected to."""
+    param = "config" if cfg.files or "request config" in str(cfg.source) else "args"
+    for k in cfg.data:
+        if k not in ALLOWED_CONFIG_KEYS:
+            raise PlanRequestError(f"'{param}': `{k}` is not taken by a what-if plan (it takes "
+                                   f"only settings that open no file and no connection)", param)
+    check_rpc(cfg.get(("rpc",)) or [], param)
+
+
 def what_if_args(body: dict):
     """The argparse namespace `pyggml mem` would get for a POST body {"args": "-ngl 99
     --virtual-device laptop=8GiB" or [...], "config": "YAML text"} (the config in args.ctx)."""
@@ -128,6 +148,13 @@ def what_if_args(body: dict):
         args = p.parse_args(raw)
     except UsageError as e:
         raise PlanRequestError(f"'args': {e}") from None
+    defaults = p.parse_args([])
+    for dest, v in vars(args).items():
+        if dest not in ALLOWED_DESTS and v != getattr(defaults, dest, None):
+            flag = next((o for a in p._actions if a.dest == dest for o in a.option_strings),
+                        dest)
+            raise PlanRequestError(f"'args': {flag} is not taken by a what-if plan (it takes "
+                                   f"only options that open no file and no connection)")
     n_ctx, path = split_ctx(args.ctx)
     if path is not None:
         raise PlanRequestError(f"'args': -c {path}: a config file of the server is not read; "
@@ -152,6 +179,7 @@ def estimate_what_if(model_path: str, body: dict):
     args = what_if_args(body)
     virtual = virtual_specs(args)
     cfg = planning_config(args, virtual)       # as `pyggml mem` reads its flags
+    check_final_config(cfg)
     rep = estimate(model_path, virtual=virtual, config=cfg, with_nodes=True, **_mem_common(args))
     if rep.plan.not_fitting():
         with Planner(model_path, virtual=virtual) as planner:
