@@ -59,9 +59,19 @@ UNSUPPORTED = {
 }
 
 
+def add_hf_arg(p) -> None:
+    """-hf USER/REPO[:QUANT]: a model from the Hugging Face hub (pyggml/models/hub.py)."""
+    p.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", default=None,
+                   metavar="USER/REPO[:QUANT]",
+                   help="a GGUF from the Hugging Face hub, downloaded into its cache (QUANT "
+                        "default Q4_K_M)")
+
+
 def add_model_args(p, *, config_file: bool = True) -> None:
     """-m, -c (context size or config file), -b, -ub, -t, -tb, -fa, -ctk, -ctv, --swa-full."""
-    p.add_argument("-m", "--model", default=None, help="GGUF file (default: Gemma 3 270M)")
+    p.add_argument("-m", "--model", default=None,
+                   help="GGUF file (default: Gemma 3 270M; chat and serve: SmolLM2-135M-Instruct)")
+    add_hf_arg(p)
     p.add_argument("-c", "--ctx-size", dest="ctx", action="append", metavar="N|FILE",
                    help=f"context size (an integer; default {DEFAULTS.n_ctx}, 0: the model's "
                         f"trained context)" + (" or an offload config file" if config_file

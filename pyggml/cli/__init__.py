@@ -7,6 +7,8 @@
   pyggml mem   [-m MODEL] [-c N] [-ub N] [--virtual-device NAME=SIZE] [--fit]  memory per device
   pyggml chat  [-m MODEL] [-sys TEXT] [--chat-template FILE|NAME]    conversation
   pyggml serve [-m MODEL] [--host H] [--port P] [-np N] [-c N_CTX] [--api-key KEY]
+  pyggml pull  USER/REPO[:QUANT]                                      a GGUF from the hub
+  pyggml ls                                                           the GGUFs in its cache
   pyggml info                                                         CPU features, paths
   pyggml graph [--dot FILE]                                           a small example graph
 
@@ -21,11 +23,11 @@ from __future__ import annotations
 import os
 import sys
 
-from pyggml.cli import bench, chat, info, mem, plan, run, serve
+from pyggml.cli import bench, chat, info, mem, models, plan, run, serve
 from pyggml.cmdline import Parser
 from pyggml.errors import PyggmlError, UsageError
 
-COMMANDS = (run, chat, serve, bench, plan, mem, info)
+COMMANDS = (run, chat, serve, bench, plan, mem, models, info)
 
 
 def parser() -> Parser:
@@ -50,6 +52,7 @@ def main(argv=None) -> int:
             p._subparsers._group_actions[0].choices[argv[0]].check_flags(argv[1:])
         args = p.parse_args(argv)
         args.argv = argv
+        models.resolve_model(args)          # -hf, and chat / serve's instruct default
         return args.func(args)
     except UsageError as e:
         msg = str(e)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from pyggml.cli.args import count_list, thread_list
-from pyggml.cmdline import add_offload_args
+from pyggml.cmdline import add_hf_arg, add_offload_args
 from pyggml.errors import PyggmlError, UsageError
 from pyggml.offload.flags import config_from_cli
 
@@ -49,6 +49,7 @@ def cmd_bench_kernels(args) -> int:
 def add_commands(sub) -> None:
     b = sub.add_parser("bench", help="llama-bench style pp/tg tokens/s (or `bench kernels`)")
     b.add_argument("-m", "--model", default=None)
+    add_hf_arg(b)
     b.add_argument("-p", "--n-prompt", type=count_list, default=[64, 512])
     b.add_argument("-n", "--n-gen", type=count_list, default=[32, 128])
     b.add_argument("-t", "--threads", type=thread_list, default=[1, 2])

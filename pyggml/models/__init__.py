@@ -1,0 +1,1 @@
+"""Models from outside the package: the Hugging Face hub (hub.py)."""
