@@ -29,6 +29,11 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*a, **kw)
 
     def error(self, message: str):
+        if message.startswith("unrecognized arguments: "):     # one style for every refusal
+            flag = message.split(": ", 1)[1].split()[0]
+            if flag.startswith("-"):
+                message = f"unknown flag {flag.split('=', 1)[0]!r}" + \
+                    UNSUPPORTED.get(flag.split("=", 1)[0], "")
         raise UsageError(f"{self.prog}: error: {message}")
 
     def check_flags(self, argv) -> None:
@@ -41,17 +46,65 @@ class Parser(argparse.ArgumentParser):
             if tok.startswith("--") and flag not in known and flag in UNSUPPORTED:
                 raise UsageError(f"{self.prog}: error: {flag} is not a flag of this command" +
                                  UNSUPPORTED[flag])
-            if not tok.startswith("-") or tok.startswith("--") or len(tok) <= 2:
+            # every single-dash token, two letters too: argparse would take `-o` for `-ot`
+            # and `-u 1` for `-ub 1` (it matches short flags by prefix even without abbrev)
+            if not tok.startswith("-") or tok.startswith("--") or tok == "-":
                 continue
-            if flag in known or _NUMBER.match(tok) or _NUMBER.match(tok[2:]):
+            if flag in known or _NUMBER.match(tok) or (len(tok) > 2 and
+                                                       _NUMBER.match(tok[2:]) and
+                                                       tok[:2] in known):
                 continue
             raise UsageError(f"{self.prog}: error: unknown flag {flag!r}" +
                              UNSUPPORTED.get(flag, ""))
 
 
+#: llama.cpp flags that change nothing here: accepted with a one-line note (flag -> why; a flag
+#: with a value lists the values that are harmless)
+HARMLESS = {
+    "--jinja": (None, "chat templates are always Jinja here"),
+    "--mlock": (None, "pyggml maps the weights and lets the OS keep them"),
+    "--no-mmap": (None, "pyggml always maps the GGUF"),
+    "--embedding": (None, "the server always answers /v1/embeddings"),
+    "--embeddings": (None, "the server always answers /v1/embeddings"),
+    "-cb": (None, "batching is always continuous"),
+    "--cont-batching": (None, "batching is always continuous"),
+    "--no-webui": (None, "the web page stays at / (it needs --api-key off loopback)"),
+    "-sm": (("layer", "none"), "pyggml splits by layer"),
+    "--split-mode": (("layer", "none"), "pyggml splits by layer"),
+}
+
+
+def drop_harmless(argv: list[str]) -> tuple[list[str], list[str]]:
+    """argv without HARMLESS flags (and their harmless values), and one note per flag dropped;
+    a harmful value (`-sm row`) is left for the parser to refuse."""
+    out, notes, i = [], [], 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            out += argv[i:]
+            break
+        flag, eq, val = tok.partition("=")
+        if flag in HARMLESS:
+            values, why = HARMLESS[flag]
+            if values is None and not eq:
+                notes.append(f"{flag} is accepted and changes nothing: {why}")
+                i += 1
+                continue
+            if values is not None:
+                v = val if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+                if v in values:
+                    notes.append(f"{flag} {v} is accepted and changes nothing: {why}")
+                    i += 1 if eq else 2
+                    continue
+        out.append(tok)
+        i += 1
+    return out, notes
+
+
 #: llama.cpp flags pyggml does not take (yet), and what to use instead
 UNSUPPORTED = {
-    "-sm": " (llama.cpp's split mode: pyggml splits by layer, as -sm layer)",
+    "-sm": " (llama.cpp's split mode: pyggml splits by layer; -sm layer is accepted)",
+    "--split-mode": " (pyggml splits by layer; --split-mode layer is accepted)",
     "-mg": " (main GPU: name it first in -dev)",
     "-fa": " (use -fa on|off|auto)",
     "--virtual-device": " (planning only: pyggml plan or pyggml mem)",

@@ -42,7 +42,10 @@ def test_chat_through_a_pipe(smol):
 
 
 def test_chat_without_a_template_names_the_option():
-    r = subprocess.run(PYGGML + ["chat", "-c", "256"], input="hi\n", capture_output=True,
+    # the default model of `chat` is an instruct one: the base model (Gemma 3 270M) is named
+    from pyggml.models_default import ensure_default_model
+    r = subprocess.run(PYGGML + ["chat", "-m", str(ensure_default_model()), "-c", "256"],
+                       input="hi\n", capture_output=True,
                        text=True, timeout=120, env=ENV)
     assert r.returncode == 1 and "--chat-template" in r.stderr
 

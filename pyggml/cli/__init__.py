@@ -24,7 +24,7 @@ import os
 import sys
 
 from pyggml.cli import bench, chat, info, mem, models, plan, run, serve
-from pyggml.cmdline import Parser
+from pyggml.cmdline import Parser, drop_harmless
 from pyggml.errors import PyggmlError, UsageError
 
 COMMANDS = (run, chat, serve, bench, plan, mem, models, info)
@@ -48,6 +48,11 @@ def main(argv=None) -> int:
         argv = ["bench-kernels"] + argv[2:]
     try:
         p = parser()
+        if argv and not argv[0].startswith("-"):
+            rest, notes = drop_harmless(argv[1:])
+            argv = argv[:1] + rest
+            for note in notes:
+                print(f"pyggml: note: {note}", file=sys.stderr)
         if argv and argv[0] in p._subparsers._group_actions[0].choices:
             p._subparsers._group_actions[0].choices[argv[0]].check_flags(argv[1:])
         args = p.parse_args(argv)

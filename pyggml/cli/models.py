@@ -24,7 +24,9 @@ def resolve_model(args) -> None:
             raise UsageError("-m and -hf both name a model: pass one of them")
         from pyggml.models.hub import pull
         args.model = str(pull(hf, progress=sys.stderr.isatty()))
-    elif args.model is None and getattr(args, "cmd", None) in INSTRUCT_DEFAULT:
+    elif args.model is None and (getattr(args, "cmd", None) in INSTRUCT_DEFAULT or (
+            getattr(args, "cmd", None) == "run" and (getattr(args, "conversation", None) or
+                                                      getattr(args, "system_prompt", None)))):
         from pyggml.models_pypi import ensure_smollm2
         args.model = str(ensure_smollm2())
 

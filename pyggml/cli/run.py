@@ -28,6 +28,8 @@ def process_escapes(text: str) -> str:
 
 
 def _prompt(args) -> str:
+    if args.file == "-":                              # llama.cpp: -f - reads stdin
+        return sys.stdin.buffer.read().decode("utf-8", errors="replace")
     if args.file is not None:
         try:
             with open(args.file, "rb") as f:
@@ -57,12 +59,13 @@ def _prompt_bar(llm):
 def cmd_run(args) -> int:
     from pyggml import _native
     from pyggml.llm.runtime import LLM
-    if args.conversation:                         # llama-cli -cnv: the conversation command
+    if args.conversation is False and args.system_prompt is not None:
+        raise UsageError("-sys (a system prompt) needs a conversation: drop -no-cnv")
+    if args.conversation or args.system_prompt is not None:   # llama-cli: -sys turns -cnv on
         from pyggml.cli.chat import cmd_chat
         return cmd_chat(args)
-    if args.system_prompt is not None:
-        raise UsageError("-sys (a system prompt) needs a conversation: add -cnv, or use "
-                         "`pyggml chat -sys ...`")
+    from pyggml.llm.sampler import SamplingParams          # checked before the model loads
+    SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty).validate()
     prompt = _prompt(args)
     if args.n_predict < -1:
         raise UsageError(f"-n {args.n_predict}: expected a number of tokens >= 0, or -1 "
@@ -86,7 +89,8 @@ def cmd_run(args) -> int:
         llm.stats.t_prompt_s = 0.0
         llm.stats.n_prompt_tokens = 0
         out = sys.stdout
-        out.write(prompt)
+        if args.display_prompt:
+            out.write(prompt)
         out.flush()
         bar = _prompt_bar(llm)
         gen = llm.generate(prompt, args.n_predict, temperature=args.temp, top_k=args.top_k,
@@ -123,7 +127,8 @@ def add_commands(sub) -> None:
     add_offload_args(r)
     add_draft_args(r)
     r.add_argument("-p", "--prompt", default="The capital of France is")
-    r.add_argument("-f", "--file", default=None, help="read the prompt from this file")
+    r.add_argument("-f", "--file", default=None,
+                   help="read the prompt from this file ('-': standard input)")
     r.add_argument("-e", "--escape", action="store_true", default=True,
                    help="process \\n, \\t, ... in the prompt (the default, as llama.cpp)")
     r.add_argument("--no-escape", dest="escape", action="store_false")
@@ -132,8 +137,8 @@ def add_commands(sub) -> None:
     r.add_argument("-r", "--reverse-prompt", "--stop", action="append", default=[],
                    metavar="TEXT", help="stop when the generated text contains TEXT")
     r.add_argument("-np", "--parallel", type=positive_int, default=None, help="sequences (n_seq_max)")
-    r.add_argument("-cnv", "--conversation", action="store_true",
-                   help="chat with an instruct model (as `pyggml chat`)")
+    r.add_argument("-cnv", "--conversation", action="store_true", default=None,
+                   help="chat with an instruct model (as `pyggml chat`; -sys turns it on)")
     r.add_argument("-no-cnv", "--no-conversation", dest="conversation", action="store_false")
     r.add_argument("-sys", "--system-prompt", default=None, help="with -cnv: a system prompt")
     r.add_argument("--chat-template", default=None,
@@ -145,6 +150,8 @@ def add_commands(sub) -> None:
     r.add_argument("--repeat-penalty", type=float, default=1.0)
     r.add_argument("-s", "--seed", type=int, default=0xFFFFFFFF)
     r.add_argument("--ignore-eos", action="store_true")
+    r.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
+                   help="print the generated text only, not the prompt before it")
     r.add_argument("--no-warmup", action="store_true")
     r.add_argument("-v", "--verbose", action="store_true")
     r.set_defaults(func=cmd_run)
