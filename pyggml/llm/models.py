@@ -8,10 +8,15 @@ n_kv = KV cells read, n_out = rows whose logits are wanted.
 
 from __future__ import annotations
 
-from pyggml.errors import ModelError
+from pyggml.errors import ModelError, UnsupportedTypeError
 from pyggml.llm.archs import get_arch
 from pyggml.llm.archs.common import (Builder, GraphInputs, GraphParams, graph_size,  # noqa: F401
                                      need_tensor)
+from pyggml.types import COMPUTE_TYPES, GGMLType
+
+# The types a model's tensors may have: what the CPU kernels compute (the CPU backend is always
+# there to fall back to), less the activation-only formats.
+WEIGHT_TYPES = COMPUTE_TYPES - {GGMLType.Q8_1, GGMLType.Q8_K, GGMLType.I32}
 
 
 def check_weights(hp, weights: dict, path) -> None:
@@ -20,8 +25,11 @@ def check_weights(hp, weights: dict, path) -> None:
     arch = get_arch(hp.arch, path)
     E = hp.n_embd
 
+    needed = []
+
     def need(name, ne):
         need_tensor(weights, name, ne, hp.arch, path)
+        needed.append(name)
 
     need("token_embd.weight", [E, hp.n_vocab])
     need("output_norm.weight", [E])
@@ -49,6 +57,23 @@ def check_weights(hp, weights: dict, path) -> None:
     for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
         if name in weights:
             need(name, [hp.n_rot // 2])
+    check_types(weights, needed, path)
+
+
+def check_types(weights: dict, names, path) -> None:
+    """Every tensor the graph reads has a type the kernels compute, else one UnsupportedTypeError
+    naming the first such tensor and its type, how many more there are, and the supported types
+    (raised while the file is only mapped: nothing is allocated yet)."""
+    bad = [(n, weights[n].type) for n in names
+           if GGMLType(int(weights[n].type)) not in WEIGHT_TYPES]
+    if not bad:
+        return
+    name, t = bad[0]
+    more = sorted({GGMLType(int(b[1])).name for b in bad[1:]})
+    also = f" (and {len(bad) - 1} more tensors: {', '.join(more)})" if len(bad) > 1 else ""
+    raise UnsupportedTypeError(
+        f"{path}: tensor '{name}' has type {GGMLType(int(t)).name}, which pyggml cannot compute"
+        f"{also}; supported types: {', '.join(x.name for x in sorted(WEIGHT_TYPES))}")
 
 
 def build_graph(hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True,
