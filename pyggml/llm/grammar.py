@@ -239,7 +239,8 @@ class Constraint:
             self._scan(generated)
             if self._head is None:
                 return logits
-        self._sync(self._head + list(generated[self._after:]))
+        self._sync(generated if self._after == 0 and not self._head else
+                   self._head + list(generated[self._after:]))
         if self.matcher.is_error():
             raise GrammarError(f"constrained output: {self.matcher.get_error()[:300]}")
         row = self._mask[0]
@@ -251,11 +252,14 @@ class Constraint:
         """Bring the matcher to hold exactly `want`: back over tokens a speculative round
         dropped, forward over new ones."""
         have = self._consumed
-        n = 0
-        for a, b in zip(have, want):
-            if a != b:
-                break
-            n += 1
+        if have == want[:len(have)]:        # the usual step: one more token (a C compare)
+            n = len(have)
+        else:
+            n = 0
+            for a, b in zip(have, want):
+                if a != b:
+                    break
+                n += 1
         if n < len(have):
             self.matcher.rollback(len(have) - n)
             del have[n:]
