@@ -61,6 +61,33 @@ class CellSpace:
                                        f"tokens (seq_rm) or use a larger n_ctx")
         return free[:n_tokens]
 
+    def find_slot_ordered(self, n_ctx: int, seq_ids: np.ndarray) -> np.ndarray:
+        """find_slot, with each sequence's new cells after every cell it already holds (and in
+        the ubatch's order among themselves), so that a sequence's cells are in position order:
+        the attention accumulates over cells in index order, and a token placed in a hole
+        before its sequence's older cells (left by another sequence, or by a trimmed prefix
+        cache) changes the rounding, and so a greedy reply by who else was served. Where no
+        such cells are free, the lowest free ones (as find_slot)."""
+        n = len(seq_ids)
+        free = self.pos < 0
+        if int(np.count_nonzero(free)) < n:
+            return self.find_slot(n, n_ctx)
+        out = np.empty(n, np.int64)
+        # the ubatch's tokens come grouped by sequence (Context.decode appends them so)
+        bounds = np.flatnonzero(np.diff(seq_ids)) + 1
+        starts = np.concatenate(([0], bounds))
+        ends = np.concatenate((bounds, [n]))
+        for a, b in zip(starts, ends):
+            bit = np.uint64(1) << np.uint64(int(seq_ids[a]))
+            held = np.flatnonzero((self.seqs & bit) != 0)
+            floor = int(held[-1]) + 1 if held.size else 0
+            cand = np.flatnonzero(free[floor:])[:b - a] + floor
+            if cand.size < b - a:
+                cand = np.flatnonzero(free)[:b - a]
+            out[a:b] = cand
+            free[cand] = False
+        return out
+
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray) -> None:
         self.pos[cells] = pos
         self.seqs[cells] = _bits(seq_ids)
@@ -238,7 +265,7 @@ class KVCache:
         for name, sp in self.spaces.items():
             if name == SWA:
                 sp.forget_outside_window(pos, seq_ids, self.window)
-            cells[name] = sp.find_slot(len(pos), self.n_ctx)
+            cells[name] = sp.find_slot_ordered(self.n_ctx, seq_ids)
         for name, sp in self.spaces.items():
             sp.apply(cells[name], pos, seq_ids)
         return cells

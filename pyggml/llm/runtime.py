@@ -239,13 +239,22 @@ class LLM:
         stop, logprobs, echo, stream, seq_id, draft (see
         pyggml.llm.completion.create_completion)."""
         from pyggml.llm.completion import create_completion
-        return create_completion(self, prompt, max_tokens=max_tokens, **kw)
+        if kw.get("stream"):
+            return create_completion(self, prompt, max_tokens=max_tokens, **kw)
+        # several threads on one sequence: one completion after another (llama-cpp-python's
+        # behaviour), never interleaved steps; a stream is the caller's to iterate, and gets
+        # GeneratorInvalidatedError if another call changes its sequence meanwhile
+        with self.context.lock:
+            return create_completion(self, prompt, max_tokens=max_tokens, **kw)
 
     def create_chat_completion(self, messages, **kw):
         """As llama-cpp-python's: chat_template, max_tokens, temperature, top_p, top_k, min_p,
         repeat_penalty, seed, stop, logprobs, top_logprobs, stream, seq_id, draft."""
         from pyggml.llm.completion import create_chat_completion
-        return create_chat_completion(self, messages, **kw)
+        if kw.get("stream"):
+            return create_chat_completion(self, messages, **kw)
+        with self.context.lock:             # as create_completion: one after another
+            return create_chat_completion(self, messages, **kw)
 
     def embed(self, texts, pooling: str = "mean", normalize: bool = True, seq_id: int = 0):
         """Embeddings (final normed hidden state, mean or last-token pooled, L2-normalized):
