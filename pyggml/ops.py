@@ -489,3 +489,65 @@ def transpose(ctx, a, name=""):
     t = permute(ctx, a, 1, 0, 2, 3, name)
     t.op = Op.TRANSPOSE
     return t
+
+
+# ---- recurrent layers (hybrid models; native/src/ops_ssm.c) -----------------------------------
+
+def _f32(op: str, *ts: Tensor) -> None:
+    for t in ts:
+        if t.type != GGMLType.F32:
+            raise UnsupportedTypeError(f"{op}: {_ne(t)} must be F32")
+
+
+def ssm_conv(ctx, x, kernel, state, seq, name=""):
+    """Short causal convolution with state (LFM2's shortconv, Qwen 3.5's conv1d), tokens in order.
+    x F32 [C, T]; kernel F32 [K, C]; state F32 [(K-1)*C, S] (each sequence's K-1 previous inputs
+    per channel, oldest first); seq I32 [T] (token t continues state seq[t]). Result F32 1-D
+    [C*T + (K-1)*C*S]: y [C, T] (y[c,t] = sum over the window of K inputs times kernel[:, c])
+    then the new states; see ssm_split."""
+    op = "ssm_conv"
+    _f32(op, x, kernel, state)
+    C, T, K = x.ne[0], x.ne[1], kernel.ne[0]
+    if kernel.ne[1] != C or K < 2 or x.ne[2] != 1 or x.ne[3] != 1:
+        raise _fail(op, "x must be [C, T] and kernel [K >= 2, C]", x, kernel)
+    if state.ne[0] != (K - 1) * C or state.ne[2] != 1 or state.ne[3] != 1:
+        raise _fail(op, "state must be [(K-1)*C, S]", kernel, state)
+    if seq.type != GGMLType.I32 or seq.nelements() != T:
+        raise _fail(op, "seq must be I32 [T]", x, seq)
+    return _node(ctx, Op.SSM_CONV, GGMLType.F32, [C * T + (K - 1) * C * state.ne[1], 1, 1, 1],
+                 [x, kernel, state, seq], name)
+
+
+def gated_delta(ctx, q, k, v, g, beta, state, seq, scale: float, name=""):
+    """The gated delta rule (Qwen 3.5's linear attention), tokens in order, per head h:
+    S ← exp(g)·S; S ← S + k·((v − Sᵀk)·beta)ᵀ; o = scale·Sᵀq. q, k F32 [Dk, Hk, T] (head h reads
+    head h % Hk); v F32 [Dv, H, T]; g, beta F32 [H, T] (contiguous); state F32 [Dk*Dv*H, S]; seq
+    I32 [T]. Result F32 1-D [Dv*H*T + Dk*Dv*H*S]: o [Dv, H, T] then the new states."""
+    op = "gated_delta"
+    _f32(op, q, k, v, g, beta, state)
+    Dk, Hk, Dv, H, T = q.ne[0], q.ne[1], v.ne[0], v.ne[1], v.ne[2]
+    if list(k.ne[:3]) != [Dk, Hk, T] or q.ne[2] != T or H % Hk:
+        raise _fail(op, "q, k must be [Dk, Hk, T], v [Dv, H, T] with H % Hk == 0", q, k, v)
+    if g.nelements() != H * T or beta.nelements() != H * T:
+        raise _fail(op, "g and beta must be [H, T]", v, g, beta)
+    if state.ne[0] != Dk * Dv * H:
+        raise _fail(op, "state must be [Dk*Dv*H, S]", v, state)
+    if seq.type != GGMLType.I32 or seq.nelements() != T:
+        raise _fail(op, "seq must be I32 [T]", v, seq)
+    t = _node(ctx, Op.GATED_DELTA, GGMLType.F32,
+              [Dv * H * T + Dk * Dv * H * state.ne[1], 1, 1, 1],
+              [q, k, v, g, beta, state, seq], name)
+    t.set_op_params_f32(0, scale)
+    return t
+
+
+def ssm_split(ctx, out, y_ne, state_row: int, name=""):
+    """The two parts of an ssm_conv / gated_delta result: (y viewed as y_ne, contiguous; the new
+    states [state_row, S])."""
+    n_y = 1
+    for n in y_ne:
+        n_y *= n
+    n_s = (out.ne[0] - n_y) // state_row
+    y = reshape(ctx, view_1d(ctx, out, n_y, 0), list(y_ne), name=name)
+    st = view_2d(ctx, out, state_row, n_s, state_row * 4, n_y * 4)
+    return y, st

@@ -171,6 +171,9 @@ class Op(IntEnum):
     SUM_ROWS = 30
     CLAMP = 31
     SIGMOID = 32
+    # recurrent layers (native/src/ops_ssm.c)
+    SSM_CONV = 48
+    GATED_DELTA = 49
 
 
 # Ops that only reinterpret their source's memory (no kernel runs for them).

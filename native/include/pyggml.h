@@ -112,7 +112,10 @@ typedef enum pg_op {
     PG_OP_SUM_ROWS      = 30,
     PG_OP_CLAMP         = 31,
     PG_OP_SIGMOID       = 32,
-    PG_OP_COUNT         = 33,
+    /* 48..: recurrent layers (src/ops_ssm.c; values apart so other new ops fit below) */
+    PG_OP_SSM_CONV      = 48,
+    PG_OP_GATED_DELTA   = 49,
+    PG_OP_COUNT         = 50,
 } pg_op;
 
 /* rope modes (op_params[2]), as ggml */
