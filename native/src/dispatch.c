@@ -40,6 +40,7 @@ static void build_tables(void) {
     }
     pg_fill_legacy_scalar(scalar);
     pg_fill_kquants_scalar(scalar);
+    pg_fill_iquants_scalar(scalar);
     pg_fill_gemm_scalar(scalar);
     for (int i = 0; i < PG_N_PATHS; i++) pg_fill_attn_scalar(&g_attn[i]);
 #if defined(__x86_64__)
@@ -48,6 +49,7 @@ static void build_tables(void) {
     pg_fill_legacy_avx2(avx2);
     pg_fill_kquants_avx2(avx2);
     pg_fill_gemm_avx2(avx2);
+    pg_fill_iquants_avx2(avx2);
     pg_fill_attn_avx2(&g_attn[PG_PATH_AVX2]);
     memcpy(avx512, avx2, sizeof(g_tables[0]));
     pg_fill_legacy_avx512(avx512);

@@ -75,6 +75,7 @@ const pg_type_traits *pg_get_type_traits_for_path(int32_t type, int32_t path);
 /* Fill functions (see the comment at the top). `tbl` has PG_TYPE_COUNT entries. */
 void pg_fill_legacy_scalar(pg_type_traits *tbl);
 void pg_fill_kquants_scalar(pg_type_traits *tbl);
+void pg_fill_iquants_scalar(pg_type_traits *tbl);   /* IQ4_NL, IQ4_XS, MXFP4 (quants_iq.c) */
 void pg_fill_gemm_scalar(pg_type_traits *tbl);
 #if defined(__x86_64__)
 void pg_fill_legacy_avx2(pg_type_traits *tbl);
@@ -86,6 +87,8 @@ void pg_fill_kquants_avx512(pg_type_traits *tbl);
  * (only with VNNI) overrides the types it has and keeps the avx2 kernels of the others. */
 void pg_fill_gemm_avx2(pg_type_traits *tbl);
 void pg_fill_gemm_avx512(pg_type_traits *tbl);
+/* quants_iq_avx2.c: vec_dot, vec_dot8 and gemm of the iquants; called after the gemm fills */
+void pg_fill_iquants_avx2(pg_type_traits *tbl);
 #endif
 #if defined(__aarch64__)
 void pg_fill_legacy_neon(pg_type_traits *tbl, uint32_t features);

@@ -1,0 +1,283 @@
+/* IQ4_NL, IQ4_XS, MXFP4 (iquants.h): the scalar reference and every path against it, bit for
+ * bit (memcmp of fp32 results):
+ *   - to_float of every path equals the scalar one, which is the formula of iquants.h;
+ *   - with all scales 1 the dot is the integer dot of the table values (pins the levels);
+ *   - vec_dot of every path equals the scalar vec_dot on random data (rows of 1..33 blocks);
+ *   - gemm (where a path has one) equals the scalar vec_dot for every nr × nc block shape, and
+ *     writes nothing outside the block;
+ *   - no kernel reads past a row that ends at an inaccessible page (guard page);
+ *   - the quantizers' output dequantizes to within a block scale of the input, and IQ4_XS's
+ *     levels are IQ4_NL's table.
+ * (Bit-exactness of the quantizers with ggml's and of to_float with the gguf package's:
+ * tests/test_quants_iq.py.) */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fp16.h"
+#include "iquants.h"
+#include "pg_test.h"
+#include "pyggml.h"
+#include "quants.h"
+
+static uint64_t g_rng = 0x51ED270B4A6C2F11ull;
+static uint64_t rnd(void) { return pg_test_splitmix(&g_rng); }
+static float rndf(void) { return pg_test_unit(rnd()); }   /* [-1, 1) */
+
+static const int32_t k_types[] = {PG_TYPE_IQ4_NL, PG_TYPE_IQ4_XS, PG_TYPE_MXFP4};
+static const char *const k_names[] = {"IQ4_NL", "IQ4_XS", "MXFP4"};
+#define NT 3
+#define MAXB 33
+
+static const pg_type_traits *str(int32_t t) { return pg_get_type_traits_for_path(t, PG_PATH_SCALAR); }
+
+/* random weight blocks: random codes and scale bytes, fp16 d small and finite; MXFP4 exponents
+ * around 2^-6 (some subnormal ones too) */
+static void random_weights(int32_t type, uint8_t *buf, int nb) {
+    const pg_type_traits *t = str(type);
+    for (int i = 0; i < nb * t->type_size; i++) buf[i] = (uint8_t)rnd();
+    for (int b = 0; b < nb; b++) {
+        uint8_t *blk = buf + (size_t)b * t->type_size;
+        if (type == PG_TYPE_MXFP4) {
+            blk[0] = (uint8_t)(b % 11 == 5 ? rnd() % 3 : 115 + rnd() % 12);
+        } else {
+            const pg_fp16 h = pg_fp32_to_fp16(rndf() * 0.01f);
+            memcpy(blk, &h, 2);
+        }
+    }
+}
+
+/* activations in the type's vec_dot_type, quantized from random floats */
+static void random_act(int32_t type, uint8_t *buf, int64_t n) {
+    float x[MAXB * 256];
+    for (int64_t i = 0; i < n; i++) x[i] = rndf() * 3.0f;
+    str(str(type)->vec_dot_type)->from_float(x, buf, n);
+}
+
+static size_t row_bytes(int32_t type, int64_t n) {
+    const pg_type_traits *t = str(type);
+    return (size_t)(n / t->block_size) * (size_t)t->type_size;
+}
+
+PG_TEST(test_iq_traits) {
+    for (int it = 0; it < NT; it++) {
+        const pg_type_traits *t = str(k_types[it]);
+        CHECK(t->to_float && t->vec_dot && t->from_float_ref && t->gemm, "%s: kernels", k_names[it]);
+        CHECK(t->vec_dot_type == (k_types[it] == PG_TYPE_IQ4_XS ? PG_TYPE_Q8_K : PG_TYPE_Q8_0),
+              "%s: vec_dot_type %d", k_names[it], t->vec_dot_type);
+    }
+    CHECK(pg_e8m0_half(0) == ldexpf(1.0f, -128) && pg_e8m0_half(1) == ldexpf(1.0f, -127) &&
+          pg_e8m0_half(127) == 0.5f && pg_e8m0_half(130) == 4.0f, "e8m0");
+}
+
+PG_TEST(test_iq_dequantize_formula) {
+    uint8_t w[4 * 136];
+    float y[4 * 256];
+    for (int it = 0; it < NT; it++) {
+        const int32_t type = k_types[it];
+        const int bs = str(type)->block_size, ts = str(type)->type_size;
+        random_weights(type, w, 4);
+        str(type)->to_float(w, y, 4 * bs);
+        for (int e = 0; e < 4 * bs; e++) {
+            const uint8_t *blk = w + (size_t)(e / bs) * ts;
+            const int k = e % bs, sub = k / 32, j = k % 32;
+            float want;
+            if (type == PG_TYPE_MXFP4) {
+                const uint8_t c = j < 16 ? blk[1 + j] & 0xf : blk[1 + j - 16] >> 4;
+                want = (float)pg_kv_mxfp4[c] * pg_e8m0_half(blk[0]);
+            } else if (type == PG_TYPE_IQ4_NL) {
+                const uint8_t c = j < 16 ? blk[2 + j] & 0xf : blk[2 + j - 16] >> 4;
+                pg_fp16 h;
+                memcpy(&h, blk, 2);
+                want = pg_fp16_to_fp32(h) * (float)pg_kv_iq4nl[c];
+            } else {
+                const pg_block_iq4_xs *x = (const pg_block_iq4_xs *)blk;
+                const uint8_t c = j < 16 ? x->qs[16 * sub + j] & 0xf : x->qs[16 * sub + j - 16] >> 4;
+                want = (pg_fp16_to_fp32(x->d) * (float)pg_iq4xs_scale(x, sub)) * (float)pg_kv_iq4nl[c];
+            }
+            CHECK(memcmp(&want, &y[e], 4) == 0, "%s element %d: %g want %g", k_names[it], e,
+                  (double)y[e], (double)want);
+        }
+    }
+}
+
+/* every scale 1: the dot is Σ value·a exactly */
+PG_TEST(test_iq_integer_dot) {
+    uint8_t w[8 * 136], a[8 * 292];
+    for (int it = 0; it < NT; it++) {
+        const int32_t type = k_types[it];
+        const pg_type_traits *t = str(type);
+        const int nb = 8, n = nb * t->block_size;
+        random_weights(type, w, nb);
+        for (int b = 0; b < nb; b++) {
+            uint8_t *blk = w + (size_t)b * t->type_size;
+            if (type == PG_TYPE_MXFP4) blk[0] = 128;   /* 2^(128-128) = 1 */
+            else {
+                const pg_fp16 one = pg_fp32_to_fp16(1.0f);
+                memcpy(blk, &one, 2);
+                if (type == PG_TYPE_IQ4_XS) {   /* every ls = 33: scale 1 */
+                    pg_block_iq4_xs *x = (pg_block_iq4_xs *)blk;
+                    x->scales_h = 0x5555;
+                    memset(x->scales_l, 0x11, 4);
+                }
+            }
+        }
+        float f[8 * 256], ya[8 * 256];
+        random_act(type, a, n);
+        t->to_float(w, f, n);
+        str(t->vec_dot_type)->to_float(a, ya, n);
+        /* Q8 activations with their scale: Σ f·q8 · d per block, here computed in double */
+        double want = 0;
+        for (int e = 0; e < n; e++) want += (double)f[e] * ya[e];
+        for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
+            const pg_type_traits *tp = pg_get_type_traits_for_path(type, p);
+            if (!tp || !tp->vec_dot) continue;
+            float s;
+            tp->vec_dot(n, &s, w, a);
+            CHECK(fabs((double)s - want) <= 1e-5 * fabs(want) + 1e-3, "%s path %d: %g want %g",
+                  k_names[it], p, (double)s, want);
+        }
+    }
+}
+
+PG_TEST(test_iq_vec_dot_bits_on_every_path) {
+    static uint8_t w[MAXB * 136], a[MAXB * 292];
+    const int nbs[] = {1, 2, 3, 7, 8, 9, 16, 33};
+    int paths = 0;
+    for (int32_t p = 1; p < PG_PATH_COUNT; p++) {
+        if (!pg_path_compiled(p)) continue;
+        paths++;
+        for (int it = 0; it < NT; it++) {
+            const int32_t type = k_types[it];
+            const pg_type_traits *ts = str(type), *tp = pg_get_type_traits_for_path(type, p);
+            for (int k = 0; k < 8; k++) {
+                int nb = nbs[k];
+                if (ts->block_size == 256 && nb > 9) nb = nb / 4;
+                const int64_t n = (int64_t)nb * ts->block_size;
+                random_weights(type, w, nb);
+                random_act(type, a, n);
+                float s0, s1, y0[MAXB * 32], y1[MAXB * 32];
+                ts->vec_dot(n, &s0, w, a);
+                tp->vec_dot(n, &s1, w, a);
+                CHECK(memcmp(&s0, &s1, 4) == 0, "%s path %d nb %d: %.9g scalar %.9g",
+                      k_names[it], p, nb, (double)s1, (double)s0);
+                if (ts->block_size == 32) {
+                    ts->to_float(w, y0, n);
+                    tp->to_float(w, y1, n);
+                    CHECK(memcmp(y0, y1, (size_t)n * 4) == 0, "%s path %d: to_float", k_names[it], p);
+                }
+            }
+        }
+    }
+    printf("    (iquant SIMD tables tested: %d)\n", paths);
+}
+
+PG_TEST(test_iq_gemm_equals_vec_dot) {
+    enum { NB = 9, NR = PG_GEMM_MAX_NR, NC = PG_GEMM_MAX_NC };
+    static uint8_t w[NR][NB * 136], a[NC][NB * 292];
+    for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
+        if (!pg_path_compiled(p)) continue;
+        for (int it = 0; it < NT; it++) {
+            const int32_t type = k_types[it];
+            const pg_type_traits *ts = str(type), *tp = pg_get_type_traits_for_path(type, p);
+            if (!tp->gemm) continue;
+            const int nb = ts->block_size == 256 ? 3 : NB;
+            const int64_t n = (int64_t)nb * ts->block_size;
+            for (int i = 0; i < NR; i++) random_weights(type, w[i], nb);
+            for (int j = 0; j < NC; j++) random_act(type, a[j], n);
+            for (int nr = 1; nr <= NR; nr++)
+                for (int nc = 1; nc <= NC; nc++) {
+                    float out[NC + 1][NR + 1];
+                    memset(out, 0x7f, sizeof(out));
+                    tp->gemm(n, &out[0][0], sizeof(out[0]), w[0], sizeof(w[0]), a[0], sizeof(a[0]),
+                             nr, nc);
+                    for (int j = 0; j <= NC; j++)
+                        for (int i = 0; i <= NR; i++) {
+                            if (i < nr && j < nc) {
+                                float s;
+                                ts->vec_dot(n, &s, w[i], a[j]);
+                                CHECK(memcmp(&s, &out[j][i], 4) == 0, "%s path %d gemm %dx%d [%d][%d]",
+                                      k_names[it], p, nr, nc, i, j);
+                            } else {
+                                uint32_t u;
+                                memcpy(&u, &out[j][i], 4);
+                                CHECK(u == 0x7f7f7f7fu, "%s path %d gemm %dx%d wrote [%d][%d]",
+                                      k_names[it], p, nr, nc, i, j);
+                            }
+                        }
+                }
+        }
+    }
+}
+
+static unsigned char *row_before_guard(size_t bytes, void **map, size_t *map_size) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t data_pages = (bytes + page - 1) / page;
+    *map_size = (data_pages + 1) * page;
+    unsigned char *m = mmap(NULL, *map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                            -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    mprotect(m + data_pages * page, page, PROT_NONE);
+    *map = m;
+    return m + data_pages * page - bytes;
+}
+
+PG_TEST(test_iq_kernels_stay_inside_rows) {
+    const int nbs[] = {1, 2, 4, 7, 8, 33};
+    for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
+        if (!pg_path_compiled(p)) continue;
+        for (int it = 0; it < NT; it++) {
+            const int32_t type = k_types[it];
+            const pg_type_traits *tp = pg_get_type_traits_for_path(type, p);
+            for (int k = 0; k < 6; k++) {
+                const int nb = str(type)->block_size == 256 ? (nbs[k] + 3) / 4 : nbs[k];
+                const int64_t n = (int64_t)nb * str(type)->block_size;
+                void *mx, *my;
+                size_t sx, sy;
+                unsigned char *x = row_before_guard(row_bytes(type, n), &mx, &sx);
+                unsigned char *y = row_before_guard(row_bytes(tp->vec_dot_type, n), &my, &sy);
+                CHECK(x && y, "mmap failed");
+                if (!x || !y) return;
+                random_weights(type, x, nb);
+                random_act(type, y, n);
+                float out[9 * 256], s = 0;
+                tp->to_float(x, out, n);
+                tp->vec_dot(n, &s, x, y);
+                if (tp->gemm) tp->gemm(n, &s, 4, x, 0, y, 0, 1, 1);
+                CHECK(s == s, "%s path %d: NaN", k_names[it], p);
+                munmap(mx, sx);
+                munmap(my, sy);
+            }
+        }
+    }
+}
+
+PG_TEST(test_iq_quantize_roundtrip) {
+    float x[4 * 256], y[4 * 256];
+    uint8_t q[32 * 18];
+    for (int it = 0; it < NT; it++) {
+        const int32_t type = k_types[it];
+        const pg_type_traits *t = str(type);
+        for (int mode = 0; mode < 3; mode++) {
+            for (int e = 0; e < 1024; e++)
+                x[e] = mode == 0 ? rndf() : mode == 1 ? 0.0f : rndf() * (e % 64 < 32 ? 1e-3f : 10.f);
+            t->from_float_ref(x, q, 1024);
+            t->to_float(q, y, 1024);
+            for (int b = 0; b < 32; b++) {
+                float amax = 0, err = 0;
+                for (int e = 32 * b; e < 32 * b + 32; e++) {
+                    amax = fmaxf(amax, fabsf(x[e]));
+                    err = fmaxf(err, fabsf(x[e] - y[e]));
+                }
+                /* the coarsest step: 24/127 of the block max (IQ4), a third of it (MXFP4's 4 → 6
+                 * at 2^e): a value is never further from its level than that */
+                const float bound = (type == PG_TYPE_MXFP4 ? 0.34f : 0.19f) * amax + 1e-6f;
+                CHECK(err <= bound || (type == PG_TYPE_IQ4_XS && mode == 2),
+                      "%s mode %d block %d: err %g amax %g", k_names[it], mode, b, (double)err,
+                      (double)amax);
+            }
+        }
+    }
+}
