@@ -26,7 +26,7 @@ import uuid
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyggml.errors import PyggmlError
-from pyggml.server.app import BadRequest, _json_body
+from pyggml.server.http import BadRequest, _json_body
 from pyggml.server.translate import (SAMPLING_EXTRAS, arguments_object, chat_with_limit,
                                      chunk_finish, chunk_parts, is_obj, jtype, message_parts,
                                      need, response_error, sse_event, usage_numbers)

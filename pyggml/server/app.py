@@ -31,10 +31,10 @@ from pyggml.llm.chatturn import ChatRequestError, ChatTurn
 from pyggml.llm.generate import Generation
 from pyggml.llm.grammar import constraint_for, request_spec
 from pyggml.server import guard, webapi
+from pyggml.server.http import DEFAULTS, BadRequest, _json_body, error_response  # noqa: F401
 from pyggml.server.engine import Engine, Job, QueueFullError
 
 # llama-server's sampling defaults
-DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
 WAIT_POLL_S = 0.25          # how often a waiting non-streamed request checks for a disconnect
 WEB_ASSETS = {"index.html": "text/html; charset=utf-8",
               "app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
@@ -42,19 +42,6 @@ WEB_ASSETS = {"index.html": "text/html; charset=utf-8",
 WEB_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
            "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 PUBLIC_PATHS = ("/", "/health", "/v1/health")       # served without the API key (and /web/*)
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error", headers: dict | None = None):
-        super().__init__(message)
-        self.param, self.status, self.kind, self.headers = param, status, kind, headers
-
-
-def error_response(status: int, message: str, param=None, kind="invalid_request_error",
-                   headers=None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
-                                   "code": status}}, status_code=status, headers=headers)
 
 
 def _grammar_param(body: dict, e: GrammarError) -> str:
@@ -203,17 +190,6 @@ def _common(body, max_default=None):
     if so is not None and not isinstance(so, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
     return max_tokens, stop, _bool(body, "stream")
-
-
-async def _json_body(request: Request) -> dict:
-    raw = await request.body()
-    try:                        # bounded depth and numbers; big bodies off the event loop
-        body = await guard.parse_json_async(raw)
-    except guard.JSONLimitError as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
 
 
 # ---- the app ---------------------------------------------------------------------------------

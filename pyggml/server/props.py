@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse
 
 import pyggml
 from pyggml.errors import ChatTemplateError
-from pyggml.server.app import DEFAULTS, BadRequest, _json_body
+from pyggml.server.http import DEFAULTS, BadRequest, _json_body
 
 _CAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

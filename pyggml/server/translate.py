@@ -13,7 +13,7 @@ import json
 
 from starlette.responses import Response
 
-from pyggml.server.app import BadRequest
+from pyggml.server.http import BadRequest
 
 # sampling fields both APIs pass through unchanged to the chat path (llama-server's extras that
 # clients send in extra_body)
