@@ -23,6 +23,7 @@ from pyggml.backend.base import BufferUsage, alloc_tensors
 from pyggml.context import Context
 from pyggml.errors import (ContextOverflowError, InsufficientMemoryError, InvalidArgumentError,
                            ModelError)
+from pyggml.llm import recurrent as rs
 from pyggml.types import GGMLType, as_type
 
 KV_PAD = 256          # n_kv (cells the attention reads) is padded to this: graphs get reused
@@ -176,6 +177,7 @@ class KVCache:
                              f"layers")
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
+        self.arch = hp.arch
         self.window = hp.sliding_window
         swa_layers = [hp.layer_is_swa(il) for il in range(hp.n_layer)]
         n_swa = min(n_ctx, -(-(self.window * n_seq_max + n_ubatch) // KV_PAD) * KV_PAD)
@@ -185,7 +187,14 @@ class KVCache:
         self.layer_space = [SWA if sw and SWA in n_cells else FULL for sw in swa_layers]
         self.k, self.v = [], []
         ctx = Context(no_alloc=True, name="kv")
+        # recurrent layers hold their state in their K/V slots (pyggml/llm/recurrent.py)
+        self.rs_layers = [il for il in range(hp.n_layer) if rs.layer_is_recurrent(hp, il)]
         for il in range(hp.n_layer):
+            if il in self.rs_layers:
+                self.layer_space[il] = rs.RS
+                for lst, t in zip((self.k, self.v), rs.new_state_tensors(ctx, hp, il, n_seq_max)):
+                    lst.append(t)
+                continue
             ne_k = hp.head_dim_k * hp.n_head_kv[il]
             ne_v = hp.head_dim_v * hp.n_head_kv[il]
             n = n_cells[self.layer_space[il]]
@@ -265,7 +274,10 @@ class KVCache:
         for name, sp in self.spaces.items():
             if name == SWA:
                 sp.forget_outside_window(pos, seq_ids, self.window)
-            cells[name] = sp.find_slot_ordered(self.n_ctx, seq_ids)
+            # the full space keeps each sequence's cells in position order (find_slot_ordered);
+            # the sliding-window space is a ring that reuses the cells the window left behind
+            cells[name] = (sp.find_slot_ordered(self.n_ctx, seq_ids) if name == FULL
+                           else sp.find_slot(len(pos), self.n_ctx))
         for name, sp in self.spaces.items():
             sp.apply(cells[name], pos, seq_ids)
         return cells
@@ -300,15 +312,31 @@ class KVCache:
                              f"(n_seq_max={self.n_seq_max}{'; -1: all' if allow_all else ''}), "
                              f"got {seq_id!r}")
 
+    def rs_tensors(self) -> list:
+        """The recurrent layers' state tensors (conv, ssm per layer; empty without any)."""
+        return [t for il in self.rs_layers for t in (self.k[il], self.v[il])]
+
+    def _refuse_recurrent(self, what: str) -> None:
+        if self.rs_layers:
+            raise rs.RecurrentStateError(
+                f"{self.arch}: {what} cannot be honoured by a model with recurrent layers "
+                f"(their state folds in every earlier token); keep a prefix of the sequence "
+                f"(Context.seq_keep_first) or reset it")
+
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> None:
         """Forget sequence seq_id's tokens with positions in [p0, p1) (p1 None: to the end);
-        seq_id -1: all sequences."""
+        seq_id -1: all sequences. Recurrent models: only a whole sequence (p0 0) or a suffix
+        whose state the caller restores (Context.seq_keep_first); a middle range is a
+        RecurrentStateError."""
         self._check_seq("seq_rm: seq_id", seq_id, allow_all=True)
+        if p1 is not None and p1 <= self.seq_pos_max(max(seq_id, 0)) and seq_id >= 0:
+            self._refuse_recurrent(f"seq_rm(seq_id={seq_id}, p0={p0}, p1={p1}) (a middle range)")
         for sp in self.spaces.values():
             sp.seq_rm(seq_id, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
         """Make dst share src's cells with positions in [p0, p1) (no data is copied)."""
+        self._refuse_recurrent(f"seq_cp(src={src}, dst={dst}) (sharing cells)")
         self._check_seq("seq_cp: src", src)
         self._check_seq("seq_cp: dst", dst)
         for sp in self.spaces.values():
