@@ -457,3 +457,22 @@ def test_grammar_accepts_the_call_and_rejects_bad_arguments(bytetok, fmt, kwargs
     # what the grammar makes reads back as calls
     content, calls = fmt.parse(good, TOOLS)
     assert (content, bool(calls)) in (("", True), ("Hello!", False))
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+    '  ```\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n',
+])
+def test_hermes_reads_untagged_calls_only_where_a_call_is_forced(text):
+    """Qwen2.5-Coder's bare or fenced JSON calls: calls under `untagged()` (tool_choice
+    required / named), content with "auto" (the template's markup only, as llama.cpp)."""
+    strict = FORMATS["hermes"]
+    content, calls = strict.parse(text, TOOLS)
+    assert calls == [] and content.strip()
+    content, calls = strict.untagged().parse(text, TOOLS)
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == \
+        [("get_weather", {"city": "Paris"})]
+    # a JSON object that names no tool stays content
+    other = '{"name": "Bob", "arguments": {}}'
+    assert strict.untagged().parse(other, TOOLS) == (other, [])
