@@ -124,6 +124,8 @@ def test_bounds_are_stated_for_every_variant():
         assert fa0 <= RMS_BOUND[v] and fa1 <= RMS_BOUND[v], v
     # every architecture the registry knows is covered by at least one variant
     covered = {M.VARIANTS[v].arch for v in VARIANTS}
+    import make_hybrid_models        # the hybrid architectures: tests/test_llm_hybrid.py
+    covered |= {s.arch for s in make_hybrid_models.VARIANTS.values()}
     assert covered | {"gemma3", "qwen2"} == set(SUPPORTED_ARCHS)
 
 

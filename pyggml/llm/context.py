@@ -31,6 +31,7 @@ from pyggml.backend.base import is_host_tensor, tensor_get_into
 from pyggml.backend.cpu import host_array
 from pyggml.errors import (ArgumentTypeError, ClosedError, ContextOverflowError,
                            GeneratorInvalidatedError, ModelError, PyggmlError)
+from pyggml.llm import recurrent as rs
 from pyggml.llm.models import GraphParams
 from pyggml.llm.options import is_int, token_list
 from pyggml.llm.speculative import SpecStats
@@ -53,6 +54,8 @@ class RunStats:
     allocator_plans: int = 0          # reserve() calls (planning); the reuse path makes none
     n_prompt_tokens: int = 0          # prompt tokens evaluated
     n_prompt_reused: int = 0          # prompt tokens whose KV cells were kept (reuse_prefix)
+    n_state_replayed: int = 0         # recurrent models: tokens re-evaluated from a checkpoint
+                                      # to keep a prefix (seq_keep_first)
     n_gen_tokens: int = 0
     t_load_s: float = 0.0
     t_prompt_s: float = 0.0
@@ -91,6 +94,8 @@ class Context:
         n = self.n_seq_max
         self._seq_tokens: list[list[int]] = [[] for _ in range(n)]   # what each holds, in order
         self._seq_epoch = [0] * n           # bumped by every change of a sequence from outside
+        # recurrent (hybrid) models: state checkpoints per sequence (pyggml/llm/recurrent.py)
+        self.checkpoints = rs.Checkpoints(n) if self.kv.rs_layers else None
 
     n_ctx = property(lambda self: self.run.opts.n_ctx)
     n_ubatch = property(lambda self: self.run.opts.n_ubatch)
@@ -162,16 +167,36 @@ class Context:
             if not is_int(n_keep) or not 0 <= n_keep <= len(held):
                 raise ModelError(f"n_keep must be in [0, {len(held)}] (tokens held by sequence "
                                  f"{seq_id}), got {n_keep!r}")
-            if n_keep < len(held):
+            if n_keep < len(held) and self.checkpoints is not None:
+                self._keep_first_recurrent(seq_id, int(n_keep))
+            elif n_keep < len(held):
                 self.kv.seq_rm(seq_id, int(n_keep))
                 del held[n_keep:]
             if invalidate:
                 self._seq_epoch[seq_id] += 1
 
+    def _keep_first_recurrent(self, seq_id: int, n_keep: int) -> None:
+        """A recurrent state cannot be cut back: restore the nearest checkpoint at or before
+        n_keep (none: the empty state), forget what follows it, then evaluate the tokens from it
+        to n_keep again (counted in stats.n_state_replayed)."""
+        held = self._seq_tokens[seq_id]
+        cp = self.checkpoints.nearest(seq_id, n_keep)
+        c = cp.n_tokens if cp is not None else 0
+        replay = held[c:n_keep]
+        rs.write_seq(self.kv, seq_id, cp.rows if cp is not None else None)
+        self.kv.seq_rm(seq_id, c)
+        del held[c:]
+        self.checkpoints.forget_after(seq_id, c)
+        if replay:
+            self.stats.n_state_replayed += len(replay)
+            self.decode([(replay, seq_id)], invalidate=False)
+
     def seq_reset(self, seq_id: int | None = None) -> None:
         """Forget a sequence's tokens (every sequence with None); their generations end."""
         with self.lock:
             self.check_open()
+            if self.checkpoints is not None:
+                self.checkpoints.clear(None if seq_id is None else self.check_seq(seq_id))
             if seq_id is None:
                 self.kv.clear()
                 self._seq_tokens = [[] for _ in range(self.n_seq_max)]
@@ -205,6 +230,10 @@ class Context:
             n = self.common_prefix(ids[:-2], seq_id)
             if n > 0 and not self.kv.can_keep_prefix(seq_id, n):
                 n = 0
+            if self.checkpoints is not None and n < self.seq_len(seq_id):
+                # recurrent state: resume from the nearest checkpoint at or before n
+                cp = self.checkpoints.nearest(seq_id, n)
+                n = cp.n_tokens if cp is not None else 0
             self.seq_keep_first(seq_id, n)
             self.stats.n_prompt_reused += n
         return n
@@ -261,18 +290,32 @@ class Context:
             sids, want = np.asarray(sids, np.int64), np.asarray(want, bool)
             rows = []
             snapshot = self.kv.snapshot()
+            if self.checkpoints is not None:
+                self._before_recurrent(seqs, all_rows)
             try:
                 for i in range(0, len(toks), self.n_ubatch):
                     sl = slice(i, i + self.n_ubatch)
                     rows.append(self._decode_ubatch(toks[sl], pos[sl], sids[sl], want[sl], output))
                     if self.on_ubatch is not None and len(toks) > self.n_ubatch:
                         self.on_ubatch(min(i + self.n_ubatch, len(toks)), len(toks))
+                    if self.checkpoints is not None:
+                        self._checkpoint_ubatch(pos[sl], sids[sl])
             except BaseException:
                 # leave the cache as it was: the model stays usable after an error
                 self.kv.restore(snapshot)
+                if self.checkpoints is not None:
+                    # the recurrent state moved on in part: those sequences start again
+                    for _, sid in seqs:
+                        self.kv.seq_rm(sid)
+                        self._seq_tokens[sid] = []
+                        self._seq_epoch[sid] += 1
+                        self.checkpoints.clear(sid)
                 raise
             for tokens, sid in seqs:
                 self._seq_tokens[sid] += [int(t) for t in tokens]
+                if self.checkpoints is not None and len(tokens) > 1 and sid not in all_rows:
+                    # the end of an evaluated prompt (a message's end): a checkpoint
+                    self.checkpoints.add(self.kv, sid, len(self._seq_tokens[sid]))
         out = np.concatenate(rows) if len(rows) > 1 else rows[0]
         if len(seqs) == 1:          # no selection: no second copy of (maybe large) logits
             sid = seqs[0][1]
@@ -284,6 +327,26 @@ class Context:
             result[sid] = sel if every or sid in all_rows else sel[-1]
         return result
 
+    def _before_recurrent(self, seqs, all_rows) -> None:
+        """Recurrent models, before a batch: a sequence that starts at position 0 starts from
+        the empty state; one whose rows are all wanted (a speculative verification) gets a
+        rollback checkpoint, so that rejected drafts can be taken back."""
+        for _, sid in seqs:
+            n = len(self._seq_tokens[sid])
+            if n == 0:
+                rs.write_seq(self.kv, sid, None)
+            elif sid in all_rows:
+                self.checkpoints.add(self.kv, sid, n, rollback=True)
+
+    def _checkpoint_ubatch(self, pos, sids) -> None:
+        """A checkpoint of each sequence of the ubatch whose length crossed a multiple of the
+        checkpoint interval (long prompts resume from every few thousand tokens)."""
+        every = self.checkpoints.interval
+        for sid in np.unique(sids):
+            p = pos[sids == sid]
+            if (int(p[-1]) + 1) // every > int(p[0]) // every:
+                self.checkpoints.add(self.kv, int(sid), int(p[-1]) + 1)
+
     def _decode_ubatch(self, toks, pos, sids, want, output: str) -> np.ndarray:
         T = len(toks)
         cells = self.kv.place(pos, sids, atomic=False)     # decode() restores on errors
@@ -292,7 +355,8 @@ class Context:
         n_wanted = len(out_ids)
         if n_wanted == 0:       # keep the topology of a full ubatch: compute one row, drop it
             out_ids = np.array([T - 1], np.int32)
-        gp = GraphParams(T, len(out_ids), n_kv["full"], n_kv.get("swa", 0))
+        n_rs = len(np.unique(sids)) if self.checkpoints is not None else 0
+        gp = GraphParams(T, len(out_ids), n_kv["full"], n_kv.get("swa", 0), n_rs=n_rs)
         self.stats.ubatch_sizes.append(T)
         phase = "decode" if T == 1 else "prefill"
         sched = self.run.sched[phase]
@@ -339,7 +403,8 @@ class Context:
     def _input_views(inp, T: int) -> dict:
         """numpy views of a placed graph's input tensors (host memory), by input name."""
         views = {name: host_array(getattr(inp, name)).reshape(-1)
-                 for name in ("tokens", "pos", "kv_idxs", "kv_idxs_swa", "out_ids")
+                 for name in ("tokens", "pos", "kv_idxs", "kv_idxs_swa", "out_ids",
+                              "rs_ids", "rs_seq")
                  if getattr(inp, name) is not None}
         if inp.mask is not None:
             views["mask"] = host_array(inp.mask).reshape(T, -1)
@@ -357,6 +422,10 @@ class Context:
             views["kv_idxs_swa"][:] = cells["swa"]
         if "out_ids" in views:
             views["out_ids"][:] = out_ids
+        if "rs_ids" in views:       # the ubatch's sequences, each token's index into them
+            ids, idx = np.unique(sids, return_inverse=True)
+            views["rs_ids"][:] = ids
+            views["rs_seq"][:] = idx
         if "mask" in views:
             self.kv.mask_into("full", views["mask"], pos, sids)
         if "mask_swa" in views:

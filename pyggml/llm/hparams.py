@@ -56,6 +56,12 @@ class HParams:
     expert_norm_w: bool = False      # renormalize the k selected weights to sum 1
     expert_weights_scale: float = 0.0
     expert_gating: str = "softmax"
+    # recurrent layers of hybrid models (pyggml/llm/recurrent.py; empty: none)
+    recurrent_layers: list[bool] = field(default_factory=list)   # per layer
+    ssm_conv_kernel: int = 0         # K of the causal convolution (LFM2: shortconv.l_cache)
+    ssm_conv_channels: int = 0       # C, the convolved channels
+    ssm_state_size: int = 0          # F32 elements of a layer's delta-rule state (0: none)
+    rope_sections: list[int] = field(default_factory=list)   # multi-section rope (Qwen 3.5)
 
     def layer_is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]

@@ -32,7 +32,7 @@ def check_weights(hp, weights: dict, path) -> None:
         needed.append(name)
 
     need("token_embd.weight", [E, hp.n_vocab])
-    need("output_norm.weight", [E])
+    need(f"{arch.output_norm}.weight", [E])
     if arch.output_required and "output.weight" not in weights:
         raise ModelError(f"{path}: missing tensor 'output.weight' (architecture {hp.arch} has "
                          f"no tied output)")

@@ -49,6 +49,7 @@ class GraphParams:
     n_outputs: int
     n_kv: int
     n_kv_swa: int = 0     # cells read by sliding-window layers when they have their own space
+    n_rs: int = 0         # sequences in the ubatch (models with recurrent layers; else 0)
 
 
 @dataclass
@@ -61,6 +62,8 @@ class GraphInputs:
     mask: Tensor | None       # F16 [n_kv, T] (None when every layer is sliding-window)
     mask_swa: Tensor | None   # F16 [n_kv of the SWA layers' space, T] (None without SWA layers)
     out_ids: Tensor | None  # I32 [n_out]: ubatch rows whose logits are wanted (None: all rows)
+    rs_ids: Tensor | None = None   # I32 [n_rs]: the ubatch's sequences (recurrent state rows)
+    rs_seq: Tensor | None = None   # I32 [T]: each token's index into rs_ids
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +85,7 @@ class Arch:
     output_required: bool = False   # no tied output: output.weight must be there
     moe: bool = False               # may have experts (expert_count > 0)
     moe_only: bool = False          # must have experts
+    output_norm: str = "output_norm"  # the final norm's tensor (LFM2: token_embd_norm)
 
 
 def need_tensor(weights: dict, name: str, ne, arch: str, path) -> None:
@@ -168,6 +172,10 @@ class Builder:
             out_ids=(ctx.new_tensor_1d(GGMLType.I32, gp.n_outputs, name="inp_out_ids").set_input()
                      if select_outputs else None),
         )
+        if getattr(kv, "rs_layers", None):     # recurrent layers (pyggml/llm/recurrent.py)
+            n_rs = gp.n_rs or min(kv.n_seq_max, T)
+            self.inp.rs_ids = ctx.new_tensor_1d(GGMLType.I32, n_rs, name="inp_rs_ids").set_input()
+            self.inp.rs_seq = ctx.new_tensor_1d(GGMLType.I32, T, name="inp_rs_seq").set_input()
         self.rope_mode = ROPE_MODE_NEOX if hp.rope_neox else ROPE_MODE_NORMAL
         self.rope_factors = rope_factors(hp, weights, kv.n_ctx)
 
@@ -306,7 +314,9 @@ class Builder:
         """The head: output norm, output matrix (tied: token_embd), optional bias, Granite's
         logit scale, Gemma's final soft-cap. F32 [V, n_out]."""
         ctx, hp = self.ctx, self.hp
-        x = self.norm(x, self.weights["output_norm.weight"], "result_norm")
+        norm = getattr(self, "arch", None)
+        x = self.norm(x, self.weights[f"{norm.output_norm if norm else 'output_norm'}.weight"],
+                      "result_norm")
         # a tied output matrix placed on a device gets its own copy there, named output.weight
         out_w = self.weights.get("output.weight", self.weights["token_embd.weight"])
         logits = ops.mul_mat(ctx, out_w, x, name="result_output")
@@ -320,6 +330,7 @@ class Builder:
         return logits
 
     def build(self, arch: Arch):
+        self.arch = arch
         x = self.embed()
         for il in range(self.hp.n_layer):
             x = arch.build_layer(self, il, x)

@@ -1,0 +1,142 @@
+"""Small random-weight GGUF models of the hybrid architectures (recurrent layers beside attention:
+LFM2's short convolutions), written like tools/make_arch_models.py (its vocabulary, encoders and
+seeds; llama.cpp's converter's keys and tensor names). Deterministic, so tests regenerate them
+(tests/test_llm_hybrid.py) and llama.cpp's references stay valid:
+
+    .venv/bin/python tools/make_hybrid_models.py /tmp/hybrid_models
+    /work/ref/llamacpp-venv/bin/python tools/make_arch_refs.py /tmp/hybrid_models \
+        tests/data/hybrid_refs.npz
+
+Shapes: E = 256, head size 64, 4 query heads over 2 K/V heads on the attention layers, F = 3E,
+V = 384; the convolution layers have attention.head_count_kv 0 (how llama.cpp tells them
+apart) and kernel size shortconv.l_cache = 3 (LFM2's).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import gguf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_arch_models as M  # noqa: E402
+
+# a longer sequence than make_arch_models.TOKENS: checkpoints and chunked prompts get room
+TOKENS = [int(t) for t in np.random.default_rng(4321).integers(260, M.N_VOCAB, 40)]
+
+
+@dataclass(frozen=True)
+class Hybrid:
+    arch: str
+    layers: str                      # per layer: "r" recurrent, "a" attention
+    types: tuple
+    l_cache: int = 3
+    seed: int = 0
+
+
+VARIANTS = {
+    "lfm2": Hybrid("lfm2", "rrar", ("q4_k", "q6_k", "q8_0", "q5_k"), seed=40),
+}
+E, D, H, HKV, F = 256, 64, 4, 2, 768
+
+
+def tensors_of(s: Hybrid, rng) -> list[tuple[str, np.ndarray]]:
+    out = []
+
+    def mat(name, rows, cols, std=None):
+        std = std if std is not None else 1.0 / math.sqrt(cols)
+        out.append((name, (rng.standard_normal((rows, cols)) * std).astype(np.float32)))
+
+    def vec(name, n, mean=1.0, std=0.1):
+        out.append((name, (mean + rng.standard_normal(n) * std).astype(np.float32)))
+
+    mat("token_embd.weight", M.N_VOCAB, E, std=1.0)
+    vec("token_embd_norm.weight", E)
+    mat("output.weight", M.N_VOCAB, E, std=2.0 / math.sqrt(E))
+    for il, kind in enumerate(s.layers):
+        p = f"blk.{il}."
+        vec(p + "attn_norm.weight", E)
+        if kind == "r":
+            # f32 [K, E] (ne order); the converter keeps the 1-D convolution in f32
+            out.append((p + "shortconv.conv.weight",
+                        (rng.standard_normal((E, s.l_cache)) / math.sqrt(s.l_cache))
+                        .astype(np.float32)))
+            mat(p + "shortconv.in_proj.weight", 3 * E, E)
+            mat(p + "shortconv.out_proj.weight", E, E)
+        else:
+            mat(p + "attn_q.weight", H * D, E)
+            mat(p + "attn_k.weight", HKV * D, E)
+            mat(p + "attn_v.weight", HKV * D, E)
+            vec(p + "attn_q_norm.weight", D)
+            vec(p + "attn_k_norm.weight", D)
+            mat(p + "attn_output.weight", E, H * D)
+        vec(p + "ffn_norm.weight", E)
+        mat(p + "ffn_gate.weight", F, E)
+        mat(p + "ffn_up.weight", F, E)
+        mat(p + "ffn_down.weight", E, F)
+    return out
+
+
+def write_variant(name: str, path) -> Path:
+    s = VARIANTS[name]
+    rng = np.random.default_rng(1000 + s.seed)
+    path = Path(path)
+    w = gguf.GGUFWriter(str(path), s.arch)
+    a = s.arch
+    w.add_name(f"pyggml-random-{name}")
+    w.add_uint32(f"{a}.context_length", 4096)
+    w.add_uint32(f"{a}.embedding_length", E)
+    w.add_uint32(f"{a}.block_count", len(s.layers))
+    w.add_uint32(f"{a}.feed_forward_length", F)
+    w.add_uint32(f"{a}.attention.head_count", H)
+    w.add_array(f"{a}.attention.head_count_kv", [HKV if k == "a" else 0 for k in s.layers])
+    w.add_uint32(f"{a}.rope.dimension_count", D)
+    w.add_float32(f"{a}.rope.freq_base", 1000000.0)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_uint32(f"{a}.vocab_size", M.N_VOCAB)
+    w.add_uint32(f"{a}.shortconv.l_cache", s.l_cache)
+    w.add_file_type(15)
+    tokens, scores, types = M._vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+    k = 0
+    for tname, arr in tensors_of(s, rng):
+        if arr.ndim == 1 or arr.shape[-1] % 256:
+            w.add_tensor(tname, arr)
+            continue
+        t = s.types[k % len(s.types)]
+        k += 1
+        data = M._encode(arr, t)
+        w.add_tensor(tname, data, raw_shape=data.shape, raw_dtype=M._QT[t])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def main(argv) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    out = Path(argv[0])
+    out.mkdir(parents=True, exist_ok=True)
+    for name in argv[1:] or sorted(VARIANTS):
+        print(write_variant(name, out / f"{name}.gguf"))
+    (out / "tokens.txt").write_text(" ".join(str(t) for t in TOKENS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
