@@ -109,6 +109,45 @@ def draft_from_args(args):
     return None
 
 
+def add_grammar_args(p) -> None:
+    """Constrained output (pyggml/llm/grammar.py), llama.cpp's spellings: --grammar (GBNF
+    text), --grammar-file, -j / --json-schema (a JSON schema), --json-schema-file."""
+    g = p.add_argument_group("constrained output")
+    g.add_argument("--grammar", default=None, metavar="GBNF",
+                   help="constrain the output to a GBNF grammar (llama.cpp's syntax)")
+    g.add_argument("--grammar-file", default=None, metavar="FILE",
+                   help="... read from a file")
+    g.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help="constrain the output to JSON matching this schema ('{}': any object)")
+    g.add_argument("--json-schema-file", default=None, metavar="FILE",
+                   help="... read from a file")
+
+
+def grammar_from_args(args):
+    """The GrammarSpec the constrained-output flags ask for (None: none), checked before the
+    model loads: a bad grammar or schema is one line naming where."""
+    from pyggml.llm.grammar import GrammarSpec
+    given = {k: getattr(args, k, None) for k in ("grammar", "grammar_file", "json_schema",
+                                                  "json_schema_file")}
+    given = {k: v for k, v in given.items() if v is not None}
+    if len(given) > 1:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise UsageError(f"{flags}: give one grammar or schema")
+    if not given:
+        return None
+    (key, value), = given.items()
+    if key.endswith("_file"):
+        try:
+            with open(value, encoding="utf-8") as f:
+                value = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--{key.replace('_', '-')} {value}: cannot read it "
+                             f"({getattr(e, 'strerror', None) or e})") from None
+    if key.startswith("grammar"):
+        return GrammarSpec.gbnf(value)
+    return GrammarSpec.json_schema(value)
+
+
 def draft_plan_options(args) -> dict:
     """Planner.plan options for the speculative-decoding flags: the draft model and n_draft
     ({} without a draft)."""

@@ -1,5 +1,6 @@
 """`pyggml chat -m MODEL [-sys TEXT] [--chat-template FILE|NAME]`: a conversation, as
-`llama-cli -cnv`. Replies stream as they are generated; the history stays in the KV cache (each
+`llama-cli -cnv`. Replies stream as they are generated (a thinking model's reasoning dimmed on a terminal, left
+out when the output is piped); the history stays in the KV cache (each
 turn re-renders the chat and keeps the cells of the common prefix, so only the new messages are
 evaluated). Commands: /clear (start over), /exit. Ctrl-C stops the current reply (the part
 already shown stays in the history), Ctrl-D exits. When the context is full it says so and
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import sys
 
-from pyggml.cli.args import spec_stats_line
+from pyggml.cli.args import grammar_from_args, spec_stats_line
 from pyggml.cli.serve import add_model_arguments, load_llm
 from pyggml.errors import ModelError, PyggmlError
 
 HELP = "commands: /clear (forget the conversation), /exit (or Ctrl-D); Ctrl-C stops a reply"
+DIM, PLAIN = "\x1b[2m", "\x1b[0m"     # a thinking model's reasoning, on a terminal
 
 
 def _lines(interactive: bool):
@@ -46,6 +48,8 @@ def _sampling(args) -> dict:
 
 def cmd_chat(args) -> int:
     interactive = sys.stdin.isatty()
+    dim = sys.stdout.isatty()          # reasoning shown dimmed on a terminal, left out in a pipe
+    grammar = grammar_from_args(args)      # a bad grammar fails before the model loads
     llm = load_llm(args)
     try:
         llm.get_chat_template(args.chat_template)      # no template: the error names the option
@@ -71,8 +75,11 @@ def cmd_chat(args) -> int:
                 for chunk in llm.create_chat_completion(
                         history, chat_template=args.chat_template, stream=True,
                         max_tokens=args.n_predict if args.n_predict > 0 else None,
-                        **_sampling(args)):
+                        grammar=grammar, **_sampling(args)):
                     ch = chunk["choices"][0]
+                    thought = ch["delta"].get("reasoning_content")
+                    if thought and dim:
+                        print(f"{DIM}{thought}{PLAIN}", end="", flush=True)
                     piece = ch["delta"].get("content")
                     if piece:
                         reply.append(piece)

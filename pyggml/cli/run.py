@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 import time
 
-from pyggml.cli.args import (add_draft_args, add_model_args, add_offload_args, config_from_cli,
-                             draft_from_args, positive_int, run_options, spec_stats_line)
+from pyggml.cli.args import (add_draft_args, add_grammar_args, add_model_args, add_offload_args,
+                             config_from_cli, draft_from_args, grammar_from_args, positive_int,
+                             run_options, spec_stats_line)
 from pyggml.errors import PyggmlError, UsageError
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "0": "\0"}
@@ -66,6 +67,7 @@ def cmd_run(args) -> int:
         return cmd_chat(args)
     from pyggml.llm.sampler import SamplingParams          # checked before the model loads
     SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty).validate()
+    grammar = grammar_from_args(args)                      # checked before the model loads
     prompt = _prompt(args)
     if args.n_predict < -1:
         raise UsageError(f"-n {args.n_predict}: expected a number of tokens >= 0, or -1 "
@@ -96,7 +98,7 @@ def cmd_run(args) -> int:
         gen = llm.generate(prompt, args.n_predict, temperature=args.temp, top_k=args.top_k,
                            top_p=args.top_p, min_p=args.min_p,
                            repeat_penalty=args.repeat_penalty, seed=args.seed,
-                           stop_at_eog=not args.ignore_eos)
+                           stop_at_eog=not args.ignore_eos, grammar=grammar)
         text = ""
         for tok in gen:
             if bar is not None:
@@ -126,6 +128,7 @@ def add_commands(sub) -> None:
     add_model_args(r)
     add_offload_args(r)
     add_draft_args(r)
+    add_grammar_args(r)
     r.add_argument("-p", "--prompt", default="The capital of France is")
     r.add_argument("-f", "--file", default=None,
                    help="read the prompt from this file ('-': standard input)")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
-from pyggml.cli.args import add_draft_args, bounded, draft_from_args, positive_int
+from pyggml.cli.args import (add_draft_args, add_grammar_args, bounded, draft_from_args,
+                             grammar_from_args, positive_int)
 from pyggml.cmdline import add_model_args, add_offload_args, run_options
 from pyggml.offload.flags import config_from_cli
 
@@ -16,11 +17,12 @@ nonnegative_ms = bounded(float, 0.0, what="milliseconds >= 0")
 
 
 def add_model_arguments(p) -> None:
-    """The model, run-size, offload and speculative-decoding flags (pyggml.cmdline,
-    cli/args.py) and the chat template: what `serve` and `chat` share."""
+    """The model, run-size, offload, speculative-decoding and constrained-output flags
+    (pyggml.cmdline, cli/args.py) and the chat template: what `serve` and `chat` share."""
     add_model_args(p)
     add_offload_args(p)
     add_draft_args(p)
+    add_grammar_args(p)
     p.add_argument("--chat-template", default=None,
                    help="a Jinja file or a built-in name (chatml, gemma, llama3, ...); default: "
                         "the model's own")
@@ -39,6 +41,7 @@ def cmd_serve(args) -> int:
     warn = bind_warning(args.host, args.api_key)
     if warn:
         print(f"pyggml: warning: {warn}", file=sys.stderr)
+    grammar = grammar_from_args(args)          # a bad grammar fails before the model loads
     llm = load_llm(args, n_seq_max=args.parallel)
     for w in llm.offload.warnings:
         print(f"pyggml: warning: {w}", file=sys.stderr)
@@ -48,6 +51,8 @@ def cmd_serve(args) -> int:
                                         if h.strip()))
     server = make_server(llm, args.parallel, name, args.chat_template, args.api_key,
                          args.queue_size, args.step_ms / 1000, limits, args.host)
+    server.default_grammar = grammar       # llama-server's --grammar / -j: for every request
+    #                                        that brings no constraint or tools of its own
     print(f"pyggml: serving {name} on http://{args.host}:{args.port} ({args.parallel} slots, "
           f"{server.engine.n_ctx_slot} tokens each; devices: "
           f"{', '.join(llm.offload.devices_used())})", file=sys.stderr, flush=True)

@@ -162,7 +162,11 @@ def create_completion(llm, prompt, *, max_tokens=16, temperature=0.8, top_p=0.95
             last["usage"] = usage(gen)
             yield last
         return chunks()
-    text = "".join(_pieces(llm, gen, spec))
+    # several threads on one sequence: one completion after another (llama-cpp-python's
+    # behaviour), never interleaved steps; a stream is the caller's to iterate, and gets
+    # GeneratorInvalidatedError if another call changes its sequence meanwhile
+    with llm.context.lock:
+        text = "".join(_pieces(llm, gen, spec))
     out = chunk(prefix + text, openai_finish_reason(gen),
                 completion_logprobs(gen.token_logprobs, len(prefix)) if logprobs is not None else None)
     out["usage"] = usage(gen)
@@ -220,8 +224,9 @@ def create_chat_completion(llm, messages, *, chat_template=None, max_tokens=None
             last["usage"] = usage(gen)
             yield last
         return chunks()
-    for text in _pieces(llm, gen, spec):
-        turn.feed(text)
+    with llm.context.lock:             # as create_completion: one after another
+        for text in _pieces(llm, gen, spec):
+            turn.feed(text)
     turn.finish()
     return {"id": cid, "object": "chat.completion", "created": created,
             "model": _model_name(llm),

@@ -81,7 +81,9 @@ class GrammarSpec:
 
     @staticmethod
     def gbnf(text: str) -> "GrammarSpec":
-        return GrammarSpec("gbnf", _checked_text(text, "grammar"))
+        """GBNF text, its syntax checked now (an error names line:col)."""
+        _gbnf_to_lark(_checked_text(text, "grammar"))
+        return GrammarSpec("gbnf", text)
 
     @staticmethod
     def regex(text: str) -> "GrammarSpec":

@@ -16,6 +16,7 @@ import numpy as np
 from pyggml.errors import ContextOverflowError
 from pyggml.llm.context import Context, RunStats  # noqa: F401 - RunStats: part of the API
 from pyggml.llm.generate import Generation, Tokens
+from pyggml.llm.grammar import constraint_for, request_spec
 from pyggml.llm.options import check_flag, check_int, token_list, validate_options
 from pyggml.llm.sampler import DEFAULT_SEED, SamplingParams
 from pyggml.llm.setup import DEFAULTS, ModelFile, RunOptions, build_run, resolve_offload
@@ -239,22 +240,13 @@ class LLM:
         stop, logprobs, echo, stream, seq_id, draft (see
         pyggml.llm.completion.create_completion)."""
         from pyggml.llm.completion import create_completion
-        if kw.get("stream"):
-            return create_completion(self, prompt, max_tokens=max_tokens, **kw)
-        # several threads on one sequence: one completion after another (llama-cpp-python's
-        # behaviour), never interleaved steps; a stream is the caller's to iterate, and gets
-        # GeneratorInvalidatedError if another call changes its sequence meanwhile
-        with self.context.lock:
-            return create_completion(self, prompt, max_tokens=max_tokens, **kw)
+        return create_completion(self, prompt, max_tokens=max_tokens, **kw)
 
     def create_chat_completion(self, messages, **kw):
         """As llama-cpp-python's: chat_template, max_tokens, temperature, top_p, top_k, min_p,
         repeat_penalty, seed, stop, logprobs, top_logprobs, stream, seq_id, draft."""
         from pyggml.llm.completion import create_chat_completion
-        if kw.get("stream"):
-            return create_chat_completion(self, messages, **kw)
-        with self.context.lock:             # as create_completion: one after another
-            return create_chat_completion(self, messages, **kw)
+        return create_chat_completion(self, messages, **kw)
 
     def embed(self, texts, pooling: str = "mean", normalize: bool = True, seq_id: int = 0):
         """Embeddings (final normed hidden state, mean or last-token pooled, L2-normalized):
@@ -266,7 +258,8 @@ class LLM:
     def generate(self, prompt: str | bytes | list[int], max_tokens: int = 128, *,
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int = DEFAULT_SEED,
-                 seq_id: int = 0, stop_at_eog: bool = True, draft=None) -> Tokens:
+                 seq_id: int = 0, stop_at_eog: bool = True, draft=None,
+                 grammar=None) -> Tokens:
         """A fresh completion of `prompt` in seq_id (the sequence is reset now), as an iterator
         of Token with a finish_reason (pyggml.llm.generate.Tokens: 'stop', 'length' or
         'context'). max_tokens -1: until an end-of-generation token or a full context. seed
@@ -276,7 +269,8 @@ class LLM:
         path, opened once and kept: see speculator_for): the same tokens as without for
         greedy, the same distribution when sampling (pyggml/llm/speculative.py). Resuming
         raises ClosedError after close(), GeneratorInvalidatedError once anything else changed
-        the sequence (a newer generate, reset, eval or decode_batch on it)."""
+        the sequence (a newer generate, reset, eval or decode_batch on it). grammar: a
+        pyggml.llm.grammar.GrammarSpec (or GBNF text) the output is constrained to."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, 64,
                                 seed).validate()
         max_tokens = check_int("max_tokens", max_tokens, -1,
@@ -290,6 +284,7 @@ class LLM:
             ids = token_list(prompt, "prompt")
         ids = ctx.check_tokens(ids, "prompt")
         gen = Generation(self.tokenizer, ids, max_tokens, params, stop_at_eog=stop_at_eog,
+                         token_filter=constraint_for(self, request_spec(grammar)),
                          seq_id=seq_id, reuse_prefix=False)
         spec = self.speculator_for(draft)
         with self.lock:

@@ -199,6 +199,8 @@ class Server:
         self.llm, self.engine, self.model_name = llm, engine, model_name
         self.chat_template_spec = chat_template
         self.api_key = api_key
+        # a pyggml.llm.grammar.GrammarSpec for requests that bring no constraint (serve -j)
+        self.default_grammar = None
         self.t_start = time.time()
         routes = [
             Route("/health", self.health, methods=["GET"]),
@@ -532,12 +534,23 @@ class Server:
                          "finish_reason": turn.finish_reason(gen)}],
             "usage": self._usage(job)}
 
+    def _own_or_default(self, body: dict) -> dict:
+        """The request's constraint fields, or the server's default grammar (--grammar, -j)
+        when it brings none (and no tools)."""
+        fields = {k: body.get(k) for k in ("grammar", "json_schema", "response_format")}
+        default = self.default_grammar
+        if default is not None and not body.get("tools") and all(
+                v is None or (k == "response_format" and v == {"type": "text"})
+                for k, v in fields.items()):
+            fields["grammar"], fields["response_format"] = default, None
+        return fields
+
     def _constraint(self, body: dict):
         """The token filter of a completion body's grammar / json_schema / response_format."""
         try:
-            return constraint_for(self.llm, request_spec(body.get("grammar"),
-                                                         body.get("json_schema"),
-                                                         body.get("response_format")))
+            f = self._own_or_default(body)
+            return constraint_for(self.llm, request_spec(f["grammar"], f["json_schema"],
+                                                         f["response_format"]))
         except GrammarError as e:
             raise BadRequest(str(e), _grammar_param(body, e)) from None
 
@@ -548,8 +561,7 @@ class Server:
             turn = ChatTurn(self.llm, template, body["messages"], tools=body.get("tools"),
                             tool_choice=body.get("tool_choice"),
                             parallel_tool_calls=body.get("parallel_tool_calls"),
-                            grammar=body.get("grammar"), json_schema=body.get("json_schema"),
-                            response_format=body.get("response_format"),
+                            **self._own_or_default(body),
                             chat_template_kwargs=body.get("chat_template_kwargs"),
                             reasoning_format=body.get("reasoning_format"),
                             reasoning_budget=body.get("reasoning_budget"))
