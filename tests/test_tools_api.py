@@ -3,7 +3,7 @@ API and the server, driven by the official openai client as an agent would.
 
 Models: SmolLM2-135M-Instruct (its template shows no tools: the generic JSON format) and the
 default Gemma 3 270M with the built-in gemma template (make setup fetches both); the
-tool-trained Qwen2.5-Coder-0.5B-Instruct (Hermes/Qwen format) where `make models` fetched it."""
+tool-trained Qwen2.5-Coder-0.5B-Instruct (Hermes/Qwen format; make setup fetches it too)."""
 import json
 
 import jsonschema
@@ -37,7 +37,7 @@ def _models():
            pytest.param((ensure_default_model(), "gemma"), id="gemma3")]
     qwen = cached_path(QWEN_CODER_0_5B)
     out.append(pytest.param((qwen, None), id="qwen2.5-coder-0.5b", marks=pytest.mark.skipif(
-        qwen is None, reason="Qwen2.5-Coder-0.5B-Instruct not fetched (make models)")))
+        qwen is None, reason="Qwen2.5-Coder-0.5B-Instruct not fetched (make setup)")))
     return out
 
 
