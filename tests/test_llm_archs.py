@@ -43,7 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import make_arch_models as M  # noqa: E402
 
-REFS = np.load(ROOT / "tests" / "data" / "arch_refs.npz")
+# arch_refs_2026.npz: the variants of issue 32 (IQ4/MXFP4 weights, smollm3, mistral3), made
+# the same way on their own so that either file can be remade without the other
+REFS = {k: v for f in ("arch_refs.npz", "arch_refs_2026.npz")
+        for k, v in np.load(ROOT / "tests" / "data" / f).items()}
 TOKENS = [int(t) for t in REFS["tokens"]]
 VARIANTS = sorted(M.VARIANTS)
 MOE = [v for v in VARIANTS if M.VARIANTS[v].n_expert]
@@ -65,7 +68,8 @@ MEASURED = {"gemma2": (0.0235, 0.0355), "granite": (0.0004, 0.0224),
             "mixtral": (0.0030, 0.0274), "olmo2": (0.0184, 0.0299), "olmoe": (0.0217, 0.0255),
             "phi3": (0.0099, 0.0204), "phi3-long": (0.0030, 0.0301),
             "qwen3": (0.0164, 0.0360), "qwen3-yarn": (0.0082, 0.0301),
-            "qwen3moe": (0.0133, 0.0214)}
+            "qwen3moe": (0.0133, 0.0214), "llama-iq4": (0.0022, 0.0312),
+            "smollm3": (0.0006, 0.0710), "mistral3": (0.0111, 0.0369)}
 
 
 @pytest.fixture(scope="module")

@@ -97,11 +97,25 @@ VARIANTS: dict[str, Spec] = {
                        n_expert_used=2, n_ff_exp=256, n_ff_shexp=512,
                        kv={"logit_scale": 3.0, "residual_scale": 0.7, "embedding_scale": 2.0,
                            "attention.scale": 0.02}, seed=12),
+    # issue 32: the non-linear and microscaling types in a dense llama; SmolLM3 (no rope on
+    # layer 3), Mistral 3 with YaRN and Llama 4's attention temperature (refs in
+    # tests/data/arch_refs_2026.npz)
+    "llama-iq4": Spec("llama", ("iq4_xs", "iq4_nl", "mxfp4"), n_layer=3, seed=13),
+    "smollm3": Spec("smollm3", ("q4_k", "iq4_xs", "q6_k", "iq4_nl"), n_layer=4, tied=True,
+                    kv={"rope.freq_base": 5000000.0}, seed=14),
+    "mistral3": Spec("mistral3", ("iq4_nl", "q5_k", "mxfp4", "q6_k"), n_layer=3,
+                     kv={"rope.freq_base": 1000000.0, "rope.scaling.type": "yarn",
+                         "rope.scaling.factor": 4.0,
+                         "rope.scaling.original_context_length": 8,
+                         "rope.scaling.yarn_beta_fast": 32.0,
+                         "rope.scaling.yarn_beta_slow": 1.0,
+                         "attention.temperature_scale": 0.5}, seed=15),
 }
 
 _QT = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1,
        "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "q8_0": QT.Q8_0, "q2_k": QT.Q2_K, "q3_k": QT.Q3_K,
-       "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K}
+       "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K, "iq4_nl": QT.IQ4_NL,
+       "iq4_xs": QT.IQ4_XS, "mxfp4": QT.MXFP4}
 
 
 def _encode(x: np.ndarray, type_: str) -> np.ndarray:

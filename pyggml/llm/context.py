@@ -403,7 +403,7 @@ class Context:
     def _input_views(inp, T: int) -> dict:
         """numpy views of a placed graph's input tensors (host memory), by input name."""
         views = {name: host_array(getattr(inp, name)).reshape(-1)
-                 for name in ("tokens", "pos", "kv_idxs", "kv_idxs_swa", "out_ids",
+                 for name in ("tokens", "pos", "kv_idxs", "kv_idxs_swa", "out_ids", "attn_temp",
                               "rs_ids", "rs_seq")
                  if getattr(inp, name) is not None}
         if inp.mask is not None:
@@ -426,6 +426,10 @@ class Context:
             ids, idx = np.unique(sids, return_inverse=True)
             views["rs_ids"][:] = ids
             views["rs_seq"][:] = idx
+        if "attn_temp" in views:       # llama.cpp's llm_graph_input_attn_temp, in float64
+            hp = self.hparams
+            fl = np.floor(np.asarray(pos, np.float32) / np.float32(hp.attn_temp_floor_scale))
+            views["attn_temp"][:] = np.log(fl.astype(np.float64) + 1.0) * hp.attn_temp_scale + 1.0
         if "mask" in views:
             self.kv.mask_into("full", views["mask"], pos, sids)
         if "mask_swa" in views:

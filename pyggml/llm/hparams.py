@@ -48,6 +48,10 @@ class HParams:
     attn_softcap: float = 0.0        # Gemma 2: attn_logit_softcapping
     logit_scale: float = 0.0         # Granite: logits / logit_scale
     residual_scale: float = 0.0      # Granite: branch outputs * residual_scale
+    n_no_rope_layer_step: int = 0    # SmolLM3: layers il with (il + 1) % step == 0 have no rope
+    # Llama 4 / Mistral 3 attention temperature: q · (ln(floor(pos / floor_scale) + 1) · s + 1)
+    attn_temp_scale: float = 0.0
+    attn_temp_floor_scale: int = 0
     # mixture of experts (n_expert 0: dense FFN)
     n_expert: int = 0
     n_expert_used: int = 0
@@ -65,6 +69,9 @@ class HParams:
 
     def layer_is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
+
+    def layer_has_rope(self, il: int) -> bool:
+        return not self.n_no_rope_layer_step or (il + 1) % self.n_no_rope_layer_step != 0
 
 
 def read_hparams(model, tensor_names) -> HParams:

@@ -64,6 +64,7 @@ class GraphInputs:
     out_ids: Tensor | None  # I32 [n_out]: ubatch rows whose logits are wanted (None: all rows)
     rs_ids: Tensor | None = None   # I32 [n_rs]: the ubatch's sequences (recurrent state rows)
     rs_seq: Tensor | None = None   # I32 [T]: each token's index into rs_ids
+    attn_temp: Tensor | None = None  # F32 [1, 1, T]: q's temperature per token (hp.attn_temp_scale)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,6 +173,9 @@ class Builder:
             out_ids=(ctx.new_tensor_1d(GGMLType.I32, gp.n_outputs, name="inp_out_ids").set_input()
                      if select_outputs else None),
         )
+        if hp.attn_temp_scale:
+            self.inp.attn_temp = ctx.new_tensor_3d(GGMLType.F32, 1, 1, T,
+                                                   name="inp_attn_scale").set_input()
         if getattr(kv, "rs_layers", None):     # recurrent layers (pyggml/llm/recurrent.py)
             n_rs = gp.n_rs or min(kv.n_seq_max, T)
             self.inp.rs_ids = ctx.new_tensor_1d(GGMLType.I32, n_rs, name="inp_rs_ids").set_input()

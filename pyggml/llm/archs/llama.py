@@ -7,6 +7,11 @@
               attention.scale (softmax scale), residual_scale (each branch's output · s before
               the residual add), logit_scale (logits / s).
 - granitemoe: granite with experts (and an optional shared expert, ffn_*_shexp).
+- smollm3:    as llama without rope on every 4th layer (il + 1 ≡ 0 mod 4) and without rope
+              factors.
+- mistral3:   as llama (Ministral 3, Mistral Small 3.x), optionally with Llama 4's attention
+              temperature (attention.temperature_scale: q times ln(⌊pos / n_ctx_orig⌋ + 1)·s + 1
+              after rope), optional attn_output / FFN biases, experts possible.
 """
 
 from __future__ import annotations
@@ -27,6 +32,21 @@ def _read_llama(model, hp) -> None:
 
 def _read_qwen2(model, hp) -> None:
     pass
+
+
+def _read_smollm3(model, hp) -> None:
+    _read_llama(model, hp)
+    hp.n_no_rope_layer_step = 4
+
+
+def _read_mistral3(model, hp) -> None:
+    _read_llama(model, hp)
+    hp.attn_temp_scale = model.get_f32(model.arch_key("attention.temperature_scale"), 0.0)
+    if hp.attn_temp_scale:
+        hp.attn_temp_floor_scale = hp.n_ctx_orig_yarn
+        if not hp.attn_temp_floor_scale:
+            raise ModelError(f"{hp.arch}: attention.temperature_scale needs "
+                             f"rope.scaling.original_context_length > 0")
 
 
 def _read_granite(model, hp) -> None:
@@ -52,8 +72,12 @@ def build_layer(b, il, x):
     ctx, hp = b.ctx, b.hp
     cur = b.norm(x, b.w(il, "attn_norm"), f"attn_norm-{il}")
     q, k, v = b.qkv(il, cur)
-    q = b.rope(il, q, f"q_rope-{il}")
-    k = b.rope(il, k, f"k_rope-{il}")
+    if hp.layer_has_rope(il):
+        factors = hp.arch != "smollm3"
+        q = b.rope(il, q, f"q_rope-{il}", factors=factors)
+        k = b.rope(il, k, f"k_rope-{il}", factors=factors)
+    if b.inp.attn_temp is not None:
+        q = ops.mul(ctx, q, b.inp.attn_temp, name=f"q_temp-{il}")
     cur = b.attn_out(il, b.attention(il, q, k, v, hp.attn_scale))
     cur, x = b.last_rows(il, cur, x)
     if hp.residual_scale:
@@ -84,4 +108,8 @@ ARCHS = (
          layer_tensors=layer_tensors, build_layer=build_layer),
     Arch(name="granitemoe", rope_neox=False, read_hparams=_read_granite,
          layer_tensors=layer_tensors, build_layer=build_layer, moe=True, moe_only=True),
+    Arch(name="smollm3", rope_neox=False, read_hparams=_read_smollm3,
+         layer_tensors=layer_tensors, build_layer=build_layer),
+    Arch(name="mistral3", rope_neox=False, read_hparams=_read_mistral3,
+         layer_tensors=layer_tensors, build_layer=build_layer, moe=True),
 )
