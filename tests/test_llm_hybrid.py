@@ -222,3 +222,30 @@ def test_what_a_recurrent_model_cannot_honour_is_a_typed_error(models):
             m.kv.seq_rm(0, 2, 5)
         with pytest.raises(RecurrentStateError, match=r"lfm2: seq_cp"):
             m.kv.seq_cp(0, 1)
+
+
+def test_speculative_decoding_rolls_the_state_back(models):
+    """Drafts that are right for two tokens and then wrong: each rejected draft is taken back
+    through the rollback checkpoint (the accepted tokens replayed), so the greedy tokens equal
+    plain decoding's."""
+    from pyggml.llm.speculative import PromptLookup, Proposal
+    prompt = TOKENS[:30]
+    with LLM(models["lfm2"], n_ctx=256, n_threads=2) as m:
+        plain = [t.id for t in m.generate(prompt, max_tokens=20, temperature=0.0, draft=False,
+                                          stop_at_eog=False)]
+
+        class HalfRight(PromptLookup):
+            def propose(self, reqs):
+                out = []
+                for r in reqs:
+                    done = len(r.context) - len(prompt)
+                    toks = plain[done:done + 2] + [(t - 259) % 124 + 260
+                                                   for t in plain[done + 2:done + 4]]
+                    out.append(Proposal(toks, [None] * len(toks)))
+                return out
+        spec = [t.id for t in m.generate(prompt, max_tokens=20, temperature=0.0,
+                                         draft=HalfRight(n_max=4, n_min=4), stop_at_eog=False)]
+        s = m.stats.spec
+        assert s.rounds > 0 and s.drafted > s.accepted > 0, (s.rounds, s.drafted, s.accepted)
+        assert m.stats.n_state_replayed > 0
+    assert spec == plain
