@@ -116,11 +116,14 @@ def format_report(r: RunPlan, per_tensor: bool = False) -> str:
     kv_bytes = [x.bytes for x in r.kv_layers]
     while i < n_layer:
         j = i
-        key = (plan.kv[i].device, plan.kv[i].rule, types_k[i], types_v[i])
-        while j + 1 < n_layer and (plan.kv[j + 1].device, plan.kv[j + 1].rule, types_k[j + 1],
-                                   types_v[j + 1]) == key:
+        # a recurrent layer holds its state (pyggml/llm/recurrent.py), not K/V
+        kind = (lambda il: ("state f32",) if r.kv_layers[il].recurrent else
+                (f"{types_k[il]}/{types_v[il]}",))
+        key = (plan.kv[i].device, plan.kv[i].rule, *kind(i))
+        while j + 1 < n_layer and (plan.kv[j + 1].device, plan.kv[j + 1].rule,
+                                   *kind(j + 1)) == key:
             j += 1
-        rows.append([f"layers {format_layers([(i, j)])}", key[0], f"{key[2]}/{key[3]}",
+        rows.append([f"layers {format_layers([(i, j)])}", key[0], key[2],
                      fmt_bytes(sum(kv_bytes[i:j + 1])), key[1]])
         i = j + 1
     L += _table(rows, ["layers", "device", "K/V", "bytes", "rule"])

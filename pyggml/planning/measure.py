@@ -347,6 +347,17 @@ def _add_notes(rep: MemReport) -> None:
                 f"the {ns} sliding-window layers keep {'/'.join(map(str, sorted(cells)))} KV "
                 f"cells (window {plan.facts.get('sliding_window')} + n_ubatch, padded to 256, "
                 f"as llama.cpp), the {ng} global layers all {plan.n_ctx}.")
+    rec = [x for x in plan.kv_layers if x.recurrent]
+    if rec:
+        from pyggml.llm.recurrent import CHECKPOINTS_MAX
+        n_seq = rec[0].cells
+        total = sum(x.bytes for x in rec)
+        rep.notes.append(
+            f"the {len(rec)} recurrent layers keep a fixed state per sequence instead of KV "
+            f"cells: {fmt_bytes(total // n_seq)} per sequence ({fmt_bytes(rec[0].bytes // n_seq)} "
+            f"a layer), {fmt_bytes(total)} for n_seq_max {n_seq}; the prompt cache's state "
+            f"checkpoints take at most {fmt_bytes(total * (CHECKPOINTS_MAX + 1))} of system RAM "
+            f"({CHECKPOINTS_MAX} per sequence + 1 before a speculative verification).")
     if plan.logits_all:
         rep.notes.append("logits for every position: the compute buffer holds n_ubatch rows of "
                          "logits, as llama.cpp always reserves.")
@@ -381,6 +392,11 @@ def format_report(rep: MemReport) -> str:
     if plan.expert_bytes:
         out.append(_row("  of which experts (MoE)", [fmt_bytes(d.experts) for d in devs]))
     out.append(_row("KV cache", [fmt_bytes(d.kv) for d in devs], r("kv")))
+    if any(x.recurrent for x in plan.kv_layers):
+        n_rec = sum(1 for x in plan.kv_layers if x.recurrent)
+        out.append(_row(f"  {n_rec} recurrent layers (state)",
+                        [fmt_bytes(sum(x.bytes for x in plan.kv_layers
+                                       if x.recurrent and x.device == d.device)) for d in devs]))
     ng, bg, ns, bs = plan.kv_split()
     if ns:
         by = {d.device: [0, 0] for d in devs}

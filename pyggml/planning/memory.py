@@ -88,6 +88,7 @@ class KVLayer:
     bytes: int
     sliding: bool
     cells: int                      # KV cells of its space (n_ctx, or the window-sized space)
+    recurrent: bool = False         # a recurrent layer: its state, `cells` sequences of it
 
 
 @dataclass
@@ -407,7 +408,9 @@ class Planner:
             largest[dev] = max(largest.get(dev, 0), t.nbytes())
         kv = run.kv
         kv_layers = [KVLayer(il, plan.kv[il].device, kv.k[il].nbytes() + kv.v[il].nbytes(),
-                             hp.layer_is_swa(il), kv.k[il].ne[1]) for il in range(hp.n_layer)]
+                             hp.layer_is_swa(il), kv.k[il].ne[1],
+                             recurrent=il in getattr(kv, "rs_layers", ()))
+                     for il in range(hp.n_layer)]
         reports, by_phase = {}, {}
         comp = {b.device.name: [0, 0, 0, 0] for b in run.backends}
         for phase, sched in run.scheds():
