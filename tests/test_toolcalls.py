@@ -464,15 +464,13 @@ def test_grammar_accepts_the_call_and_rejects_bad_arguments(bytetok, fmt, kwargs
     '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
     '  ```\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n',
 ])
-def test_hermes_reads_untagged_calls_only_where_a_call_is_forced(text):
-    """Qwen2.5-Coder's bare or fenced JSON calls: calls under `untagged()` (tool_choice
-    required / named), content with "auto" (the template's markup only, as llama.cpp)."""
-    strict = FORMATS["hermes"]
-    content, calls = strict.parse(text, TOOLS)
-    assert calls == [] and content.strip()
-    content, calls = strict.untagged().parse(text, TOOLS)
+def test_hermes_reads_untagged_calls_at_the_start(text):
+    """Qwen2.5-Coder's bare or fenced JSON calls are calls; a JSON object that names no tool,
+    or one after other text, stays content."""
+    hermes = FORMATS["hermes"]
+    content, calls = hermes.parse(text, TOOLS)
     assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == \
         [("get_weather", {"city": "Paris"})]
-    # a JSON object that names no tool stays content
-    other = '{"name": "Bob", "arguments": {}}'
-    assert strict.untagged().parse(other, TOOLS) == (other, [])
+    for other in ('{"name": "Bob", "arguments": {}}', "Sure: " + text.strip()):
+        content, calls = hermes.parse(other, TOOLS)
+        assert calls == [] and content == other

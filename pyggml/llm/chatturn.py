@@ -108,9 +108,6 @@ class ChatTurn:
         # the family's format reads the history's calls even when this turn may not call
         fmt = tc.format_for_template(src)
         self.fmt = fmt if self.tools and self.mode != "none" else None
-        if self.fmt is not None and self.mode in ("required", "named") and \
-                hasattr(fmt, "untagged"):
-            self.fmt = fmt.untagged()       # forced: the grammar allows the untagged forms
         self.rfmt = None if reasoning_format == "none" else rsn.reasoning_for_template(src)
         msgs = tc.prepare_messages(messages, fmt, self.tools) if (
             self.tools or _has_tool_history(messages)) else messages

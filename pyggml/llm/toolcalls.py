@@ -421,19 +421,11 @@ class HermesFormat(ToolFormat):
     markers = ("<tool_call>", "</tool_call>")
     _opens = ("<tool_call>",)
     _FENCE = "```"
-    # Qwen2.5-Coder writes calls without the tags too, as bare or fenced JSON. Where a call is
-    # forced (tool_choice required or named) the grammar lets it, and such a reply is read as
-    # calls (`untagged()`); with "auto" only the template's own markup opens a call, as
-    # llama.cpp reads it (a model that answers a tool result with one more bare call would
-    # otherwise loop an agent)
-    accept_untagged = False
-
-    def untagged(self) -> "HermesFormat":
-        """This format, also reading calls written as bare or fenced JSON at the reply's start
-        or after a call."""
-        fmt = HermesFormat()
-        fmt.accept_untagged = True
-        return fmt
+    # Qwen2.5-Coder writes its calls without the tags, as bare or fenced JSON (the 1.5B model
+    # does so for every call): read as calls at the reply's start or after a call, when the
+    # object names one of the tools (any other JSON is content)
+    start_triggers = ('{"name"', "```json", "```\n{")
+    accept_untagged = True
 
     def _find_open(self, buf, pos, at_start, after_call):
         if self.accept_untagged and (at_start or after_call):
