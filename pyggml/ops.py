@@ -534,7 +534,7 @@ def gated_delta(ctx, q, k, v, g, beta, state, seq, scale: float, name=""):
         raise _fail(op, "state must be [Dk*Dv*H, S]", v, state)
     if seq.type != GGMLType.I32 or seq.nelements() != T:
         raise _fail(op, "seq must be I32 [T]", v, seq)
-    t = _node(ctx, Op.GATED_DELTA, GGMLType.F32,
+    t = _node(ctx, Op.GATED_DELTA_NET, GGMLType.F32,
               [Dv * H * T + Dk * Dv * H * state.ne[1], 1, 1, 1],
               [q, k, v, g, beta, state, seq], name)
     t.set_op_params_f32(0, scale)

@@ -174,7 +174,7 @@ class Op(IntEnum):
     SIGMOID = 32
     # recurrent layers (native/src/ops_ssm.c)
     SSM_CONV = 48
-    GATED_DELTA = 49
+    GATED_DELTA_NET = 49
 
 
 # Ops that only reinterpret their source's memory (no kernel runs for them).

@@ -502,13 +502,15 @@ def test_eval_callback_outcomes(cpu2, monkeypatch):
     finally:
         cpu2.set_eval_callback(None)
     # an internal error of the C executor is not a callback stop
-    real = _native.fn("pg_graph_compute")
-    monkeypatch.setitem(_native._bound, "pg_graph_compute",
-                        lambda *a: _native.PG_ERR_INTERNAL)
+    names = ("pg_graph_compute", "pg_graph_compute_validated")   # g's plan is validated
+    real = {n: _native.fn(n) for n in names}
+    for n in names:
+        monkeypatch.setitem(_native._bound, n, lambda *a: _native.PG_ERR_INTERNAL)
     with pytest.raises(BackendError, match="internal error in libpyggml") as e:
         cpu2.graph_compute(g)
     assert not isinstance(e.value, ComputeAbortedError)
-    monkeypatch.setitem(_native._bound, "pg_graph_compute", real)
+    for n in names:
+        monkeypatch.setitem(_native._bound, n, real[n])
     cpu2.graph_compute(g)                             # and the real one works again
 
 
@@ -526,6 +528,58 @@ def test_cached_plan_follows_moved_tensors(cpu2):
     assert np.allclose(host_array(s), 2 * host_array(x2))
     want = 2 * host_array(x2).astype(np.float64)
     assert np.allclose(host_array(y), want / (1 + np.exp(-want)), rtol=1e-5, atol=1e-6)
+
+
+def _count_calls(monkeypatch, names):
+    calls = {n: 0 for n in names}
+    for n in names:
+        real = _native.fn(n)
+
+        def counted(*a, _n=n, _real=real):
+            calls[_n] += 1
+            return _real(*a)
+        monkeypatch.setitem(_native._bound, n, counted)
+    return calls
+
+
+def test_cached_plan_validated_once(cpu2, monkeypatch):
+    """A plan's nodes are validated when it is built and when its addresses change, not on
+    every compute (decode recomputes one plan a token): the recomputes take the C entry point
+    without the per-node checks, with the same results."""
+    ctx, x, s, y, g = _two_node_graph()
+    calls = _count_calls(monkeypatch, ("pg_graph_validate", "pg_graph_compute",
+                                       "pg_graph_compute_validated"))
+    cpu2.graph_compute(g)
+    first = host_array(y).copy()
+    assert calls["pg_graph_validate"] == 1 and calls["pg_graph_compute_validated"] == 1
+    for _ in range(3):
+        cpu2.graph_compute(g)
+    assert calls == {"pg_graph_validate": 1, "pg_graph_compute": 0,
+                     "pg_graph_compute_validated": 4}
+    assert np.array_equal(host_array(y), first)
+    other = new_ctx()
+    x2 = tensor(other, rand(2, 8), name="x2")
+    x.data = x2.data                                  # moved: validated again, once
+    cpu2.graph_compute(g)
+    cpu2.graph_compute(g)
+    assert calls["pg_graph_validate"] == 2 and calls["pg_graph_compute_validated"] == 6
+    assert np.allclose(host_array(s), 2 * host_array(x2))
+
+
+def test_unvalidated_plan_takes_the_validating_compute(cpu2, monkeypatch):
+    """A plan whose validation was dropped (as after new addresses) is checked by the C
+    executor itself on compute; so is every plan with a library that lacks the entry point."""
+    ctx, x, s, y, g = _two_node_graph()
+    plan = cpu2.plan(g)
+    plan.validated = False
+    calls = _count_calls(monkeypatch, ("pg_graph_compute", "pg_graph_compute_validated"))
+    cpu2.plan_compute(plan)
+    assert calls == {"pg_graph_compute": 1, "pg_graph_compute_validated": 0}
+    from pyggml.backend import cpu as cpu_mod
+    monkeypatch.setattr(cpu_mod, "_HAS_VALIDATED", [False])
+    plan.validated = True
+    cpu2.plan_compute(plan)
+    assert calls == {"pg_graph_compute": 2, "pg_graph_compute_validated": 0}
 
 
 def test_missing_data_names_the_node(cpu2):

@@ -1,4 +1,4 @@
-"""The recurrent-layer ops (SSM_CONV, GATED_DELTA; native/src/ops_ssm.c) against numpy float64
+"""The recurrent-layer ops (SSM_CONV, GATED_DELTA_NET; native/src/ops_ssm.c) against numpy float64
 references, with ubatches that mix sequences; 1 and 2 threads give the same bits, and a batch
 of tokens gives the bits of the same tokens evaluated one at a time (state carried over)."""
 import numpy as np

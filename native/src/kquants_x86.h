@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kquants.h"
+#include "quants.h"
 
 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -44,16 +45,23 @@ static inline size_t kq_block_bytes(int type) {
 /* vec_dot8's prefetch: decode calls it for consecutive groups of 8 weight rows (8·bx bytes), and
  * while a group's super-block b of nb is computed, the b-th share of the next group's bytes is
  * fetched (rows of a few hundred bytes are too short for the hardware prefetcher to catch up
- * within a row; Qwen 1.5B decode 1.24x). always_inline: GCC 12 finds a function whose only
- * effect is a prefetch "const" and deletes its calls before it would inline it (decode was 0.75x
- * with plain inline; tests/test_native_build.py checks the kernels still prefetch). */
+ * within a row, and eight rows read side by side are eight short streams). Into L2
+ * (prefetcht1), not L1: a prefetch into L1 holds one of the core's few L1 miss buffers until its
+ * line arrives from memory, so the ~18 lines a super-block step requests (Qwen 1.5B) left the
+ * demand loads waiting on AMD Zen 4 (decode 0.72x of the plain per-row vec_dot, which the
+ * hardware streamer feeds); an L2 prefetch is handed to L2, which has many more in flight, and
+ * the next group's lines come from L2 when they are needed (Zen 4, 2 threads: Qwen 1.5B decode
+ * 22 -> 27 t/s, the read limit; BENCHMARKS.md, "Decode on AMD Zen 4"). always_inline: GCC 12
+ * finds a function whose only effect is a prefetch "const" and deletes its calls before it
+ * would inline it (decode was 0.75x with plain inline; tests/test_native_build.py checks the
+ * kernels still prefetch, into L2). */
 static inline size_t kq_dot8_share(size_t bx, int64_t nb) {
     return (8 * bx / (size_t)nb + 63) & ~(size_t)63;
 }
 static inline __attribute__((always_inline)) void kq_dot8_prefetch(const void *x, size_t bx,
                                                                   int64_t b, size_t share) {
     const char *p = (const char *)x + 8 * bx + (size_t)b * share;
-    for (size_t o = 0; o < share; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    for (size_t o = 0; o < share; o += 64) _mm_prefetch(p + o, PG_DOT8_PREFETCH_HINT);
 }
 
 static inline int32_t hsum_i32(__m256i v) {

@@ -11,7 +11,7 @@
  *   [(K-1)·C, S]. y[c, t] = Σ_{i<K} w[i] · kernel[i, c] with w the K-1 state values then x[c, t],
  *   summed from i = 0 (ggml_ssm_conv's order).
  *
- * PG_OP_GATED_DELTA: src0 q F32 [Dk, Hk, T], src1 k F32 [Dk, Hk, T], src2 v F32 [Dv, H, T] (dense
+ * PG_OP_GATED_DELTA_NET: src0 q F32 [Dk, Hk, T], src1 k F32 [Dk, Hk, T], src2 v F32 [Dv, H, T] (dense
  *   rows; head h reads q/k head h % Hk), src3 g F32 [H, T] (log decay), src4 beta F32 [H, T],
  *   src5 state F32 [Dk·Dv·H, S] (per head Dv rows of Dk: row j is column j of the state matrix
  *   S[i][j], ggml's layout), src6 seq I32 [T]. op_params[0]: the output scale (float). dst F32
@@ -73,7 +73,7 @@ int32_t pg_ssm_supported(const pg_tensor *t, const pg_tensor *const *s, char *re
 }
 
 size_t pg_ssm_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
-    if (t->op != PG_OP_GATED_DELTA) return 0;
+    if (t->op != PG_OP_GATED_DELTA_NET) return 0;
     const pg_tensor *v = PG_SRC(all, t, 2);
     return (size_t)(v->ne[0] + 16) * sizeof(float) * (size_t)nth;
 }

@@ -43,6 +43,9 @@ typedef void (*pg_gemm_fn)(int64_t n, float *restrict s, size_t bs, const void *
 typedef void (*pg_vec_dot8_fn)(int64_t n, float *restrict s, size_t bs, const void *restrict x,
                                size_t bx, const void *restrict y, size_t by, int nc);
 #define PG_DOT8_MAX_NC 8
+/* the x86 vec_dot8 kernels' prefetch of the next group of rows goes to L2 (kq_dot8_prefetch in
+ * kquants_x86.h says why); expanded where immintrin.h is included */
+#define PG_DOT8_PREFETCH_HINT _MM_HINT_T1
 /* The AMX tile gemm (amx.h, gemm_amx.c): for nrows weight rows (x, rows bx bytes apart) and
  * the M activation rows packed in `act` (pg_amx_pack_act tiles),
  *     ((float *)((char *)s + m·bs))[i] = dot(x row i, activation row m),

@@ -212,10 +212,11 @@ PG_DOT_Q8_1_KERNEL(vec_dot_q5_1_q8_1, pg_block_q5_1, q5_1_block)
  * and no in-order scalar adds, and short rows have no tail (Gemma's output matrix: 262,144 rows
  * of 20 blocks). */
 /* decode calls a vec_dot8 for consecutive groups of 8 rows: while one group's block b is
- * computed, its share of the next group's bytes is fetched (rows of a few hundred bytes are
- * too short for the hardware prefetcher to catch up within a row; Qwen 1.5B decode 1.24x) */
+ * computed, its share of the next group's bytes is fetched into L2 (rows of a few hundred bytes
+ * are too short for the hardware prefetcher to catch up within a row; into L2, not L1, for the
+ * reason given at kq_dot8_prefetch in kquants_x86.h) */
 #define PG_PREFETCH_SHARE(p, share)                                                             \
-    for (size_t o_ = 0; o_ < (share); o_ += 64) _mm_prefetch((p) + o_, _MM_HINT_T0)
+    for (size_t o_ = 0; o_ < (share); o_ += 64) _mm_prefetch((p) + o_, PG_DOT8_PREFETCH_HINT)
 #define PG_ROW8(xb, bx, r, XT) ((const XT *)((const char *)(xb) + (size_t)(r) * (bx)))
 #define PG_FOLD_ROWS8(BLOCK, xb, bx, yb, XT)                                                    \
     fold8(BLOCK(PG_ROW8(xb, bx, 0, XT), yb), BLOCK(PG_ROW8(xb, bx, 1, XT), yb),                 \

@@ -74,6 +74,40 @@ PG_TEST(test_graph_compute_threads_agree) {
     pg_threadpool_free(tp);
 }
 
+/* the entry point for a validated plan: the same bits; the work buffer still checked */
+PG_TEST(test_graph_compute_validated) {
+    static float w[K * N], x[K * M], b[N], mm[N * M], act[N * M], sum[N * M], y1[N * M], y2[N * M];
+    uint64_t st = 11;
+    for (int i = 0; i < K * N; i++) w[i] = pg_test_unit(pg_test_splitmix(&st));
+    for (int i = 0; i < K * M; i++) x[i] = pg_test_unit(pg_test_splitmix(&st));
+    for (int i = 0; i < N; i++) b[i] = 0.1f * (float)i;
+    pg_tensor t[7];
+    const int32_t order[4] = {3, 4, 5, 6};
+    int32_t bad = 0;
+    pg_threadpool *tp = pg_threadpool_new(2);
+    size_t ws = 0;
+    build(t, w, x, b, mm, act, sum, y1);
+    CHECK(pg_graph_work_size(t, 7, order, 4, 2, &ws) == PG_OK, "work size");
+    void *work = calloc(1, ws + 1);
+    CHECK(pg_graph_compute(t, 7, order, 4, tp, 2, work, ws, NULL, NULL, &bad) == PG_OK, "compute");
+    build(t, w, x, b, mm, act, sum, y2);
+    for (int rep = 0; rep < 3; rep++)
+        CHECK(pg_graph_compute_validated(t, 7, order, 4, tp, 2, work, ws, NULL, NULL, &bad) ==
+              PG_OK, "validated compute");
+    CHECK(memcmp(y1, y2, sizeof(y1)) == 0, "validated compute differs");
+    if (ws > 0)
+        CHECK(pg_graph_compute_validated(t, 7, order, 4, tp, 2, work, ws - 1, NULL, NULL, &bad) ==
+              PG_ERR_INVALID_ARG, "short work buffer accepted");
+    CHECK(pg_graph_compute_validated(NULL, 7, order, 4, tp, 2, work, ws, NULL, NULL, &bad) ==
+          PG_ERR_INVALID_ARG, "NULL graph accepted");
+    CHECK(pg_graph_compute_validated(t, 7, NULL, 4, tp, 2, work, ws, NULL, NULL, &bad) ==
+          PG_ERR_INVALID_ARG, "NULL order accepted");
+    CHECK(pg_graph_compute_validated(t, 7, order, 4, tp, 0, work, ws, NULL, NULL, &bad) ==
+          PG_ERR_INVALID_ARG, "0 threads accepted");
+    free(work);
+    pg_threadpool_free(tp);
+}
+
 PG_TEST(test_graph_validation_rejects_bad_input) {
     static float w[K * N], x[K * M], b[N], mm[N * M], act[N * M], sum[N * M], y[N * M];
     pg_tensor t[7];

@@ -108,6 +108,9 @@ def why_unsupported(node: Tensor) -> str | None:
         return None
     if op not in OPS:
         return f"op {op.name} has no ggml number in the RPC tables"
+    if op in (Op.SSM_CONV, Op.GATED_DELTA_NET):
+        return (f"{op.name}: pyggml's recurrent op (a per-token sequence input, the new states "
+                f"after the outputs) is not ggml's")
     src = [s for s in node.src if s is not None]
     for t in [node] + src:
         if t.type not in TYPES:

@@ -66,6 +66,10 @@ OPS: dict[Op, WireOp] = {
     Op.CLAMP: WireOp("CLAMP", 50),
     Op.ARGSORT: WireOp("ARGSORT", 69),
     Op.SIGMOID: WireOp("UNARY", 91, ("SIGMOID", 7)),
+    # pyggml's recurrent ops take a per-token sequence input ggml's do not: never sent (the
+    # rpc backend refuses them), numbered for the table's completeness
+    Op.SSM_CONV: WireOp("SSM_CONV", 76),
+    Op.GATED_DELTA_NET: WireOp("GATED_DELTA_NET", 86),
 }
 
 # ggml op numbers never to send: their op_params hold host function pointers (MAP_CUSTOM1..3,
