@@ -1,6 +1,7 @@
 """Decode speed with a JSON-schema constraint against without, and grammar compile times.
 
     .venv/bin/python tools/bench_grammar.py MODEL.gguf [-t 2] [-n 128] [-r 5] [--chat-template gemma]
+        [--llama-server ~/.cache/pyggml/llamacpp-0.3.36/bin/llama-server]
 
 Interleaved A/B: each repetition runs the same greedy chat request without a constraint, then
 with a JSON schema that lets the model write long (an object with an array of strings), both
@@ -73,6 +74,52 @@ def one_run(llm, ids, n: int, spec: GrammarSpec | None) -> tuple[float, int]:
     return (len(gen.tokens) - n0) / dt, len(gen.tokens)
 
 
+def llama_server_runs(server: str, model: str, threads: int, n: int, reps: int,
+                      template: str | None) -> dict:
+    """The same A/B on llama-server (its own timings.predicted_per_second), greedy, the chat
+    request with and without its json_schema field, interleaved."""
+    import socket
+    import subprocess
+
+    import httpx
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [server, "-m", model, "--jinja", "-np", "1", "-c", "1024", "-t", str(threads),
+           "--host", "127.0.0.1", "--port", str(port)]
+    if template:
+        cmd += ["--chat-template", template]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        msgs = [{"role": "user", "content": "List many fruits as JSON: {\"items\": [...]}"}]
+
+        def one(schema):
+            body = {"messages": msgs, "max_tokens": n, "temperature": 0, "ignore_eos": True}
+            if schema is not None:
+                body["json_schema"] = schema
+            r = httpx.post(base + "/v1/chat/completions", json=body, timeout=600).json()
+            return r["timings"]["predicted_per_second"]
+        one(None)
+        free, con = [], []
+        for _ in range(reps):
+            free.append(one(None))
+            con.append(one(LONG_SCHEMA))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"free_tps": [round(x, 2) for x in free], "constrained_tps": [round(x, 2) for x in con],
+            "ratio_median_of_pairs": round(statistics.median(c / f for c, f in zip(con, free)),
+                                           3)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -80,6 +127,8 @@ def main(argv=None) -> int:
     ap.add_argument("-n", "--n-predict", type=int, default=128)
     ap.add_argument("-r", "--repetitions", type=int, default=5)
     ap.add_argument("--chat-template", default=None)
+    ap.add_argument("--llama-server", default=None, metavar="PATH",
+                    help="also run the A/B on this llama-server binary (make llamacpp-tools)")
     args = ap.parse_args(argv)
     with LLM(args.model, n_ctx=1024, n_threads=args.threads) as llm:
         t0 = time.perf_counter()
@@ -105,6 +154,10 @@ def main(argv=None) -> int:
         load = os.getloadavg()
     mf, mc = statistics.median(free), statistics.median(con)
     pair = statistics.median(c / f for c, f in zip(con, free))
+    llama = None
+    if args.llama_server:
+        llama = llama_server_runs(args.llama_server, args.model, args.threads, args.n_predict,
+                                  args.repetitions, args.chat_template)
     print(json.dumps({
         "model": os.path.basename(args.model), "cpu": cpu_model(), "threads": args.threads,
         "n_predict": args.n_predict, "free_tps": [round(x, 2) for x in free],
@@ -113,7 +166,7 @@ def main(argv=None) -> int:
         "ratio_median_of_pairs": round(pair, 3),
         "compile_20_props_s": {"vocabulary_table": round(t_vocab, 3),
                                "new_schema": round(t_warm, 4), "cached": round(t_cached, 5)},
-        "loadavg": [round(x, 2) for x in load]}, indent=1))
+        "llama.cpp": llama, "loadavg": [round(x, 2) for x in load]}, indent=1))
     return 0
 
 
