@@ -253,9 +253,11 @@ def argsort_top_k(ctx, a, k: int, name=""):
 # ---- attention pieces ------------------------------------------------------------------------
 
 def soft_max_ext(ctx, a, mask: Tensor | None = None, scale: float = 1.0, max_bias: float = 0.0,
-                 name=""):
+                 name="", sinks: Tensor | None = None):
     """softmax(a * scale + mask) over ne[0]. a: [n_kv, n_q, H, B]; mask (F16/F32): [n_kv, >=n_q,
-    H % m2 == 0, B % m3 == 0]. op_params: f32 scale, f32 max_bias (ALiBi; 0 = off)."""
+    H % m2 == 0, B % m3 == 0]. op_params: f32 scale, f32 max_bias (ALiBi; 0 = off).
+    sinks: F32 [H], one more logit per head (src[2], gpt-oss's attention sinks, as ggml's
+    soft_max_add_sinks): it joins the max and the sum, its weight is dropped."""
     if a.type != GGMLType.F32:
         raise UnsupportedTypeError(f"soft_max_ext: a must be F32, got {_ne(a)}")
     srcs = [a]
@@ -272,6 +274,9 @@ def soft_max_ext(ctx, a, mask: Tensor | None = None, scale: float = 1.0, max_bia
         srcs.append(mask)
     if max_bias > 0 and mask is None:
         raise InvalidArgumentError(f"soft_max_ext: max_bias={max_bias} > 0 (ALiBi) needs a mask")
+    if sinks is not None:
+        _check_sinks("soft_max_ext", sinks, a.ne[2])
+        srcs += [None] * (2 - len(srcs)) + [sinks]
     t = _node(ctx, Op.SOFT_MAX, GGMLType.F32, a.ne, srcs, name)
     t.set_op_params_f32(0, scale)
     t.set_op_params_f32(1, max_bias)
@@ -317,12 +322,20 @@ def rope(ctx, a, pos, n_dims: int, mode: int = ROPE_MODE_NORMAL, name="") -> Ten
     return rope_ext(ctx, a, pos, n_dims=n_dims, mode=mode, name=name)
 
 
+def _check_sinks(op: str, sinks: Tensor, n_head: int) -> None:
+    if sinks.type != GGMLType.F32 or sinks.ne[0] < n_head or not sinks.is_contiguous():
+        raise _fail(op, f"sinks must be a contiguous F32 [>= {n_head}] (one logit per head)",
+                    sinks)
+
+
 def flash_attn_ext(ctx, q, k, v, mask: Tensor | None = None, scale: float = 1.0,
-                   max_bias: float = 0.0, logit_softcap: float = 0.0, name="") -> Tensor:
+                   max_bias: float = 0.0, logit_softcap: float = 0.0, name="",
+                   sinks: Tensor | None = None) -> Tensor:
     """Fused attention softmax(q·kᵀ·scale + mask)·v without the score matrix.
     q: [D, n_q, H, B], k: [D, n_kv, Hkv, B], v: [Dv, n_kv, Hkv, B], H % Hkv == 0;
     mask: [n_kv, >= n_q, ...]. Result F32 [Dv, H, n_q, B] (heads before tokens, as ggml).
-    op_params: f32 scale, f32 max_bias, f32 logit_softcap."""
+    op_params: f32 scale, f32 max_bias, f32 logit_softcap. sinks: F32 [H] (src[4]), one more
+    logit per head in the softmax whose value row is zero (gpt-oss)."""
     if k.ne[0] != q.ne[0]:
         raise _fail("flash_attn_ext", "k.ne[0] must equal q.ne[0] (head size)", q, k)
     if v.ne[1] != k.ne[1] or v.ne[2] != k.ne[2]:
@@ -334,6 +347,9 @@ def flash_attn_ext(ctx, q, k, v, mask: Tensor | None = None, scale: float = 1.0,
         if mask.ne[0] != k.ne[1] or mask.ne[1] < q.ne[1]:
             raise _fail("flash_attn_ext", "mask needs ne[0] == n_kv and ne[1] >= n_q", q, k, mask)
         srcs.append(mask)
+    if sinks is not None:
+        _check_sinks("flash_attn_ext", sinks, q.ne[2])
+        srcs += [None] * (4 - len(srcs)) + [sinks]
     t = _node(ctx, Op.FLASH_ATTN_EXT, GGMLType.F32, [v.ne[0], q.ne[2], q.ne[1], q.ne[3]], srcs,
               name)
     t.set_op_params_f32(0, scale)

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import make_arch_models as M  # noqa: E402
 
-# arch_refs_2026.npz: the variants of issue 32 (IQ4/MXFP4 weights, smollm3, mistral3), made
+# arch_refs_2026.npz: the variants of issue 32 (IQ4/MXFP4 weights, smollm3, mistral3, gpt-oss), made
 # the same way on their own so that either file can be remade without the other
 REFS = {k: v for f in ("arch_refs.npz", "arch_refs_2026.npz")
         for k, v in np.load(ROOT / "tests" / "data" / f).items()}
@@ -69,7 +69,8 @@ MEASURED = {"gemma2": (0.0235, 0.0355), "granite": (0.0004, 0.0224),
             "phi3": (0.0099, 0.0204), "phi3-long": (0.0030, 0.0301),
             "qwen3": (0.0164, 0.0360), "qwen3-yarn": (0.0082, 0.0301),
             "qwen3moe": (0.0133, 0.0214), "llama-iq4": (0.0022, 0.0312),
-            "smollm3": (0.0006, 0.0710), "mistral3": (0.0111, 0.0369)}
+            "smollm3": (0.0006, 0.0710), "mistral3": (0.0111, 0.0369),
+            "gpt-oss": (0.0307, 0.0295)}
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +249,7 @@ def test_on_vulkan_matches_llamacpp(models, name):
 @pytest.mark.parametrize("name", MOE)
 def test_moe_on_vulkan_equals_cpu_f16(tmp_path, name):
     import dataclasses
-    M.VARIANTS["f16-moe"] = dataclasses.replace(M.VARIANTS[name], types=("f16",))
+    M.VARIANTS["f16-moe"] = dataclasses.replace(M.VARIANTS[name], types=("f16",), exp_type="")
     try:
         path = M.write_variant("f16-moe", tmp_path / "f16.gguf")
     finally:

@@ -58,6 +58,8 @@ class Spec:
     longrope: bool = False           # phi3 rope_factors_long / short
     kv: dict = field(default_factory=dict)    # extra {arch}.* keys (suffix → value)
     seed: int = 0
+    oai: bool = False                # gpt-oss: sinks, post-attention norm only, biases everywhere
+    exp_type: str = ""               # the experts' type (default: round robin as the others)
 
 
 _K = ("q4_k", "q6_k", "q5_k", "q3_k", "q2_k")
@@ -110,6 +112,15 @@ VARIANTS: dict[str, Spec] = {
                          "rope.scaling.yarn_beta_fast": 32.0,
                          "rope.scaling.yarn_beta_slow": 1.0,
                          "attention.temperature_scale": 0.5}, seed=15),
+    # gpt-oss: MXFP4 experts with biases, attention sinks, every other layer a sliding window
+    # of 8 (llama.cpp's pattern 2), YaRN as the released models have it
+    "gpt-oss": Spec("gpt-oss", ("q8_0", "f16", "q6_k"), n_layer=4, n_head=8,
+                    n_expert=8, n_expert_used=4, n_ff_exp=256, oai=True, qkv_bias=True,
+                    exp_type="mxfp4",
+                    kv={"rope.freq_base": 150000.0, "rope.scaling.type": "yarn",
+                        "rope.scaling.factor": 4.0,
+                        "rope.scaling.original_context_length": 64,
+                        "attention.sliding_window": 8}, seed=17),
 }
 
 _QT = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1,
@@ -197,9 +208,13 @@ def tensors_of(s: Spec, rng) -> list[tuple[str, np.ndarray]]:
             vec(p + "attn_q_norm.weight", H * D)
             vec(p + "attn_k_norm.weight", Hkv * D)
         mat(p + "attn_output.weight", E, H * D)
-        if s.post_norms:
+        if s.oai:
+            vec(p + "attn_output.bias", E, 0.0, 0.1)
+            out.append((p + "attn_sinks.weight", (rng.standard_normal(H) * 2.0)
+                        .astype(np.float32)))
+        if s.post_norms or s.oai:
             vec(p + "post_attention_norm.weight", E)
-        if s.pre_norms:
+        if s.pre_norms and not s.oai:
             vec(p + "ffn_norm.weight", E)
         if s.n_expert:
             X, Fx = s.n_expert, s.n_ff_exp
@@ -207,6 +222,11 @@ def tensors_of(s: Spec, rng) -> list[tuple[str, np.ndarray]]:
             mat(p + "ffn_gate_exps.weight", Fx, E, extra=(X,))
             mat(p + "ffn_up_exps.weight", Fx, E, extra=(X,))
             mat(p + "ffn_down_exps.weight", E, Fx, extra=(X,))
+            if s.oai:
+                vec(p + "ffn_gate_inp.bias", X, 0.0, 0.5)
+                for n, w in (("ffn_gate_exps", Fx), ("ffn_up_exps", Fx), ("ffn_down_exps", E)):
+                    out.append((p + n + ".bias", (rng.standard_normal((X, w)) * 0.1)
+                                .astype(np.float32)))
             if s.n_ff_shexp:
                 mat(p + "ffn_gate_shexp.weight", s.n_ff_shexp, E)
                 mat(p + "ffn_up_shexp.weight", s.n_ff_shexp, E)
@@ -249,7 +269,7 @@ def write_variant(name: str, path) -> Path:
     w.add_uint32(f"{a}.embedding_length", s.n_embd)
     w.add_uint32(f"{a}.block_count", s.n_layer)
     # llama (mixtral), olmoe, granitemoe: feed_forward_length is the experts' width
-    own_exp_key = s.arch == "qwen3moe"
+    own_exp_key = s.arch in ("qwen3moe", "gpt-oss")
     w.add_uint32(f"{a}.feed_forward_length",
                  s.n_ff_exp if s.n_expert and not own_exp_key else s.n_ff)
     w.add_uint32(f"{a}.attention.head_count", s.n_head)
@@ -290,12 +310,15 @@ def write_variant(name: str, path) -> Path:
     w.add_add_bos_token(False)
     k = 0
     for tname, arr in tensors_of(s, rng):
-        if arr.ndim == 1:
+        if arr.ndim == 1 or tname.endswith(".bias"):
             w.add_tensor(tname, arr)
             continue
         # the MoE router stays at a high-precision type so that the top-k choice is stable
         t = "f16" if tname.endswith("ffn_gate_inp.weight") else s.types[k % len(s.types)]
-        k += 1
+        if s.exp_type and "_exps." in tname:
+            t = s.exp_type
+        else:
+            k += 1
         data = _encode(arr, t)
         if t in ("f16", "f32"):
             w.add_tensor(tname, data)

@@ -112,6 +112,8 @@ int32_t pg_node_supported(const pg_tensor *all, int32_t n, int32_t i, char *reas
                 BAD("mask shape does not fit");
             if (!dense_rows(b)) FAIL("mask rows must be dense");
         }
+        if (s[2] && (s[2]->type != F32 || s[2]->ne[0] < a->ne[2] || !dense_rows(s[2])))
+            BAD("sinks must be F32 [>= ne[2]]");
         return PG_OK;
     case PG_OP_ROPE: {
         const int n_dims = t->op_params[1], mode = t->op_params[2];
@@ -227,6 +229,8 @@ int32_t pg_node_supported(const pg_tensor *all, int32_t n, int32_t i, char *reas
             a->ne[2] % b->ne[2] || a->ne[3] != b->ne[3] || v->ne[3] != b->ne[3])
             BAD("q, k, v shapes do not fit");
         if (a->ne[2] / b->ne[2] > 64) FAIL("more than 64 query heads per KV head");
+        if (s[4] && (s[4]->type != F32 || s[4]->ne[0] < a->ne[2] || !dense_rows(s[4])))
+            BAD("sinks must be F32 [>= heads]");
         if (t->ne[0] != v->ne[0] || t->ne[1] != a->ne[2] || t->ne[2] != a->ne[1] || t->ne[3] != a->ne[3])
             BAD("output shape is not [Dv, H, n_q, B]");
         if (m && ((m->type != F32 && m->type != PG_TYPE_F16) || m->ne[0] != b->ne[1] || m->ne[1] < a->ne[1] ||

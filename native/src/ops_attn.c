@@ -120,6 +120,7 @@ static void row_to_f32(const pg_attn_kernels *kern, const pg_type_traits *tt, in
 void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const pg_tensor *q = PG_SRC(all, t, 0), *k = PG_SRC(all, t, 1), *v = PG_SRC(all, t, 2);
     const pg_tensor *m = PG_SRC(all, t, 3);
+    const pg_tensor *sinks = PG_SRC(all, t, 4);   /* F32 [>= H]: one extra logit per head */
     const pg_type_traits *tk = pg_get_type_traits(k->type);
     const pg_type_traits *tq = pg_get_type_traits(tk->vec_dot_type);
     const pg_type_traits *tv = pg_get_type_traits(v->type);
@@ -233,8 +234,18 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
             for (int64_t r = 0; r < nr; r++) {
                 const int64_t iq = q0 + r / d.G, ih = ik2 * d.G + r % d.G;
                 float *out = pg_ptr(t, 0, ih, iq, ib);
+                float *a = acc + r * d.Dv;
+                if (sinks) {   /* ggml's order: a sink above the max rescales what was summed */
+                    const float sv = ((const float *)sinks->data)[ih];
+                    if (sv > vmax[r]) {
+                        const float msr = expf(vmax[r] - sv);
+                        for (int64_t x = 0; x < d.Dv; x++) a[x] *= msr;
+                        sum[r] = sum[r] * msr + 1.0f;
+                    } else {
+                        sum[r] = sum[r] + expf(sv - vmax[r]);
+                    }
+                }
                 const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
-                const float *a = acc + r * d.Dv;
                 for (int64_t x = 0; x < d.Dv; x++) out[x] = a[x] * inv;
             }
         }

@@ -137,6 +137,7 @@ void pg_fwd_norm(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
 /* ---- softmax ----------------------------------------------------------------------------- */
 void pg_fwd_soft_max(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const pg_tensor *a = PG_SRC(all, t, 0), *m = PG_SRC(all, t, 1);
+    const pg_tensor *sk = PG_SRC(all, t, 2);   /* attention sinks: one logit per head (ne[2]) */
     const int64_t ne0 = t->ne[0], ne1 = t->ne[1], ne2 = t->ne[2];
     const float scale = pg_op_f32(t, 0), max_bias = pg_op_f32(t, 1);
     /* ALiBi slopes per head (ne[2]), as ggml */
@@ -165,6 +166,8 @@ void pg_fwd_soft_max(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
             y[i] = w;
             if (w > vmax) vmax = w;
         }
+        const float sink = sk ? ((const float *)sk->data)[i2] : -INFINITY;
+        if (sink > vmax) vmax = sink;   /* as ggml: the sink joins the max and the sum */
         if (vmax == -INFINITY) {   /* fully masked row: no probability mass anywhere */
             for (int64_t i = 0; i < ne0; i++) y[i] = 0.0f;
             continue;
@@ -175,6 +178,7 @@ void pg_fwd_soft_max(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
             y[i] = e;
             sum += (double)e;
         }
+        if (sk) sum += (double)expf(sink - vmax);
         const float inv = (float)(1.0 / sum);
         for (int64_t i = 0; i < ne0; i++) y[i] *= inv;
     }

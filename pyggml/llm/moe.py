@@ -23,7 +23,9 @@ from pyggml.context import Context
 from pyggml.tensor import Tensor
 
 GATING = ("softmax", "sigmoid", "softmax_weight")
-ACTIVATIONS = ("silu", "gelu")
+ACTIVATIONS = ("silu", "gelu", "swiglu_oai")
+# gpt-oss's clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants)
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
 # the smallest normal fp16: llama.cpp's floor for the sum of the selected weights
 WEIGHTS_SUM_MIN = 6.103515625e-5
 
@@ -31,12 +33,17 @@ WEIGHTS_SUM_MIN = 6.103515625e-5
 def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exps: Tensor | None,
             down_exps: Tensor, n_expert_used: int, *, gating: str = "softmax",
             norm_w: bool = False, w_scale: float = 0.0, exp_probs_b: Tensor | None = None,
-            act: str = "silu", name: str = "ffn_moe") -> Tensor:
+            act: str = "silu", name: str = "ffn_moe", gate_inp_b: Tensor | None = None,
+            up_b: Tensor | None = None, gate_b: Tensor | None = None,
+            down_b: Tensor | None = None) -> Tensor:
     """The MoE FFN of one layer. x: F32 [E, T] (contiguous); gate_inp (the router):
     [E, n_expert]; up_exps, gate_exps: [E, F, n_expert]; down_exps: [F, E, n_expert];
     exp_probs_b: F32 [n_expert] selection bias (added for choosing only). gate_exps None: no
     gate (act(up)). Returns F32 [E, T]. Node names are `name` + llama.cpp's suffixes
-    ("-logits", "-probs", "-topk", "-weights", "-up", "-gate", "-down", "-out")."""
+    ("-logits", "-probs", "-topk", "-weights", "-up", "-gate", "-down", "-out").
+    gpt-oss: gate_inp_b F32 [n_expert] (router bias), up_b / gate_b F32 [F, n_expert] and
+    down_b F32 [E, n_expert] (each selected expert's bias, ggml's add_id: here get_rows of the
+    bias rows by the selected ids), act "swiglu_oai" (swiglu_oai below)."""
     if gating not in GATING:
         raise ValueError(f"moe_ffn: gating must be one of {', '.join(GATING)}, got {gating!r}")
     if act not in ACTIVATIONS:
@@ -48,6 +55,8 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
         raise ValueError(f"moe_ffn: n_expert_used={k} must be in [1, n_expert={n_expert}]")
 
     logits = ops.mul_mat(ctx, gate_inp, x, name=f"{name}-logits")            # [n_expert, T]
+    if gate_inp_b is not None:
+        logits = ops.add(ctx, logits, gate_inp_b, name=f"{name}-logits_biased")
     if gating == "softmax":
         probs = ops.soft_max_ext(ctx, logits, name=f"{name}-probs")
     elif gating == "sigmoid":
@@ -72,13 +81,31 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
         weights = ops.scale(ctx, weights, w_scale, name=f"{name}-weights_scaled")
 
     x3 = ops.reshape_3d(ctx, x, n_embd, 1, n_tokens)
+    ids = None
+
+    def add_id(t, b):       # t [n, k, T] + the bias row of each slot's expert
+        nonlocal ids
+        if ids is None:
+            ids = ops.reshape_1d(ctx, ops.cont(ctx, selected), k * n_tokens)
+        rows = ops.get_rows(ctx, b, ids)                                       # [n, k*T]
+        return ops.add(ctx, t, ops.reshape_3d(ctx, rows, t.ne[0], k, n_tokens))
+
     up = ops.mul_mat_id(ctx, up_exps, x3, selected, name=f"{name}-up")       # [F, k, T]
+    if up_b is not None:
+        up = add_id(up, up_b)
     if gate_exps is not None:
         gate = ops.mul_mat_id(ctx, gate_exps, x3, selected, name=f"{name}-gate")
-        h = ops.mul(ctx, ops.silu(ctx, gate) if act == "silu" else ops.gelu(ctx, gate), up)
+        if gate_b is not None:
+            gate = add_id(gate, gate_b)
+        if act == "swiglu_oai":
+            h = swiglu_oai(ctx, gate, up)
+        else:
+            h = ops.mul(ctx, ops.silu(ctx, gate) if act == "silu" else ops.gelu(ctx, gate), up)
     else:
         h = ops.silu(ctx, up) if act == "silu" else ops.gelu(ctx, up)
     experts = ops.mul_mat_id(ctx, down_exps, h, selected, name=f"{name}-down")  # [E, k, T]
+    if down_b is not None:
+        experts = add_id(experts, down_b)
     experts = ops.mul(ctx, experts, weights, name=f"{name}-weighted")
 
     out = None
@@ -89,3 +116,13 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
         out = ops.cont(ctx, out)        # a contiguous result, as llama.cpp
     out.name = f"{name}-out"
     return out
+
+
+def swiglu_oai(ctx: Context, gate: Tensor, up: Tensor, alpha: float = OAI_ALPHA,
+               limit: float = OAI_LIMIT) -> Tensor:
+    """gpt-oss's SwiGLU (ggml_swiglu_oai) from existing ops: x = min(gate, limit),
+    y = clamp(up, -limit, limit), x·sigmoid(alpha·x)·(y + 1) (ggml divides by 1 + exp(-alpha·x)
+    where this multiplies by the sigmoid: the same value to the last bit or so)."""
+    x = ops.clamp(ctx, gate, -float("inf"), limit)
+    y = ops.scale(ctx, ops.clamp(ctx, up, -limit, limit), 1.0, 1.0)
+    return ops.mul(ctx, ops.mul(ctx, x, ops.sigmoid(ctx, ops.scale(ctx, x, alpha))), y)

@@ -140,9 +140,11 @@ def _rule_unary(t, a, *_):
     return None if a.ne == t.ne else "output shape differs from input"
 
 
-def _rule_soft_max(t, a, m, *_):
+def _rule_soft_max(t, a, m, *rest):
     if a is None or not _f32_all(t, a) or a.ne != t.ne or not (_dense_rows(a) and _dense_rows(t)):
         return "F32 with dense rows only"
+    if rest and rest[0] is not None:
+        return "attention sinks are not supported (the CPU computes them)"
     if m is not None:
         if m.type not in FLOAT_TYPES or not _strides_ok(m, ESIZE[m.type]) or not _dense_rows(m):
             return "mask must be F16/F32 with dense rows"
@@ -276,9 +278,11 @@ def _rule_argsort(t, a, *_):
     return None
 
 
-def _rule_flash_attn(t, q, k, v, m, *_):
+def _rule_flash_attn(t, q, k, v, m, *rest):
     if q is None or k is None or v is None or not _f32_all(t, q):
         return "needs F32 q and output, k, v"
+    if rest and rest[0] is not None:
+        return "attention sinks are not supported (the CPU computes them)"
     if k.type not in FLOAT_TYPES or v.type != k.type:
         return "k, v must be both F16 or F32"
     if not (_strides_ok(k, ESIZE[k.type]) and _strides_ok(v, ESIZE[v.type])):

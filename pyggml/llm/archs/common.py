@@ -241,9 +241,10 @@ class Builder:
                             beta_fast=hp.rope_beta_fast, beta_slow=hp.rope_beta_slow, name=name)
 
     def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float,
-                  softcap: float = 0.0) -> Tensor:
+                  softcap: float = 0.0, sinks: Tensor | None = None) -> Tensor:
         """Store this ubatch's k [D, Hkv, T] and v [Dv*Hkv, T] in the layer's cache cells, then
         attend q [D, H, T] over the cells: softmax(softcap·tanh(q·kᵀ·kq_scale/softcap) + mask)·v.
+        sinks: F32 [H], one more logit per head in the softmax (gpt-oss).
         Returns F32 [Dv*H, T] (before the output projection)."""
         ctx, hp, kv, g, T = self.ctx, self.hp, self.kv, self.g, self.T
         D, Dv, H, Hkv = hp.head_dim_k, hp.head_dim_v, hp.n_head[il], hp.n_head_kv[il]
@@ -265,14 +266,16 @@ class Builder:
         mask = self.inp.mask_swa if swa else self.inp.mask
         if self.flash_attn:
             o = ops.flash_attn_ext(ctx, qp, kview, vview, mask, scale=kq_scale,
-                                   logit_softcap=softcap, name=f"fattn-{il}")   # [Dv, H, T]
+                                   logit_softcap=softcap, name=f"fattn-{il}",
+                                   sinks=sinks)                                 # [Dv, H, T]
             return ops.reshape_2d(ctx, o, Dv * H, T)
         kq = ops.mul_mat(ctx, kview, qp, name=f"kq-{il}")        # [n_kv, T, H]
         if softcap:
             # llama.cpp's order without flash attention: cap the raw scores, then scale in
             # the softmax (the models that cap put their scale into q)
             kq = ops.scale(ctx, ops.tanh(ctx, ops.scale(ctx, kq, 1.0 / softcap)), softcap)
-        kq = ops.soft_max_ext(ctx, kq, mask, scale=kq_scale, name=f"kq_soft_max-{il}")
+        kq = ops.soft_max_ext(ctx, kq, mask, scale=kq_scale, name=f"kq_soft_max-{il}",
+                              sinks=sinks)
         vt = ops.cont(ctx, ops.permute(ctx, vview, 1, 0, 2, 3))   # [n_kv, Dv, Hkv]
         o = ops.mul_mat(ctx, vt, kq, name=f"kqv-{il}")           # [Dv, T, H]
         o = ops.cont(ctx, ops.permute(ctx, o, 0, 2, 1, 3))        # [Dv, H, T]
