@@ -63,6 +63,9 @@ def main() -> None:
     libs = [tuple(s.split("=", 1)) for s in args.lib]
     if args.llamacpp_python:
         libs.append(("llama.cpp", None))
+        from pyggml.llm.bench import announce_llamacpp, llamacpp_nondefaults
+        announce_llamacpp(llamacpp_nondefaults(no_extra_bufts=args.llamacpp_no_extra_bufts),
+                          file=sys.stdout)
     samples: dict[str, dict[str, list[float]]] = {label: {} for label, _ in libs}
     for rnd in range(args.rounds):
         order = libs if rnd % 2 == 0 else libs[::-1]

@@ -2,7 +2,7 @@
 llama.cpp's baseline"): Qwen2.5-Coder-1.5B-Instruct Q4_K_M with the 0.5B Q4_K_M draft, greedy,
 on two code prompts, next to llama.cpp's plain decode of the same model in the same run.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python tools/bench_llamacpp_spec.py [-t 2] [-n 128]
+    .venv/bin/python tools/bench_llamacpp_spec.py [-t 2] [-n 128]
         [-r 3] [--draft-max 16] [--json FILE]
 
 Per repetition, alternating: `llama-speculative-simple -m 1.5B -md 0.5B -f PROMPT -n N
@@ -109,6 +109,9 @@ def main() -> None:
         if not p.exists():
             sys.exit(f"{p} missing (make models / make llamacpp-tools)")
     res = {"threads": a.threads, "n": a.n, "draft_max": a.draft_max, "load_before": load()}
+    from pyggml.llm.bench import announce_llamacpp, llamacpp_nondefaults
+    res["llamacpp_nondefaults"] = llamacpp_nondefaults()    # e.g. OMP_WAIT_POLICY inherited
+    announce_llamacpp(res["llamacpp_nondefaults"], file=sys.stdout)
     print(f"load average before: {res['load_before']}", flush=True)
     runs = {"plain": []} | {k: [] for k in PROMPTS}
     with tempfile.TemporaryDirectory() as d:

@@ -147,6 +147,9 @@ def main() -> None:
     if not Path(a.model).exists():
         sys.exit(f"{a.model} missing: run tools/make_moe_bench_model.py")
     res = {"model": a.model, "threads": a.threads, "load_before": load()}
+    from pyggml.llm.bench import announce_llamacpp, llamacpp_nondefaults
+    res["llamacpp_nondefaults"] = llamacpp_nondefaults()   # the "--repack 0" row says its own
+    announce_llamacpp(res["llamacpp_nondefaults"], file=sys.stdout)
     print(f"load average before: {res['load_before']}", flush=True)
     pred, tb = predicted(a.model)
     res["predicted_bytes_per_token"] = pred

@@ -9,9 +9,10 @@ are interleaved (rep → prompt → mode) because the machine is shared and nois
 the median generation tokens/s over the repetitions, the ratio to plain in the same run, the
 acceptance rate, and whether the text equals plain greedy's. With `--llamacpp-bin` (a folder
 holding llama.cpp's llama-speculative), llama.cpp's speculative decoding of the same pair and
-prompts runs interleaved with ours (its "decoded N tokens ... speed" line; -nr: no weight
-repacking, whose AMX path faults on this VM; --poll 0: its threads sleep instead of spinning
-while they wait, which on a shared, oversubscribed machine otherwise slows it tenfold).
+prompts runs interleaved with ours (its "decoded N tokens ... speed" line), at its defaults;
+`--llamacpp-no-repack` (-nr: no weight repacking, whose AMX path faults on some VMs) and
+`--llamacpp-poll 0` (its threads sleep instead of spinning while they wait) depart from them,
+and the run prints that it did (BENCHMARKS.md, "Decode on AMD Zen 4": the protocol).
 """
 
 from __future__ import annotations
@@ -96,14 +97,18 @@ def run_pyggml(llm, prompt: str, n: int, draft) -> dict:
 
 
 def run_llamacpp(bindir: Path, target: str, draft: str, prompt: str, n: int, threads: int,
-                 draft_max: int) -> dict | None:
+                 draft_max: int, no_repack: bool = False, poll: int | None = None) -> dict | None:
     exe = next((bindir / x for x in ("llama-speculative", "llama-speculative-simple")
                 if (bindir / x).exists()), None)
     if exe is None:
         return None
     cmd = [str(exe), "-m", target, "-md", draft, "-p", prompt, "-n", str(n), "--temp", "0",
            "-t", str(threads), "-td", str(threads), "-c", "4096", "--spec-draft-n-max",
-           str(draft_max), "-nr", "--poll", "0", "--poll-draft", "0", "-s", "1"]
+           str(draft_max), "-s", "1"]
+    if no_repack:
+        cmd.append("-nr")
+    if poll is not None:
+        cmd += ["--poll", str(poll), "--poll-draft", str(poll)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     log = r.stdout + r.stderr
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", log)
@@ -125,7 +130,15 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--llamacpp-bin", type=Path, default=None,
                     help="folder with llama.cpp's llama-speculative (side by side)")
+    ap.add_argument("--llamacpp-no-repack", action="store_true",
+                    help="llama.cpp with -nr (no repacked weights; printed)")
+    ap.add_argument("--llamacpp-poll", type=int, default=None,
+                    help="llama.cpp's --poll/--poll-draft level (default: its own; printed)")
     args = ap.parse_args()
+    if args.llamacpp_bin is not None:
+        from pyggml.llm.bench import announce_llamacpp, llamacpp_nondefaults
+        announce_llamacpp(llamacpp_nondefaults(no_repack=args.llamacpp_no_repack,
+                                               poll=args.llamacpp_poll), file=sys.stdout)
     target, draft_path = str(ensure_qwen_coder()), str(ensure_qwen_coder_draft())
     prompts = [p for p in args.prompts.split(",") if p]
     modes = [m for m in args.modes.split(",") if m]
@@ -149,7 +162,8 @@ def main() -> int:
                       f"accept={acc}  drafted/round={k}", flush=True)
             if args.llamacpp_bin is not None and "draft" in modes:
                 r = run_llamacpp(args.llamacpp_bin, target, draft_path, PROMPTS[p], args.n,
-                                 args.threads, args.draft_max)
+                                 args.threads, args.draft_max, args.llamacpp_no_repack,
+                                 args.llamacpp_poll)
                 if r is not None:
                     res.setdefault((p, "llama.cpp draft"), []).append(r)
                     print(f"rep {rep} {p:8s} llama.cpp draft {r['tps']:6.2f} t/s  n={r['n']}  "

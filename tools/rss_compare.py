@@ -65,6 +65,8 @@ def main() -> None:
     ap.add_argument("--llamacpp-python", default="/work/ref/llamacpp-venv/bin/python")
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
+    from pyggml.llm.bench import announce_llamacpp, llamacpp_nondefaults
+    announce_llamacpp(llamacpp_nondefaults(no_extra_bufts=True), file=sys.stdout)
     print("| model | pyggml peak RSS | llama.cpp peak RSS | ratio |\n|---|---:|---:|---:|")
     for m in a.models:
         ours, theirs = [], []

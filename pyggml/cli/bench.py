@@ -30,7 +30,8 @@ def cmd_bench(args) -> int:
                                    args.repetitions, args.llamacpp_python, flash_attn=fa,
                                    n_gpu_layers=args.n_gpu_layers or 0,
                                    no_extra_bufts=args.llamacpp_no_extra_bufts)
-    print(bench.format_table(rows, ref, Path(model).name))
+    notes = bench.llamacpp_nondefaults(no_extra_bufts=args.llamacpp_no_extra_bufts) if ref else []
+    print(bench.format_table(rows, ref, Path(model).name, ref_notes=notes))
     return 0
 
 

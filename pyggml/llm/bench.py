@@ -7,6 +7,7 @@ llama-cpp-python, in this interpreter or another one (`--llamacpp-python`), for 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -97,11 +98,45 @@ def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=
     return rows
 
 
+# environment variables that change how llama.cpp's threads wait (OpenMP); llama.cpp's users run
+# it without them (BENCHMARKS.md, "Decode on AMD Zen 4": the comparison protocol)
+LLAMACPP_WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def llamacpp_nondefaults(no_extra_bufts: bool = False, no_repack: bool = False,
+                         poll: int | None = None, env=None) -> list[str]:
+    """How a llama.cpp run differs from llama.cpp at its defaults, one phrase each ([]: at its
+    defaults): a waiting policy in the environment (inherited by every llama.cpp child
+    process), its extra buffer types (repacked and AMX weights) or repacking off, --poll set.
+    Every benchmark tool that prints a number of llama.cpp prints these (`announce_llamacpp`);
+    tests/test_bench_protocol.py checks it."""
+    env = os.environ if env is None else env
+    notes = [f"{k}={env[k]} in the environment" for k in LLAMACPP_WAIT_ENV if k in env]
+    if no_extra_bufts:
+        notes.append("extra buffer types off (no repacked or AMX weights)")
+    if no_repack:
+        notes.append("repacking off (-nr)")
+    if poll is not None:
+        notes.append(f"--poll {poll}")
+    return notes
+
+
+def announce_llamacpp(notes: list[str], file=None) -> str:
+    """The line that says llama.cpp is not at its defaults (printed to `file`, default stderr);
+    '' and nothing printed when it is."""
+    if not notes:
+        return ""
+    line = "llama.cpp NOT at its defaults: " + "; ".join(notes)
+    print(line, file=sys.stderr if file is None else file, flush=True)
+    return line
+
+
 def bench_llamacpp(model_path, prompts, gens, threads, reps, python: str | None,
                    flash_attn=True, n_gpu_layers=0,
                    no_extra_bufts: bool = False) -> list[BenchRow]:
     """The same measurements through llama-cpp-python (WORKER script), in `python` or here.
     no_extra_bufts: load without llama.cpp's repacked/AMX buffer types."""
+    announce_llamacpp(llamacpp_nondefaults(no_extra_bufts=no_extra_bufts))
     args = {"model": str(model_path), "prompts": prompts, "gens": gens, "threads": threads,
             "reps": reps, "flash_attn": flash_attn, "n_gpu_layers": n_gpu_layers,
             "no_extra_bufts": no_extra_bufts}
@@ -122,7 +157,9 @@ def bench_llamacpp(model_path, prompts, gens, threads, reps, python: str | None,
 
 
 def format_table(rows: list[BenchRow], ref: list[BenchRow] | None = None,
-                 model_name: str = "") -> str:
+                 model_name: str = "", ref_notes: list[str] | None = None) -> str:
+    """llama-bench's table; with `ref` (llama.cpp's rows) a ratio per row, and under the table
+    what made llama.cpp's run differ from its defaults (`ref_notes`, llamacpp_nondefaults)."""
     head = f"| model | test | t | pyggml t/s |" + (" llama.cpp t/s | ratio |" if ref else "")
     sep = "|---|---|---|---|" + ("---|---|" if ref else "")
     lines = [head, sep]
@@ -133,4 +170,7 @@ def format_table(rows: list[BenchRow], ref: list[BenchRow] | None = None,
             o = by_key.get((r.test, r.n_threads))
             line += (f" {o.mean:.2f} ± {o.std:.2f} | {r.mean / o.mean:.2f} |" if o else " - | - |")
         lines.append(line)
+    if ref and ref_notes:
+        lines.append("")
+        lines.append("llama.cpp NOT at its defaults: " + "; ".join(ref_notes))
     return "\n".join(lines)
