@@ -101,3 +101,62 @@ def test_vec_dot_matches_float64_and_every_path(path, type_):
 def test_vec_dot_types_are_ggmls():
     vdt = _native.fn("pg_vec_dot_type")
     assert [vdt(int(QT[t])) for t in TYPES] == [8, 15, 8]
+
+
+# ---- the codebook i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) -------------
+
+GRID_TYPES = ["iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"]
+
+
+def random_grid_blocks(type_, rows, n_blocks, seed=0):
+    """Random codes, scales and signs; the fp16 d small and finite (IQ1_M keeps it in the top
+    nibbles of its four scale words)."""
+    qt = gguf.GGMLQuantizationType[type_.upper()]
+    size = gguf.GGML_QUANT_SIZES[qt][1]
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, (rows, n_blocks, size), dtype=np.uint8)
+    h = (rng.standard_normal((rows, n_blocks)) * 0.02).astype(np.float16).view(np.uint16)
+    if type_ == "iq1_m":
+        sc = b[..., 48:56].copy().view(np.uint16)                   # [rows, nb, 4]
+        for k in range(4):
+            sc[..., k] = (sc[..., k] & 0x0FFF) | (((h >> (4 * k)) & 0xF) << 12)
+        b[..., 48:56] = sc.view(np.uint8)
+    else:
+        b[..., 0:2] = h.view(np.uint8).reshape(rows, n_blocks, 2)
+    return b.reshape(rows, n_blocks * size)
+
+
+@pytest.mark.parametrize("type_", GRID_TYPES)
+def test_grid_dequantize_bit_exact_with_gguf(path, type_):
+    q = random_grid_blocks(type_, 4, 7)
+    ours = quants.dequantize(q, type_)
+    ref = gq.dequantize(q, gguf.GGMLQuantizationType[type_.upper()]).astype(np.float32)
+    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("type_", GRID_TYPES)
+def test_grid_vec_dot_matches_float64_and_every_path(path, type_):
+    rng = np.random.default_rng(11)
+    for nb in (1, 2, 5):
+        w = random_grid_blocks(type_, 1, nb, seed=nb)[0]
+        a = quants.quantize_act(rng.standard_normal(nb * 256).astype(np.float32), "q8_K")
+        wd = quants.dequantize(w[None], type_)[0].astype(np.float64)
+        ad = quants.dequantize(a[None], "q8_K")[0].astype(np.float64)
+        want = float(wd @ ad)
+        got = quants.vec_dot(w, a, type_)
+        assert abs(got - want) <= 1e-5 * float(np.abs(wd) @ np.abs(ad)), (nb, got, want)
+        prev = _native.cpu_path()
+        _native.set_cpu_path("scalar")
+        try:
+            scalar = quants.vec_dot(w, a, type_)
+        finally:
+            _native.set_cpu_path(prev)
+        assert np.float32(got).tobytes() == np.float32(scalar).tobytes()
+
+
+def test_grid_types_have_no_quantizer():
+    """llama.cpp makes them with an importance matrix; pyggml reads them, it does not write."""
+    from pyggml.errors import UnsupportedTypeError
+    for t in GRID_TYPES:
+        with pytest.raises(UnsupportedTypeError):
+            quants.quantize(np.zeros((1, 256), np.float32), t)

@@ -103,6 +103,11 @@ VARIANTS: dict[str, Spec] = {
     # layer 3), Mistral 3 with YaRN and Llama 4's attention temperature (refs in
     # tests/data/arch_refs_2026.npz)
     "llama-iq4": Spec("llama", ("iq4_xs", "iq4_nl", "mxfp4"), n_layer=3, seed=13),
+    # the codebook i-quants (random codes: they have no quantizer without an imatrix), a
+    # layer of each kind of weight in each type, the head at Q6_K so that logits keep margins
+    "llama-iqgrid": Spec("llama", ("q6_k", "q6_k", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s",
+                                   "iq3_xxs", "iq1_s", "iq1_m", "iq3_s", "iq2_s"),
+                         n_layer=3, seed=18),
     "smollm3": Spec("smollm3", ("q4_k", "iq4_xs", "q6_k", "iq4_nl"), n_layer=4, tied=True,
                     kv={"rope.freq_base": 5000000.0}, seed=14),
     "mistral3": Spec("mistral3", ("iq4_nl", "q5_k", "mxfp4", "q6_k"), n_layer=3,
@@ -126,11 +131,45 @@ VARIANTS: dict[str, Spec] = {
 _QT = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1,
        "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "q8_0": QT.Q8_0, "q2_k": QT.Q2_K, "q3_k": QT.Q3_K,
        "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K, "iq4_nl": QT.IQ4_NL,
-       "iq4_xs": QT.IQ4_XS, "mxfp4": QT.MXFP4}
+       "iq4_xs": QT.IQ4_XS, "mxfp4": QT.MXFP4, "iq2_xxs": QT.IQ2_XXS, "iq2_xs": QT.IQ2_XS,
+       "iq2_s": QT.IQ2_S, "iq3_xxs": QT.IQ3_XXS, "iq3_s": QT.IQ3_S, "iq1_s": QT.IQ1_S,
+       "iq1_m": QT.IQ1_M}
+
+
+GRID_TYPES = ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m")
+
+
+def _grid_codes(x: np.ndarray, type_: str) -> np.ndarray:
+    """A codebook i-quant has no quantizer without an importance matrix: random codes, scales
+    and signs (seeded by the data) with one fp16 d per tensor that gives x's standard deviation."""
+    import zlib
+
+    from pyggml import quants
+    qt = getattr(QT, type_.upper())
+    size = gguf.GGML_QUANT_SIZES[qt][1]
+    rows, n = int(np.prod(x.shape[:-1])), x.shape[-1]
+    rng = np.random.default_rng(zlib.crc32(x.tobytes()))
+    b = rng.integers(0, 256, (rows, n // 256, size), dtype=np.uint8)
+
+    def set_d(d):
+        h = np.full(b.shape[:2], d, np.float16).view(np.uint16)
+        if type_ == "iq1_m":
+            sc = b[..., 48:56].copy().view(np.uint16)
+            for k in range(4):
+                sc[..., k] = (sc[..., k] & 0x0FFF) | (((h >> (4 * k)) & 0xF) << 12)
+            b[..., 48:56] = sc.view(np.uint8)
+        else:
+            b[..., 0:2] = h.view(np.uint8).reshape(*b.shape[:2], 2)
+    set_d(1.0)
+    std1 = float(quants.dequantize(b.reshape(rows, -1), type_).std())
+    set_d(float(x.std()) / std1)
+    return b.reshape(*x.shape[:-1], -1)
 
 
 def _encode(x: np.ndarray, type_: str) -> np.ndarray:
     """float32 rows (last axis) → the array GGUFWriter stores for type_."""
+    if type_ in GRID_TYPES:
+        return _grid_codes(x, type_)
     if type_ == "f32":
         return x.astype(np.float32)
     if type_ == "f16":

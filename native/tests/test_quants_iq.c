@@ -281,3 +281,66 @@ PG_TEST(test_iq_quantize_roundtrip) {
         }
     }
 }
+
+/* The codebook i-quants (quants_iq_grid.c): every path's to_float and vec_dot have the scalar
+ * bits, and no kernel reads past a row ending at a guard page. Random bytes are valid blocks;
+ * fp16 d small (IQ1_M: its scale words' top nibbles). */
+static const int32_t k_grid[] = {PG_TYPE_IQ2_XXS, PG_TYPE_IQ2_XS, PG_TYPE_IQ2_S, PG_TYPE_IQ3_XXS,
+                                 PG_TYPE_IQ3_S, PG_TYPE_IQ1_S, PG_TYPE_IQ1_M};
+
+static void random_grid(int32_t type, uint8_t *buf, int nb) {
+    const pg_type_traits *t = str(type);
+    for (int i = 0; i < nb * t->type_size; i++) buf[i] = (uint8_t)rnd();
+    for (int b = 0; b < nb; b++) {
+        uint8_t *blk = buf + (size_t)b * t->type_size;
+        const pg_fp16 h = pg_fp32_to_fp16(rndf() * 0.01f);
+        if (type == PG_TYPE_IQ1_M) {
+            uint16_t sc[4];
+            memcpy(sc, blk + 48, 8);
+            for (int k = 0; k < 4; k++)
+                sc[k] = (uint16_t)((sc[k] & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
+            memcpy(blk + 48, sc, 8);
+        } else {
+            memcpy(blk, &h, 2);
+        }
+    }
+}
+
+PG_TEST(test_iq_grid_paths_and_bounds) {
+    static uint8_t w[9 * 110], a[9 * 292];
+    static float y0[9 * 256], y1[9 * 256];
+    for (int it = 0; it < 7; it++) {
+        const int32_t type = k_grid[it];
+        const pg_type_traits *ts = str(type);
+        CHECK(ts->to_float && ts->vec_dot && ts->vec_dot_type == PG_TYPE_Q8_K && !ts->from_float_ref,
+              "type %d traits", type);
+        for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
+            if (!pg_path_compiled(p)) continue;
+            const pg_type_traits *tp = pg_get_type_traits_for_path(type, p);
+            for (int nb = 1; nb <= 9; nb += 4) {
+                const int64_t n = (int64_t)nb * 256;
+                random_grid(type, w, nb);
+                random_act(type, a, n);
+                float s0, s1;
+                ts->vec_dot(n, &s0, w, a);
+                tp->vec_dot(n, &s1, w, a);
+                CHECK(memcmp(&s0, &s1, 4) == 0, "type %d path %d nb %d: dot", type, p, nb);
+                ts->to_float(w, y0, n);
+                tp->to_float(w, y1, n);
+                CHECK(memcmp(y0, y1, (size_t)n * 4) == 0, "type %d path %d: to_float", type, p);
+                void *mx, *my;
+                size_t sx, sy;
+                unsigned char *x = row_before_guard(row_bytes(type, n), &mx, &sx);
+                unsigned char *y = row_before_guard(row_bytes(PG_TYPE_Q8_K, n), &my, &sy);
+                if (!x || !y) return;
+                memcpy(x, w, row_bytes(type, n));
+                memcpy(y, a, row_bytes(PG_TYPE_Q8_K, n));
+                tp->to_float(x, y1, n);
+                tp->vec_dot(n, &s1, x, y);
+                CHECK(memcmp(&s0, &s1, 4) == 0, "type %d path %d: guarded dot", type, p);
+                munmap(mx, sx);
+                munmap(my, sy);
+            }
+        }
+    }
+}
