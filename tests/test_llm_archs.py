@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import make_arch_models as M  # noqa: E402
 
-# arch_refs_2026.npz: the variants of issue 32 (IQ1..IQ4/MXFP4 weights, smollm3, mistral3, gpt-oss), made
+# arch_refs_2026.npz: the variants of issue 32 (IQ1..IQ4/MXFP4/TQ weights, smollm3, mistral3, gpt-oss), made
 # the same way on their own so that either file can be remade without the other
 REFS = {k: v for f in ("arch_refs.npz", "arch_refs_2026.npz")
         for k, v in np.load(ROOT / "tests" / "data" / f).items()}
@@ -70,7 +70,8 @@ MEASURED = {"gemma2": (0.0235, 0.0355), "granite": (0.0004, 0.0224),
             "qwen3": (0.0164, 0.0360), "qwen3-yarn": (0.0082, 0.0301),
             "qwen3moe": (0.0133, 0.0214), "llama-iq4": (0.0022, 0.0312),
             "smollm3": (0.0006, 0.0710), "mistral3": (0.0111, 0.0369),
-            "gpt-oss": (0.0307, 0.0295), "llama-iqgrid": (0.0004, 0.0383)}
+            "gpt-oss": (0.0307, 0.0295), "llama-iqgrid": (0.0004, 0.0383),
+            "llama-tq": (0.0187, 0.0320)}
 
 
 @pytest.fixture(scope="module")

@@ -160,3 +160,26 @@ def test_grid_types_have_no_quantizer():
     for t in GRID_TYPES:
         with pytest.raises(UnsupportedTypeError):
             quants.quantize(np.zeros((1, 256), np.float32), t)
+
+
+# ---- ternary: TQ1_0, TQ2_0 --------------------------------------------------------------------
+
+@pytest.mark.parametrize("type_", ["tq1_0", "tq2_0"])
+def test_ternary_bit_exact_with_gguf(path, type_):
+    qt = gguf.GGMLQuantizationType[type_.upper()]
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((5, 768)).astype(np.float32)
+    x[1, :300] = 0
+    x[2] *= 1e-3
+    x[3, ::3] = x[3, 0]                               # ties at the rounding points
+    q = quants.quantize(x, type_)
+    assert np.array_equal(q, gq.quantize(x, qt))
+    raw = rng.integers(0, 256, q.shape, dtype=np.uint8)
+    raw.reshape(5, 3, -1)[..., -2:] = (rng.standard_normal((5, 3)) * 0.05).astype(np.float16) \
+        .view(np.uint8).reshape(5, 3, 2)
+    assert np.array_equal(quants.dequantize(raw, type_).view(np.uint32),
+                          gq.dequantize(raw, qt).astype(np.float32).view(np.uint32))
+    a = quants.quantize_act(rng.standard_normal(768).astype(np.float32), "q8_K")
+    want = float(quants.dequantize(q[:1], type_)[0].astype(np.float64)
+                 @ quants.dequantize(a[None], "q8_K")[0].astype(np.float64))
+    assert abs(quants.vec_dot(q[0], a, type_) - want) <= 1e-5 * (abs(want) + 30)

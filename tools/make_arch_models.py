@@ -108,6 +108,8 @@ VARIANTS: dict[str, Spec] = {
     "llama-iqgrid": Spec("llama", ("q6_k", "q6_k", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s",
                                    "iq3_xxs", "iq1_s", "iq1_m", "iq3_s", "iq2_s"),
                          n_layer=3, seed=18),
+    # ternary weights (TQ1_0 / TQ2_0, as BitNet-style files carry them)
+    "llama-tq": Spec("llama", ("q6_k", "q8_0", "tq1_0", "tq2_0"), n_layer=2, seed=19),
     "smollm3": Spec("smollm3", ("q4_k", "iq4_xs", "q6_k", "iq4_nl"), n_layer=4, tied=True,
                     kv={"rope.freq_base": 5000000.0}, seed=14),
     "mistral3": Spec("mistral3", ("iq4_nl", "q5_k", "mxfp4", "q6_k"), n_layer=3,
@@ -133,7 +135,7 @@ _QT = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q4_0": QT.Q4_0, "q4_1": Q
        "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K, "iq4_nl": QT.IQ4_NL,
        "iq4_xs": QT.IQ4_XS, "mxfp4": QT.MXFP4, "iq2_xxs": QT.IQ2_XXS, "iq2_xs": QT.IQ2_XS,
        "iq2_s": QT.IQ2_S, "iq3_xxs": QT.IQ3_XXS, "iq3_s": QT.IQ3_S, "iq1_s": QT.IQ1_S,
-       "iq1_m": QT.IQ1_M}
+       "iq1_m": QT.IQ1_M, "tq1_0": QT.TQ1_0, "tq2_0": QT.TQ2_0}
 
 
 GRID_TYPES = ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m")

@@ -42,6 +42,7 @@ static void build_tables(void) {
     pg_fill_kquants_scalar(scalar);
     pg_fill_iquants_scalar(scalar);
     pg_fill_iq_grid_scalar(scalar);
+    pg_fill_tq_scalar(scalar);
     pg_fill_gemm_scalar(scalar);
     for (int i = 0; i < PG_N_PATHS; i++) pg_fill_attn_scalar(&g_attn[i]);
 #if defined(__x86_64__)

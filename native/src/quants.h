@@ -80,6 +80,7 @@ void pg_fill_legacy_scalar(pg_type_traits *tbl);
 void pg_fill_kquants_scalar(pg_type_traits *tbl);
 void pg_fill_iquants_scalar(pg_type_traits *tbl);   /* IQ4_NL, IQ4_XS, MXFP4 (quants_iq.c) */
 void pg_fill_iq_grid_scalar(pg_type_traits *tbl);   /* IQ1_*, IQ2_*, IQ3_* (quants_iq_grid.c) */
+void pg_fill_tq_scalar(pg_type_traits *tbl);        /* TQ1_0, TQ2_0 (quants_tq.c) */
 void pg_fill_gemm_scalar(pg_type_traits *tbl);
 #if defined(__x86_64__)
 void pg_fill_legacy_avx2(pg_type_traits *tbl);

@@ -286,7 +286,8 @@ PG_TEST(test_iq_quantize_roundtrip) {
  * bits, and no kernel reads past a row ending at a guard page. Random bytes are valid blocks;
  * fp16 d small (IQ1_M: its scale words' top nibbles). */
 static const int32_t k_grid[] = {PG_TYPE_IQ2_XXS, PG_TYPE_IQ2_XS, PG_TYPE_IQ2_S, PG_TYPE_IQ3_XXS,
-                                 PG_TYPE_IQ3_S, PG_TYPE_IQ1_S, PG_TYPE_IQ1_M};
+                                 PG_TYPE_IQ3_S, PG_TYPE_IQ1_S, PG_TYPE_IQ1_M, PG_TYPE_TQ1_0,
+                                 PG_TYPE_TQ2_0};
 
 static void random_grid(int32_t type, uint8_t *buf, int nb) {
     const pg_type_traits *t = str(type);
@@ -294,7 +295,9 @@ static void random_grid(int32_t type, uint8_t *buf, int nb) {
     for (int b = 0; b < nb; b++) {
         uint8_t *blk = buf + (size_t)b * t->type_size;
         const pg_fp16 h = pg_fp32_to_fp16(rndf() * 0.01f);
-        if (type == PG_TYPE_IQ1_M) {
+        if (type == PG_TYPE_TQ1_0 || type == PG_TYPE_TQ2_0) {   /* d last */
+            memcpy(blk + t->type_size - 2, &h, 2);
+        } else if (type == PG_TYPE_IQ1_M) {
             uint16_t sc[4];
             memcpy(sc, blk + 48, 8);
             for (int k = 0; k < 4; k++)
@@ -307,12 +310,13 @@ static void random_grid(int32_t type, uint8_t *buf, int nb) {
 }
 
 PG_TEST(test_iq_grid_paths_and_bounds) {
-    static uint8_t w[9 * 110], a[9 * 292];
+    static uint8_t w[9 * 110], a[9 * 292];   /* (110: the largest of these blocks) */
     static float y0[9 * 256], y1[9 * 256];
-    for (int it = 0; it < 7; it++) {
+    for (int it = 0; it < 9; it++) {
         const int32_t type = k_grid[it];
         const pg_type_traits *ts = str(type);
-        CHECK(ts->to_float && ts->vec_dot && ts->vec_dot_type == PG_TYPE_Q8_K && !ts->from_float_ref,
+        CHECK(ts->to_float && ts->vec_dot && ts->vec_dot_type == PG_TYPE_Q8_K &&
+                  !ts->from_float_ref == (it < 7),
               "type %d traits", type);
         for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
             if (!pg_path_compiled(p)) continue;
