@@ -36,6 +36,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pyggml import _native, quants  # noqa: E402
+from pyggml.errors import UnsupportedTypeError  # noqa: E402
 from pyggml.types import GGMLType, as_type  # noqa: E402
 
 DEFAULT_TYPES = "q4_0,q4_1,q5_0,q5_1,q8_0,f16,bf16,f32,q4_k,q6_k"
@@ -90,7 +91,21 @@ class MatvecCase:
         self.type = type_
         self.rows, self.cols = rows, cols
         w = rng.standard_normal((rows, cols), dtype=np.float32)
-        one = quants.quantize(w, type_)                      # (rows, row_bytes) uint8
+        try:
+            one = quants.quantize(w, type_)                  # (rows, row_bytes) uint8
+        except UnsupportedTypeError:
+            # types made only with an importance matrix (IQ1_*, IQ2_*, IQ3_*): random codes
+            # with each block's fp16 scale 1/16 (IQ1_M keeps it in its scale words' top nibbles)
+            size = quants.row_bytes(type_, 256)
+            one = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+            if type_ == GGMLType.IQ1_M:
+                sc = one[..., 48:56].copy().view(np.uint16)
+                for k, nib in enumerate((0x0, 0x0, 0xC, 0x2)):
+                    sc[..., k] = (sc[..., k] & 0x0FFF) | (nib << 12)
+                one[..., 48:56] = sc.view(np.uint8)
+            else:
+                one[..., 0], one[..., 1] = 0x00, 0x2C
+            one = one.reshape(rows, -1)
         self.row_bytes = one.shape[1]
         self.matrix_bytes = one.nbytes
         self.n_copies = max(1, -(-min_bytes // one.nbytes))
