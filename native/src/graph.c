@@ -344,14 +344,19 @@ static void graph_worker(void *arg, int ith, int nth) {
     }
 }
 
-/* pg_graph_compute with tp acquired (or NULL). */
+/* pg_graph_compute with tp acquired (or NULL); validate: check every node first (0: the caller
+ * did, pg_graph_compute_validated) */
 static int32_t run_graph(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes,
                          pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
-                         pg_eval_cb cb, void *cb_user, int32_t *bad_node) {
+                         pg_eval_cb cb, void *cb_user, int32_t *bad_node, int validate) {
     if (!tp) n_threads = 1;
     else if (n_threads > tp->n_max) n_threads = tp->n_max;
-    const int32_t st = pg_graph_validate(t, n_tensors, order, n_nodes, bad_node);
-    if (st != PG_OK) return st;
+    if (validate) {
+        const int32_t st = pg_graph_validate(t, n_tensors, order, n_nodes, bad_node);
+        if (st != PG_OK) return st;
+    } else if (!t || n_tensors < 0 || n_nodes < 0 || (n_nodes > 0 && !order)) {
+        return PG_ERR_INVALID_ARG;
+    }
     const size_t need = graph_work_size(t, order, n_nodes, n_threads);
     if (need > 0 && (!work || work_size < need)) return PG_ERR_INVALID_ARG;
     graph_job job = {t, order, n_nodes, work, work_size, tp, cb, cb_user, -1, 0};
@@ -366,15 +371,30 @@ static int32_t run_graph(pg_tensor *t, int32_t n_tensors, const int32_t *order, 
     return PG_OK;
 }
 
-int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes,
-                         pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
-                         pg_eval_cb cb, void *cb_user, int32_t *bad_node) {
+static int32_t compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes,
+                       pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
+                       pg_eval_cb cb, void *cb_user, int32_t *bad_node, int validate) {
     if (bad_node) *bad_node = -1;
     if (n_threads < 1 || n_threads > PG_MAX_THREADS) return PG_ERR_INVALID_ARG;
     /* a freed pool is refused here, before anything reads through the handle */
     if (tp && pg_threadpool_acquire(tp) != PG_OK) return PG_ERR_CLOSED;
     const int32_t st = run_graph(t, n_tensors, order, n_nodes, tp, n_threads, work, work_size,
-                                 cb, cb_user, bad_node);
+                                 cb, cb_user, bad_node, validate);
     if (tp) pg_threadpool_release(tp);
     return st;
+}
+
+int32_t pg_graph_compute(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes,
+                         pg_threadpool *tp, int32_t n_threads, void *work, size_t work_size,
+                         pg_eval_cb cb, void *cb_user, int32_t *bad_node) {
+    return compute(t, n_tensors, order, n_nodes, tp, n_threads, work, work_size, cb, cb_user,
+                   bad_node, 1);
+}
+
+int32_t pg_graph_compute_validated(pg_tensor *t, int32_t n_tensors, const int32_t *order,
+                                   int32_t n_nodes, pg_threadpool *tp, int32_t n_threads,
+                                   void *work, size_t work_size, pg_eval_cb cb, void *cb_user,
+                                   int32_t *bad_node) {
+    return compute(t, n_tensors, order, n_nodes, tp, n_threads, work, work_size, cb, cb_user,
+                   bad_node, 0);
 }
