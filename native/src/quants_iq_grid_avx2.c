@@ -1,0 +1,177 @@
+/* IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S · Q8_K: AVX2 dots with the scalar kernel's bits
+ * (quants_iq_grid.c). Per 32 elements: the four codebook entries (8 unsigned magnitudes each)
+ * in one vector, their 32 sign bits as a byte mask, one scale per group of 8. With g the
+ * magnitudes and a the activations,
+ *     Σ ±g·a = Σ g·a − 2·Σ_(sign set) g·a,
+ * two maddubs (g ≤ 62, so pairs fit int16 even for a = −128, which Q8_K may hold) — no sign
+ * trick on the activations. The int32 lanes (4 elements each, two per group of 8) are scaled
+ * by 2s + 1 and summed exactly; the super-block term (d·d_y)·T and the final power of two are
+ * the scalar kernel's. (IQ1_S, IQ1_M, TQ1_0, TQ2_0 keep the scalar kernels.) */
+#include <immintrin.h>
+#include <string.h>
+
+#include "iq_blocks.h"
+#include "iq_grids.h"
+#include "kquants.h"
+#include "quants.h"
+
+static inline int hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* 4 sign bytes (one per 8 elements) → 32 bytes, 0xFF where the element's sign bit is set */
+static inline __m256i sign_mask(uint32_t s4) {
+    const __m256i v = _mm256_set1_epi32((int)s4);
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, pick), bit), bit);
+}
+
+/* int32 lanes Σ_(4 elements) ±g·a */
+static inline __m256i signed_dot(__m256i g, __m256i m, __m256i a) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i all = _mm256_madd_epi16(_mm256_maddubs_epi16(g, a), ones);
+    const __m256i neg = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(g, m), a), ones);
+    return _mm256_sub_epi32(all, _mm256_slli_epi32(neg, 1));
+}
+
+/* (2s+1) for the 8 lanes from the scale nibbles of the 4 groups of 8 (lanes 2k, 2k+1: group k) */
+static inline __m256i lane_scales(int s0, int s1, int s2, int s3) {
+    return _mm256_setr_epi32(2 * s0 + 1, 2 * s0 + 1, 2 * s1 + 1, 2 * s1 + 1, 2 * s2 + 1,
+                             2 * s2 + 1, 2 * s3 + 1, 2 * s3 + 1);
+}
+
+static inline __m256i grid4(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3) {
+    return _mm256_setr_epi64x((long long)g0, (long long)g1, (long long)g2, (long long)g3);
+}
+
+static inline uint64_t pair3(uint32_t a, uint32_t b) { return (uint64_t)a | (uint64_t)b << 32; }
+
+static inline int32_t isum_iq2_xxs(const pg_block_iq2_xxs *x, const int8_t *q8) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ib++) {
+        uint32_t aux[2];
+        memcpy(aux, x->qs + 4 * ib, 8);
+        const uint8_t *idx = (const uint8_t *)aux;
+        const __m256i g = grid4(pg_iq2xxs_grid[idx[0]], pg_iq2xxs_grid[idx[1]],
+                                pg_iq2xxs_grid[idx[2]], pg_iq2xxs_grid[idx[3]]);
+        const uint32_t s4 = (uint32_t)pg_ksigns_iq2xs[aux[1] & 127] |
+                            (uint32_t)pg_ksigns_iq2xs[(aux[1] >> 7) & 127] << 8 |
+                            (uint32_t)pg_ksigns_iq2xs[(aux[1] >> 14) & 127] << 16 |
+                            (uint32_t)pg_ksigns_iq2xs[(aux[1] >> 21) & 127] << 24;
+        const int s = (int)(aux[1] >> 28);
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(q8 + 32 * ib));
+        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(signed_dot(g, sign_mask(s4), a),
+                                                       lane_scales(s, s, s, s)));
+    }
+    return hsum_i32(acc);
+}
+
+static inline int32_t isum_iq2_xs(const pg_block_iq2_xs *x, const int8_t *q8) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ib++) {
+        const uint16_t *v = x->qs + 4 * ib;
+        const __m256i g = grid4(pg_iq2xs_grid[v[0] & 511], pg_iq2xs_grid[v[1] & 511],
+                                pg_iq2xs_grid[v[2] & 511], pg_iq2xs_grid[v[3] & 511]);
+        const uint32_t s4 = (uint32_t)pg_ksigns_iq2xs[v[0] >> 9] |
+                            (uint32_t)pg_ksigns_iq2xs[v[1] >> 9] << 8 |
+                            (uint32_t)pg_ksigns_iq2xs[v[2] >> 9] << 16 |
+                            (uint32_t)pg_ksigns_iq2xs[v[3] >> 9] << 24;
+        const int lo = x->scales[ib] & 0xf, hi = x->scales[ib] >> 4;
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(q8 + 32 * ib));
+        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(signed_dot(g, sign_mask(s4), a),
+                                                       lane_scales(lo, lo, hi, hi)));
+    }
+    return hsum_i32(acc);
+}
+
+static inline int32_t isum_iq2_s(const pg_block_iq2_s *x, const int8_t *q8) {
+    __m256i acc = _mm256_setzero_si256();
+    const uint8_t *signs = x->qs + 32;
+    for (int ib = 0; ib < 8; ib++) {
+        const uint8_t *qs = x->qs + 4 * ib;
+        const int qh = x->qh[ib];
+        const __m256i g = grid4(pg_iq2s_grid[qs[0] | ((qh << 8) & 0x300)],
+                                pg_iq2s_grid[qs[1] | ((qh << 6) & 0x300)],
+                                pg_iq2s_grid[qs[2] | ((qh << 4) & 0x300)],
+                                pg_iq2s_grid[qs[3] | ((qh << 2) & 0x300)]);
+        uint32_t s4;
+        memcpy(&s4, signs + 4 * ib, 4);
+        const int lo = x->scales[ib] & 0xf, hi = x->scales[ib] >> 4;
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(q8 + 32 * ib));
+        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(signed_dot(g, sign_mask(s4), a),
+                                                       lane_scales(lo, lo, hi, hi)));
+    }
+    return hsum_i32(acc);
+}
+
+static inline int32_t isum_iq3_xxs(const pg_block_iq3_xxs *x, const int8_t *q8) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ib++) {
+        uint32_t aux;
+        memcpy(&aux, x->qs + 64 + 4 * ib, 4);
+        const uint8_t *qs = x->qs + 8 * ib;
+        const __m256i g = grid4(pair3(pg_iq3xxs_grid[qs[0]], pg_iq3xxs_grid[qs[1]]),
+                                pair3(pg_iq3xxs_grid[qs[2]], pg_iq3xxs_grid[qs[3]]),
+                                pair3(pg_iq3xxs_grid[qs[4]], pg_iq3xxs_grid[qs[5]]),
+                                pair3(pg_iq3xxs_grid[qs[6]], pg_iq3xxs_grid[qs[7]]));
+        const uint32_t s4 = (uint32_t)pg_ksigns_iq2xs[aux & 127] |
+                            (uint32_t)pg_ksigns_iq2xs[(aux >> 7) & 127] << 8 |
+                            (uint32_t)pg_ksigns_iq2xs[(aux >> 14) & 127] << 16 |
+                            (uint32_t)pg_ksigns_iq2xs[(aux >> 21) & 127] << 24;
+        const int s = (int)(aux >> 28);
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(q8 + 32 * ib));
+        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(signed_dot(g, sign_mask(s4), a),
+                                                       lane_scales(s, s, s, s)));
+    }
+    return hsum_i32(acc);
+}
+
+static inline int32_t isum_iq3_s(const pg_block_iq3_s *x, const int8_t *q8) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ib++) {
+        const uint8_t *qs = x->qs + 8 * ib;
+        const int qh = x->qh[ib];
+        uint64_t e[4];
+        for (int l = 0; l < 4; l++)
+            e[l] = pair3(pg_iq3s_grid[qs[2 * l] | ((qh << (8 - 2 * l)) & 256)],
+                         pg_iq3s_grid[qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256)]);
+        uint32_t s4;
+        memcpy(&s4, x->signs + 4 * ib, 4);
+        const int s = ib % 2 ? x->scales[ib / 2] >> 4 : x->scales[ib / 2] & 0xf;
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(q8 + 32 * ib));
+        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(
+                                        signed_dot(grid4(e[0], e[1], e[2], e[3]), sign_mask(s4), a),
+                                        lane_scales(s, s, s, s)));
+    }
+    return hsum_i32(acc);
+}
+
+#define PG_IQ_GRID_DOT(name, BT, ISUM, FINAL)                                                  \
+    static void name(int64_t n, float *restrict s, const void *restrict vx,                    \
+                     const void *restrict vy) {                                                \
+        const BT *x = vx;                                                                      \
+        const pg_block_q8_K *y = vy;                                                           \
+        float sum = 0;                                                                         \
+        for (int64_t i = 0; i < n / PG_QK_K; i++)                                              \
+            sum += (pg_fp16_to_fp32(x[i].d) * y[i].d) * (float)ISUM(&x[i], y[i].qs);           \
+        *s = (FINAL) * sum;                                                                    \
+    }
+
+PG_IQ_GRID_DOT(vec_dot_iq2_xxs_q8_K, pg_block_iq2_xxs, isum_iq2_xxs, 0.125f)
+PG_IQ_GRID_DOT(vec_dot_iq2_xs_q8_K, pg_block_iq2_xs, isum_iq2_xs, 0.125f)
+PG_IQ_GRID_DOT(vec_dot_iq2_s_q8_K, pg_block_iq2_s, isum_iq2_s, 0.125f)
+PG_IQ_GRID_DOT(vec_dot_iq3_xxs_q8_K, pg_block_iq3_xxs, isum_iq3_xxs, 0.25f)
+PG_IQ_GRID_DOT(vec_dot_iq3_s_q8_K, pg_block_iq3_s, isum_iq3_s, 1.0f)
+
+void pg_fill_iq_grid_avx2(pg_type_traits *tbl) {
+    tbl[PG_TYPE_IQ2_XXS].vec_dot = vec_dot_iq2_xxs_q8_K;
+    tbl[PG_TYPE_IQ2_XS].vec_dot = vec_dot_iq2_xs_q8_K;
+    tbl[PG_TYPE_IQ2_S].vec_dot = vec_dot_iq2_s_q8_K;
+    tbl[PG_TYPE_IQ3_XXS].vec_dot = vec_dot_iq3_xxs_q8_K;
+    tbl[PG_TYPE_IQ3_S].vec_dot = vec_dot_iq3_s_q8_K;
+}
