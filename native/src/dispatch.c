@@ -70,6 +70,7 @@ static void build_tables(void) {
     pg_fill_legacy_neon(neon, pg_g_cpu_features);
     pg_fill_kquants_neon(neon, pg_g_cpu_features);
     pg_fill_gemm_neon(neon, pg_g_cpu_features);
+    pg_fill_iquants_neon(neon, pg_g_cpu_features);
 #endif
     g_built = 1;
 }

@@ -100,6 +100,7 @@ void pg_fill_iq_grid_avx2(pg_type_traits *tbl);     /* quants_iq_grid_avx2.c */
 void pg_fill_legacy_neon(pg_type_traits *tbl, uint32_t features);
 void pg_fill_kquants_neon(pg_type_traits *tbl, uint32_t features);
 void pg_fill_gemm_neon(pg_type_traits *tbl, uint32_t features);
+void pg_fill_iquants_neon(pg_type_traits *tbl, uint32_t features);   /* quants_iq_neon.c */
 #endif
 
 #endif
