@@ -463,6 +463,7 @@ def test_grammar_accepts_the_call_and_rejects_bad_arguments(bytetok, fmt, kwargs
     '{"name": "get_weather", "arguments": {"city": "Paris"}}',
     '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
     '  ```\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n',
+    '{{"name": "get_weather", "arguments": {"city": "Paris"}}}',
 ])
 def test_hermes_reads_untagged_calls_at_the_start(text):
     """Qwen2.5-Coder's bare or fenced JSON calls are calls; a JSON object that names no tool,

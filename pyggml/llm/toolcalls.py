@@ -486,7 +486,13 @@ class HermesFormat(ToolFormat):
             try:
                 call = _call_from_object(json.loads(buf[j:end]))
             except ValueError:
-                call = None
+                # Qwen2.5-Coder-1.5B sampled sometimes doubles the outer braces (the
+                # `{{...}}` of a format string): the call inside is read
+                inner = buf[j + 1:end - 1].strip() if buf.startswith("{{", j) else ""
+                try:
+                    call = _call_from_object(json.loads(inner)) if inner else None
+                except ValueError:
+                    call = None
         if call is None or call.name not in functions:
             return _CONTENT, (end if end > 0 else len(buf)), None
         if opener == self._FENCE:
