@@ -42,10 +42,15 @@ static inline __m256i mxfp4_block(const pg_block_mxfp4 *x, const pg_block_q8_0 *
     return dot_ss(q, _mm256_loadu_si256((const __m256i *)y->qs));
 }
 
+/* pg_e8m0_half of 8 blocks' exponents in vector integer ops: (e − 1) << 23, and for the two
+ * subnormal codes e < 2, 0x00200000 << e */
 static inline __m256 e8m0x8(const pg_block_mxfp4 *x) {
-    float f[8];
-    for (int k = 0; k < 8; k++) f[k] = pg_e8m0_half(x[k].e);
-    return _mm256_loadu_ps(f);
+    const __m256i e = _mm256_setr_epi32(x[0].e, x[1].e, x[2].e, x[3].e, x[4].e, x[5].e, x[6].e,
+                                        x[7].e);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, is_sub));
 }
 
 static void vec_dot_mxfp4_q8_0(int64_t n, float *restrict s, const void *restrict vx,
