@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 GPT2_VOCAB = REPO / "tests" / "data" / "tokenizer-tests" / "ggml-vocab-gpt-2.gguf"
 BPE_PRE_TYPES = ("llama-bpe", "qwen2", "smollm", "default", "falcon", "deepseek-coder",
-                 "deepseek-llm", "qwen35")   # gpt-2: llama.cpp vectors
+                 "deepseek-llm", "qwen35", "gpt-4o", "tekken")   # gpt-2: llama.cpp vectors
 
 # ---------------------------------------------------------------------------------------------
 # corpus

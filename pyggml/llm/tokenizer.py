@@ -122,6 +122,15 @@ _R_LLAMA3 = _ws(r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r
                 r"\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+|(?s:.)")
 _R_QWEN2 = _ws(r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?"
                r"\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# gpt-4o (gpt-oss, Llama 4) and tekken (Mistral): llama.cpp's rewrites of the tokenizer.json
+# regexes, upper / lower case as "a letter that is not a-z / A-Z" (what its category collapsing
+# makes of \p{Lu} / \p{Ll}), applied here to the real code points
+_LU, _LL = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
+_CONTR = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_R_GPT4O = _ws(rf"[^\r\n\p{{L}}\p{{N}}]?{_LU}*{_LL}+{_CONTR}|[^\r\n\p{{L}}\p{{N}}]?{_LU}+{_LL}*{_CONTR}"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_R_TEKKEN = _ws(rf"[^\r\n\p{{L}}\p{{N}}]?{_LU}*{_LL}+|[^\r\n\p{{L}}\p{{N}}]?{_LU}+{_LL}*"
+                r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 _R_QWEN35 = _ws(r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?"
                 r"[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -153,6 +162,8 @@ _PRE_REGEXES = {   # family -> regexes applied in sequence, each re-splitting ev
     "smollm": (r"\p{N}", _R_GPT2),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _R_GPT2, r"[0-9][0-9][0-9]"),
     "qwen35": (_R_QWEN35,),
+    "gpt4o": (_R_GPT4O,),
+    "tekken": (_R_TEKKEN,),
     # std::regex's `$` (no multiline) is Python's \Z
     "deepseek-llm": ("[\r\n]", _ws(f"\\s?[{_DEEPSEEK_LETTERS}]+"),
                      _ws("\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"),
@@ -188,6 +199,8 @@ _PRE_TYPES = {
     "command-r": _pre("smollm", clean_spaces=False),
     "falcon": _pre("falcon"),
     "qwen35": _pre("qwen35", clean_spaces=False),
+    **{n: _pre("gpt4o", clean_spaces=False) for n in ("gpt-4o", "llama4", "kanana2", "talkie")},
+    "tekken": _pre("tekken", ignore_merges=True, add_bos=True, clean_spaces=False),
     "deepseek-llm": _pre("deepseek-llm", clean_spaces=False),
     "deepseek-coder": _pre("deepseek-coder", clean_spaces=False),
 }
