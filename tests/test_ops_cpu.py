@@ -601,7 +601,7 @@ def test_unsupported_op_names_the_node(cpu2):
     assert "F32" in cpu2.why_unsupported(y)
     with pytest.raises(UnsupportedOpError, match="'act16'.*SILU"):
         cpu2.graph_compute(g)
-    w = ctx.new_tensor_2d("iq2_xxs", 256, 2, name="wq")
+    w = ctx.new_tensor_2d("nvfp4", 256, 2, name="wq")       # a type with no kernels yet
     mm = ops.mul_mat(ctx, w, ctx.new_tensor_2d("f32", 256, 1, name="xa"), name="mm")
     assert "no dot kernel" in cpu2.why_unsupported(mm)
 

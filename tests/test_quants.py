@@ -342,8 +342,8 @@ def test_unknown_and_unsupported_types():
         quants.quantize(np.zeros(32, np.float32), "q9_9")
     with pytest.raises(UnsupportedTypeError, match="unknown tensor type id 4"):
         quants.dequantize(b"\0" * 18, 4, 32)
-    with pytest.raises(UnsupportedTypeError, match=r"IQ2_XXS has no (kernels|such kernel)"):
-        quants.dequantize(b"\0" * 66, "iq2_xxs", 256)
+    with pytest.raises(UnsupportedTypeError, match=r"NVFP4 has no (kernels|such kernel)"):
+        quants.dequantize(b"\0" * 36, "nvfp4", 64)
     with pytest.raises(UnsupportedTypeError, match="Q8_1 has no dot-product kernel"):
         quants.vec_dot(b"\0" * 36, b"\0" * 36, "q8_1")
 
