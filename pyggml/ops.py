@@ -557,6 +557,12 @@ def gated_delta(ctx, q, k, v, g, beta, state, seq, scale: float, name=""):
     return t
 
 
+def softplus(ctx, a, name=""):
+    """log(1 + exp(a)) element-wise, a itself above 20 (ggml_softplus). F32 with dense rows."""
+    _f32("softplus", a)
+    return _node(ctx, Op.SOFTPLUS, GGMLType.F32, a.ne, [a], name)
+
+
 def ssm_split(ctx, out, y_ne, state_row: int, name=""):
     """The two parts of an ssm_conv / gated_delta result: (y viewed as y_ne, contiguous; the new
     states [state_row, S])."""

@@ -177,6 +177,7 @@ class Op(IntEnum):
     # recurrent layers (native/src/ops_ssm.c)
     SSM_CONV = 48
     GATED_DELTA_NET = 49
+    SOFTPLUS = 50
 
 
 # Ops that only reinterpret their source's memory (no kernel runs for them).

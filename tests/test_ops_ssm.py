@@ -176,3 +176,26 @@ def test_shape_errors_name_the_op():
                         ctx.new_tensor("f32", [8, 4, 2]), ctx.new_tensor("f32", [4, 2]),
                         ctx.new_tensor("f32", [4, 2]), ctx.new_tensor("f32", [256, 1]),
                         ctx.new_tensor("i32", [2]), 1.0)
+
+
+# ---- softplus (Qwen 3.5's decay rate) ---------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(4, 7), (3, 5, 33)])
+def test_softplus(shape, cpus):
+    x = (RNG.standard_normal(shape) * 12).astype(np.float32)
+    x.flat[:4] = [25.0, 20.0, -30.0, 0.0]
+    ctx = Context(mem_size=1 << 20, no_alloc=False)
+    out = _run(ops.softplus(ctx, _t(ctx, x)), cpus)
+    ref = np.where(x > 20, x, np.log1p(np.exp(x.astype(np.float64)))).astype(np.float32)
+    np.testing.assert_allclose(out, ref.reshape(-1), rtol=2e-6, atol=2e-7)
+    assert out[0] == 25.0
+
+
+def test_softplus_on_a_view_with_strided_rows(cpus):
+    x = RNG.standard_normal((6, 10)).astype(np.float32)
+    ctx = Context(mem_size=1 << 20, no_alloc=False)
+    a = _t(ctx, x)
+    v = ops.view_2d(ctx, a, 4, 6, a.nb[1], 8)          # columns 2..5 of each row
+    out = _run(ops.softplus(ctx, v), cpus)
+    np.testing.assert_allclose(out, np.log1p(np.exp(x[:, 2:6].astype(np.float64)))
+                               .astype(np.float32).reshape(-1), rtol=2e-6, atol=2e-7)

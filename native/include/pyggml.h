@@ -115,7 +115,8 @@ typedef enum pg_op {
     /* 48..: recurrent layers (src/ops_ssm.c; values apart so other new ops fit below) */
     PG_OP_SSM_CONV      = 48,
     PG_OP_GATED_DELTA_NET = 49,
-    PG_OP_COUNT         = 50,
+    PG_OP_SOFTPLUS      = 50,   /* log(1 + exp(x)), x above 20 as is (ggml's) */
+    PG_OP_COUNT         = 51,
 } pg_op;
 
 /* rope modes (op_params[2]), as ggml */

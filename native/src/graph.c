@@ -198,7 +198,7 @@ int32_t pg_node_supported(const pg_tensor *all, int32_t n, int32_t i, char *reas
         if (!dense_rows(a) || !dense_rows(b) || !dense_rows(t)) FAIL("rows must be dense");
         return PG_OK;
     }
-    case PG_OP_SSM_CONV: case PG_OP_GATED_DELTA_NET:
+    case PG_OP_SSM_CONV: case PG_OP_GATED_DELTA_NET: case PG_OP_SOFTPLUS:
         return pg_ssm_supported(t, s, reason, reason_size);
     case PG_OP_SUM_ROWS:
         if (!a || a->type != F32 || t->type != F32) FAIL("only F32");
@@ -322,7 +322,7 @@ static void forward(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     case PG_OP_MUL_MAT_ID: pg_fwd_mul_mat_id(p, all, t); break;
     case PG_OP_SUM_ROWS: pg_fwd_sum_rows(p, all, t); break;
     case PG_OP_ARGSORT: pg_fwd_argsort(p, all, t); break;
-    case PG_OP_SSM_CONV: case PG_OP_GATED_DELTA_NET: pg_fwd_ssm(p, all, t); break;
+    case PG_OP_SSM_CONV: case PG_OP_GATED_DELTA_NET: case PG_OP_SOFTPLUS: pg_fwd_ssm(p, all, t); break;
     default: break;
     }
 }

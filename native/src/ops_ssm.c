@@ -17,7 +17,10 @@
  *   S[i][j], ggml's layout), src6 seq I32 [T]. op_params[0]: the output scale (float). dst F32
  *   [Dv·H·T + Dk·Dv·H·S]: o [Dv, H, T], then the new states. Per token and head:
  *   S *= exp(g); d[j] = (v[j] - Σ_i S[i][j]·k[i])·beta; S[i][j] += k[i]·d[j];
- *   o[j] = scale · Σ_i S[i][j]·q[i] (ggml_gated_delta_net with K = 1 snapshot). */
+ *   o[j] = scale · Σ_i S[i][j]·q[i] (ggml_gated_delta_net with K = 1 snapshot).
+ *
+ * PG_OP_SOFTPLUS: src0 a F32 (dense rows), dst F32 of a's shape (dense rows): log(1 + exp(x)),
+ *   x itself above 20 (ggml's op_softplus; Qwen 3.5's decay rate). Threads split rows. */
 #include <math.h>
 #include <stdio.h>
 
@@ -40,6 +43,14 @@ static int contiguous_1d(const pg_tensor *t, int32_t type, int64_t n) {
 int32_t pg_ssm_supported(const pg_tensor *t, const pg_tensor *const *s, char *reason,
                          size_t reason_size) {
     if (t->type != PG_TYPE_F32 || t->nb[0] != 4) FAIL("output must be contiguous F32");
+    if (t->op == PG_OP_SOFTPLUS) {
+        const pg_tensor *a = s[0];
+        if (!a) BAD("needs a source");
+        if (!f32_dense(a)) FAIL("only F32 with dense rows");
+        for (int d = 0; d < 4; d++)
+            if (a->ne[d] != t->ne[d]) BAD("output shape differs from input");
+        return PG_OK;
+    }
     if (t->op == PG_OP_SSM_CONV) {
         const pg_tensor *x = s[0], *w = s[1], *st = s[2], *seq = s[3];
         if (!x || !w || !st || !seq) BAD("needs x, kernel, state and seq");
@@ -160,7 +171,21 @@ static void fwd_gated_delta(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     }
 }
 
+static void fwd_softplus(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
+    const pg_tensor *a = PG_SRC(all, t, 0);
+    const int64_t n0 = t->ne[0], nr = t->ne[1] * t->ne[2] * t->ne[3];
+    int64_t r0, r1;
+    pg_split(nr, p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1 = r % t->ne[1], i2 = (r / t->ne[1]) % t->ne[2], i3 = r / (t->ne[1] * t->ne[2]);
+        const float *x = (const float *)((const char *)a->data + i1 * a->nb[1] + i2 * a->nb[2] + i3 * a->nb[3]);
+        float *y = (float *)((char *)t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]);
+        for (int64_t i = 0; i < n0; i++) y[i] = x[i] > 20.0f ? x[i] : logf(1.0f + expf(x[i]));
+    }
+}
+
 void pg_fwd_ssm(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
-    if (t->op == PG_OP_SSM_CONV) fwd_ssm_conv(p, all, t);
+    if (t->op == PG_OP_SOFTPLUS) fwd_softplus(p, all, t);
+    else if (t->op == PG_OP_SSM_CONV) fwd_ssm_conv(p, all, t);
     else fwd_gated_delta(p, all, t);
 }

@@ -1,4 +1,4 @@
-/* Recurrent-layer kernels (ops_ssm.c): SSM_CONV and GATED_DELTA_NET. */
+/* Recurrent-layer kernels (ops_ssm.c): SSM_CONV, GATED_DELTA_NET and SOFTPLUS. */
 #ifndef PG_OPS_SSM_H
 #define PG_OPS_SSM_H
 

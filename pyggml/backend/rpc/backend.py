@@ -157,7 +157,7 @@ def why_unsupported(node: Tensor) -> str | None:
         if a.type != F32 or node.type != F32 or not _rows_dense(a) or not _rows_dense(node):
             return "SUM_ROWS needs F32 with dense rows"
         return None
-    if op in (Op.SQR, Op.SQRT, Op.GELU, Op.SILU, Op.TANH, Op.SIGMOID):
+    if op in (Op.SQR, Op.SQRT, Op.GELU, Op.SILU, Op.TANH, Op.SIGMOID, Op.SOFTPLUS):
         if a.type not in (F32, F16) or node.type != a.type or not _rows_dense(a) \
                 or not _rows_dense(node):
             return f"{op.name} needs F32/F16 with dense rows, result of the same type"

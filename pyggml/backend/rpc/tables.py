@@ -66,6 +66,7 @@ OPS: dict[Op, WireOp] = {
     Op.CLAMP: WireOp("CLAMP", 50),
     Op.ARGSORT: WireOp("ARGSORT", 69),
     Op.SIGMOID: WireOp("UNARY", 91, ("SIGMOID", 7)),
+    Op.SOFTPLUS: WireOp("UNARY", 91, ("SOFTPLUS", 15)),
     # pyggml's recurrent ops take a per-token sequence input ggml's do not: never sent (the
     # rpc backend refuses them), numbered for the table's completeness
     Op.SSM_CONV: WireOp("SSM_CONV", 76),
