@@ -186,3 +186,9 @@ def override(settings: Settings) -> Iterator[Settings]:
         yield settings
     finally:
         _override.pop()
+
+
+def child_environment() -> Mapping[str, str]:
+    """The environment child processes inherit (llama.cpp's tools run by the benchmarks: what
+    in it changes their behaviour is reported, pyggml.llm.bench.llamacpp_nondefaults)."""
+    return os.environ

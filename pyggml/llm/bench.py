@@ -7,7 +7,6 @@ llama-cpp-python, in this interpreter or another one (`--llamacpp-python`), for 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pyggml import settings
 from pyggml.errors import PyggmlError
 
 WORKER = Path(__file__).resolve().parent.parent.parent / "tools" / "llamacpp_bench_worker.py"
@@ -110,7 +110,7 @@ def llamacpp_nondefaults(no_extra_bufts: bool = False, no_repack: bool = False,
     process), its extra buffer types (repacked and AMX weights) or repacking off, --poll set.
     Every benchmark tool that prints a number of llama.cpp prints these (`announce_llamacpp`);
     tests/test_bench_protocol.py checks it."""
-    env = os.environ if env is None else env
+    env = settings.child_environment() if env is None else env
     notes = [f"{k}={env[k]} in the environment" for k in LLAMACPP_WAIT_ENV if k in env]
     if no_extra_bufts:
         notes.append("extra buffer types off (no repacked or AMX weights)")
