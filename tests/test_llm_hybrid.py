@@ -1,4 +1,5 @@
-"""Hybrid models (recurrent layers beside attention: LFM2) against llama.cpp, and the sequence API
+"""Hybrid models (recurrent layers beside attention: LFM2's short convolutions, Qwen 3.5's gated
+DeltaNet in qwen35 / qwen35moe) against llama.cpp, and the sequence API
 over their recurrent state.
 
 - logits at every position of a 40-token sequence (tests/data/hybrid_refs.npz, made by
@@ -34,7 +35,7 @@ TOKENS = [int(t) for t in REFS["tokens"]]
 VARIANTS = sorted(H.VARIANTS)
 # pyggml vs llama.cpp, RMS over all logits (flash attention off / on), the largest over the
 # scalar, AVX2 and AVX-512 paths (x86-64)
-MEASURED = {"lfm2": (0.0225, 0.0318)}
+MEASURED = {"lfm2": (0.0225, 0.0318), "qwen35": (0.0215, 0.0212), "qwen35moe": (0.0283, 0.0322)}
 
 
 def _self_diff(name):
@@ -144,8 +145,9 @@ def test_sequences_in_one_batch_equal_alone(models, name):
     np.testing.assert_allclose(nxt[1], nb, atol=1e-4)
 
 
-def test_keep_first_restores_a_checkpoint_and_replays(models):
-    with LLM(models["lfm2"], n_ctx=256, n_threads=2) as m:
+@pytest.mark.parametrize("name", VARIANTS)
+def test_keep_first_restores_a_checkpoint_and_replays(models, name):
+    with LLM(models[name], n_ctx=256, n_threads=2) as m:
         ctx = m.context
         m.eval(TOKENS[:20])                      # checkpoint at 20
         m.eval(TOKENS[20:30])                    # checkpoint at 30
@@ -161,8 +163,9 @@ def test_keep_first_restores_a_checkpoint_and_replays(models):
     del cold
 
 
-def test_reuse_prefix_resumes_from_the_nearest_checkpoint(models):
-    with LLM(models["lfm2"], n_ctx=256, n_threads=2) as m:
+@pytest.mark.parametrize("name", VARIANTS)
+def test_reuse_prefix_resumes_from_the_nearest_checkpoint(models, name):
+    with LLM(models[name], n_ctx=256, n_threads=2) as m:
         ctx = m.context
         m.eval(TOKENS[:16])                      # checkpoint at 16
         m.eval(TOKENS[16:30])                    # checkpoint at 30
@@ -186,15 +189,16 @@ def _turn(m, ids, reuse=True):
     return list(g.tokens), g.n_reused
 
 
-def test_multi_turn_chat_evaluates_only_what_follows_the_last_checkpoint(models):
+@pytest.mark.parametrize("name", VARIANTS)
+def test_multi_turn_chat_evaluates_only_what_follows_the_last_checkpoint(models, name):
     """Five turns, each prompt the conversation so far plus a new message. Odd turns keep the
     reply as generated (the state the last turn left is reused whole); even turns follow a reply
     whose last evaluated token was "re-rendered" (as a template may): the turn resumes from the checkpoint at the end of the
     previous prompt. Only the tokens after the reused ones are evaluated (counted), and every
     reply equals a cold evaluation's."""
     rng = np.random.default_rng(5)
-    with LLM(models["lfm2"], n_ctx=256, n_threads=2) as m, \
-            LLM(models["lfm2"], n_ctx=256, n_threads=2) as cold:
+    with LLM(models[name], n_ctx=256, n_threads=2) as m, \
+            LLM(models[name], n_ctx=256, n_threads=2) as cold:
         convo = list(TOKENS[:12])
         prev_prompt = 0
         for turn in range(5):
@@ -215,22 +219,24 @@ def test_multi_turn_chat_evaluates_only_what_follows_the_last_checkpoint(models)
             convo += toks if turn % 2 == 0 else toks[:2] + [(toks[2] - 259) % 124 + 260] + toks[3:]
 
 
-def test_what_a_recurrent_model_cannot_honour_is_a_typed_error(models):
-    with LLM(models["lfm2"], n_ctx=256, n_seq_max=2, n_threads=2) as m:
+@pytest.mark.parametrize("name", VARIANTS)
+def test_what_a_recurrent_model_cannot_honour_is_a_typed_error(models, name):
+    with LLM(models[name], n_ctx=256, n_seq_max=2, n_threads=2) as m:
         m.eval(TOKENS[:10])
-        with pytest.raises(RecurrentStateError, match=r"lfm2: seq_rm.*middle range"):
+        with pytest.raises(RecurrentStateError, match=rf"{name}: seq_rm.*middle range"):
             m.kv.seq_rm(0, 2, 5)
-        with pytest.raises(RecurrentStateError, match=r"lfm2: seq_cp"):
+        with pytest.raises(RecurrentStateError, match=rf"{name}: seq_cp"):
             m.kv.seq_cp(0, 1)
 
 
-def test_speculative_decoding_rolls_the_state_back(models):
+@pytest.mark.parametrize("name", VARIANTS)
+def test_speculative_decoding_rolls_the_state_back(models, name):
     """Drafts that are right for two tokens and then wrong: each rejected draft is taken back
     through the rollback checkpoint (the accepted tokens replayed), so the greedy tokens equal
     plain decoding's."""
     from pyggml.llm.speculative import PromptLookup, Proposal
     prompt = TOKENS[:30]
-    with LLM(models["lfm2"], n_ctx=256, n_threads=2) as m:
+    with LLM(models[name], n_ctx=256, n_threads=2) as m:
         plain = [t.id for t in m.generate(prompt, max_tokens=20, temperature=0.0, draft=False,
                                           stop_at_eog=False)]
 

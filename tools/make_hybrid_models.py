@@ -1,5 +1,5 @@
 """Small random-weight GGUF models of the hybrid architectures (recurrent layers beside attention:
-LFM2's short convolutions), written like tools/make_arch_models.py (its vocabulary, encoders and
+LFM2's short convolutions; Qwen 3.5's gated DeltaNet, dense and with experts), written like tools/make_arch_models.py (its vocabulary, encoders and
 seeds; llama.cpp's converter's keys and tensor names). Deterministic, so tests regenerate them
 (tests/test_llm_hybrid.py) and llama.cpp's references stay valid:
 
@@ -9,7 +9,10 @@ seeds; llama.cpp's converter's keys and tensor names). Deterministic, so tests r
 
 Shapes: E = 256, head size 64, 4 query heads over 2 K/V heads on the attention layers, F = 3E,
 V = 384; the convolution layers have attention.head_count_kv 0 (how llama.cpp tells them
-apart) and kernel size shortconv.l_cache = 3 (LFM2's).
+apart) and kernel size shortconv.l_cache = 3 (LFM2's). qwen35 / qwen35moe: the same attention
+(q carries a per-head gate: attn_q is [E, 2·H·D]) with partial multi-section rope, gated DeltaNet
+layers of H_K = 2 key and H_V = 4 value heads of 32 (conv kernel 4), every 4th (dense) or 2nd
+(experts: 4 of 128 wide, 2 used, a shared expert of F) layer attention.
 """
 
 from __future__ import annotations
@@ -37,11 +40,19 @@ class Hybrid:
     types: tuple
     l_cache: int = 3
     seed: int = 0
+    experts: int = 0                 # qwen35moe: routed experts (2 used) and a shared one
 
 
 VARIANTS = {
     "lfm2": Hybrid("lfm2", "rrar", ("q4_k", "q6_k", "q8_0", "q5_k"), seed=40),
+    # gated DeltaNet layers every 4th layer attention (full_attention_interval 4)
+    "qwen35": Hybrid("qwen35", "rrra", ("q4_k", "q6_k", "q8_0", "q5_k"), l_cache=4, seed=41),
+    "qwen35moe": Hybrid("qwen35moe", "rara", ("q8_0", "q4_k", "q6_k"), l_cache=4, seed=42,
+                        experts=4),
 }
+# Qwen 3.5's linear attention: H_K key heads and H_V value heads of DK (ssm.state_size);
+# conv channels 2·H_K·DK + H_V·DK; partial multi-section rope (N_ROT of D, SECTIONS)
+H_K, H_V, DK, N_ROT, SECTIONS, F_EXP = 2, 4, 32, 16, [3, 3, 2, 0], 128
 E, D, H, HKV, F = 256, 64, 4, 2, 768
 
 
@@ -55,6 +66,8 @@ def tensors_of(s: Hybrid, rng) -> list[tuple[str, np.ndarray]]:
     def vec(name, n, mean=1.0, std=0.1):
         out.append((name, (mean + rng.standard_normal(n) * std).astype(np.float32)))
 
+    if s.arch.startswith("qwen35"):
+        return qwen35_tensors(s, rng, mat, vec, out)
     mat("token_embd.weight", M.N_VOCAB, E, std=1.0)
     vec("token_embd_norm.weight", E)
     mat("output.weight", M.N_VOCAB, E, std=2.0 / math.sqrt(E))
@@ -82,6 +95,54 @@ def tensors_of(s: Hybrid, rng) -> list[tuple[str, np.ndarray]]:
     return out
 
 
+def qwen35_tensors(s: Hybrid, rng, mat, vec, out):
+    mat("token_embd.weight", M.N_VOCAB, E, std=1.0)
+    vec("output_norm.weight", E)
+    mat("output.weight", M.N_VOCAB, E, std=2.0 / math.sqrt(E))
+    C, V = 2 * H_K * DK + H_V * DK, H_V * DK
+    for il, kind in enumerate(s.layers):
+        p = f"blk.{il}."
+        vec(p + "attn_norm.weight", E)
+        vec(p + "post_attention_norm.weight", E)
+        if kind == "r":
+            mat(p + "attn_qkv.weight", C, E)
+            mat(p + "attn_gate.weight", V, E)
+            out.append((p + "ssm_conv1d.weight",
+                        (rng.standard_normal((C, s.l_cache)) / math.sqrt(s.l_cache))
+                        .astype(np.float32)))
+            vec(p + "ssm_dt.bias", H_V, mean=0.0, std=1.0)
+            # -exp(A_log), as the converter stores it
+            out.append((p + "ssm_a", (-np.exp(rng.standard_normal(H_V) * 0.5))
+                        .astype(np.float32)))
+            mat(p + "ssm_beta.weight", H_V, E)
+            mat(p + "ssm_alpha.weight", H_V, E)
+            vec(p + "ssm_norm.weight", DK)
+            mat(p + "ssm_out.weight", E, V)
+        else:
+            mat(p + "attn_q.weight", 2 * H * D, E)
+            mat(p + "attn_k.weight", HKV * D, E)
+            mat(p + "attn_v.weight", HKV * D, E)
+            vec(p + "attn_q_norm.weight", D)
+            vec(p + "attn_k_norm.weight", D)
+            mat(p + "attn_output.weight", E, H * D)
+        if s.experts:
+            X = s.experts
+            mat(p + "ffn_gate_inp.weight", X, E)
+            for n, rows, cols in (("ffn_gate_exps", F_EXP, E), ("ffn_up_exps", F_EXP, E),
+                                  ("ffn_down_exps", E, F_EXP)):
+                out.append((p + n + ".weight", (rng.standard_normal((X, rows, cols))
+                                                / math.sqrt(cols)).astype(np.float32)))
+            vec(p + "ffn_gate_inp_shexp.weight", E, mean=0.0, std=1.0 / math.sqrt(E))
+            mat(p + "ffn_gate_shexp.weight", F, E)
+            mat(p + "ffn_up_shexp.weight", F, E)
+            mat(p + "ffn_down_shexp.weight", E, F)
+        else:
+            mat(p + "ffn_gate.weight", F, E)
+            mat(p + "ffn_up.weight", F, E)
+            mat(p + "ffn_down.weight", E, F)
+    return out
+
+
 def write_variant(name: str, path) -> Path:
     s = VARIANTS[name]
     rng = np.random.default_rng(1000 + s.seed)
@@ -94,12 +155,31 @@ def write_variant(name: str, path) -> Path:
     w.add_uint32(f"{a}.block_count", len(s.layers))
     w.add_uint32(f"{a}.feed_forward_length", F)
     w.add_uint32(f"{a}.attention.head_count", H)
-    w.add_array(f"{a}.attention.head_count_kv", [HKV if k == "a" else 0 for k in s.layers])
-    w.add_uint32(f"{a}.rope.dimension_count", D)
+    if a.startswith("qwen35"):
+        w.add_uint32(f"{a}.attention.head_count_kv", HKV)
+        w.add_uint32(f"{a}.attention.key_length", D)
+        w.add_uint32(f"{a}.attention.value_length", D)
+        w.add_uint32(f"{a}.rope.dimension_count", N_ROT)
+        w.add_array(f"{a}.rope.dimension_sections", SECTIONS)
+        w.add_uint32(f"{a}.full_attention_interval", s.layers.index("a") + 1)
+        w.add_uint32(f"{a}.ssm.conv_kernel", s.l_cache)
+        w.add_uint32(f"{a}.ssm.inner_size", H_V * DK)
+        w.add_uint32(f"{a}.ssm.state_size", DK)
+        w.add_uint32(f"{a}.ssm.time_step_rank", H_V)
+        w.add_uint32(f"{a}.ssm.group_count", H_K)
+        if s.experts:
+            w.add_uint32(f"{a}.expert_count", s.experts)
+            w.add_uint32(f"{a}.expert_used_count", 2)
+            w.add_uint32(f"{a}.expert_feed_forward_length", F_EXP)
+            w.add_uint32(f"{a}.expert_shared_feed_forward_length", F)
+    else:
+        w.add_array(f"{a}.attention.head_count_kv", [HKV if k == "a" else 0 for k in s.layers])
+        w.add_uint32(f"{a}.rope.dimension_count", D)
     w.add_float32(f"{a}.rope.freq_base", 1000000.0)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_uint32(f"{a}.vocab_size", M.N_VOCAB)
-    w.add_uint32(f"{a}.shortconv.l_cache", s.l_cache)
+    if a == "lfm2":
+        w.add_uint32(f"{a}.shortconv.l_cache", s.l_cache)
     w.add_file_type(15)
     tokens, scores, types = M._vocab()
     w.add_tokenizer_model("llama")

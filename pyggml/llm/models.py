@@ -53,7 +53,9 @@ def check_weights(hp, weights: dict, path) -> None:
                 shapes.update({"attn_q": [E, H * D], "attn_k": [E, Hkv * D],
                                "attn_v": [E, Hkv * Dv]})
         for short, ne in shapes.items():
-            need(f"blk.{il}.{short}.weight", ne)
+            # 'ssm_dt.bias' names its suffix; 'ssm_a.' a tensor without one (blk.N.ssm_a)
+            need(f"blk.{il}.{short.rstrip('.')}" if short.endswith((".", ".bias"))
+                 else f"blk.{il}.{short}.weight", ne)
     for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
         if name in weights:
             need(name, [hp.n_rot // 2])
