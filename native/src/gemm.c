@@ -6,7 +6,7 @@
  * dotted with the nc activation blocks; each activation block is read once per weight block.
  *
  * Every dot is computed exactly as the scalar vec_dot computes it (quants_legacy.c,
- * quants_kquants.c; formulas of formats-and-models.md §2.4): the same exact int32 block sums and
+ * quants_kquants.c; formulas of docs/FORMATS.md §2.4): the same exact int32 block sums and
  * the same fp32 expression per block, accumulated in the same order, so the results equal the
  * scalar vec_dot bit for bit (tests/test_gemm.c checks it). The SIMD gemms (gemm_avx2.c,
  * gemm_avx512.c, gemm_neon_body.h) repeat these fp32 operations lane by lane and give the same

@@ -4,7 +4,7 @@
  *   - dequantize: each value is (float)q * d (or (float)q * d + m), one rounding per operation,
  *     no fused multiply-add (the build uses -std=c11, so the compiler does not contract);
  *   - quantize (from_float_ref): bit-exact with gguf.quants / ggml's quantize_row_*_ref
- *     (formats-and-models.md §2.5, §2.6);
+ *     (docs/FORMATS.md §2.5, §2.6);
  *   - dot products: ggml's generic formulas (§2.4), integer block sums, then per-block float
  *     scaling accumulated left to right; the float types accumulate in double.
  * Out-of-range inputs (non-finite values, blocks whose 1/d overflows) never reach an undefined

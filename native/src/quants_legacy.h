@@ -1,5 +1,5 @@
 /* Block layouts of the 32-element ("legacy") formats, byte-identical to GGUF / ggml
- * (formats-and-models.md §2.2), plus small helpers shared by the scalar and SIMD files. */
+ * (docs/FORMATS.md §2.2), plus small helpers shared by the scalar and SIMD files. */
 #ifndef PG_QUANTS_LEGACY_H
 #define PG_QUANTS_LEGACY_H
 

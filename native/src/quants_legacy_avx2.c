@@ -4,7 +4,7 @@
  * tests/test_quants_legacy.c:
  *   - to_float: bit-exact (same single-rounding multiply, then add; no FMA here);
  *   - from_float (Q8_0, Q8_1, F16, BF16): bit-exact for finite input. Unlike ggml's x86 path
- *     (id = 127/amax, round-half-even; formats-and-models.md §2.5) we keep the reference's
+ *     (id = 127/amax, round-half-even; docs/FORMATS.md §2.5) we keep the reference's
  *     id = 1/d and round half away from zero, so activations never depend on the path;
  *   - vec_dot of the quantized formats: bit-exact. Integer block sums are exact, then each
  *     block's fp32 term is computed with the reference's operations in its order and added to

@@ -6,7 +6,7 @@
  *   - to_float: bit-exact (separate multiply and add, never fused);
  *   - from_float (Q8_0, Q8_1, F16): bit-exact for finite input. FCVTAS rounds to nearest with
  *     ties away from zero — exactly roundf — and id = 1/d as in the reference (ggml's NEON path
- *     rounds ties to even instead; formats-and-models.md §2.5);
+ *     rounds ties to even instead; docs/FORMATS.md §2.5);
  *   - vec_dot of the quantized formats: bit-exact (exact integer block sums, the reference's
  *     fp32 block terms added in block order; quants_legacy_neon.h), so a dot has the same bits
  *     on every path and in every gemm block. F16 dots convert to fp32 and accumulate in fp32

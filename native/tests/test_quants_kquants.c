@@ -110,7 +110,7 @@ PG_TEST(test_kquant_traits) {
     }
 }
 
-/* Dequantization re-derived element by element from formats-and-models.md §2.3 (independent
+/* Dequantization re-derived element by element from docs/FORMATS.md §2.3 (independent
  * of the kernels' loop structure), compared bit for bit. */
 static float deq_formula(int32_t type, const uint8_t *b, int e) {
     uint16_t h0, h1;
