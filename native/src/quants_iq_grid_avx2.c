@@ -6,7 +6,9 @@
  * two maddubs (g ≤ 62, so pairs fit int16 even for a = −128, which Q8_K may hold) — no sign
  * trick on the activations. The int32 lanes (4 elements each, two per group of 8) are scaled
  * by 2s + 1 and summed exactly; the super-block term (d·d_y)·T and the final power of two are
- * the scalar kernel's. (IQ1_S, IQ1_M, TQ1_0, TQ2_0 keep the scalar kernels.) */
+ * the scalar kernel's. IQ1_S / IQ1_M: levels g in {-1, 0, 1} plus a delta of ±1/8 per group of
+ * 8; Σ g·a = Σ (g+1)·a − Σ a (maddubs with g + 1 in 0..2: exact for a = −128), and the
+ * scalar kernel's (2s+1)·(8·Σ g·a ± Σ a) per lane. (TQ1_0, TQ2_0 keep the scalar kernels.) */
 #include <immintrin.h>
 #include <string.h>
 
@@ -151,6 +153,65 @@ static inline int32_t isum_iq3_s(const pg_block_iq3_s *x, const int8_t *q8) {
     return hsum_i32(acc);
 }
 
+/* IQ1: lanes of (2s+1)·(8·Σ g·a + dsign·Σ a) for one 32-element group */
+static inline __m256i iq1_lanes(__m256i g, const int8_t *q8, __m256i sc, __m256i dsign) {
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)q8);
+    const __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a), ones16);
+    const __m256i gp = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_add_epi8(g, ones8), a),
+                                         ones16);
+    const __m256i ga = _mm256_sub_epi32(gp, sa);
+    const __m256i t = _mm256_add_epi32(_mm256_slli_epi32(ga, 3), _mm256_mullo_epi32(dsign, sa));
+    return _mm256_mullo_epi32(t, sc);
+}
+
+static inline __m256i lane_signs(int d0, int d1, int d2, int d3) {
+    return _mm256_setr_epi32(d0, d0, d1, d1, d2, d2, d3, d3);
+}
+
+static inline int32_t isum_iq1_s(const pg_block_iq1_s *x, const int8_t *q8) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ib++) {
+        const int qh = x->qh[ib];
+        const uint8_t *qs = x->qs + 4 * ib;
+        const __m256i g = grid4(pg_iq1s_grid[qs[0] | ((qh & 7) << 8)],
+                                pg_iq1s_grid[qs[1] | (((qh >> 3) & 7) << 8)],
+                                pg_iq1s_grid[qs[2] | (((qh >> 6) & 7) << 8)],
+                                pg_iq1s_grid[qs[3] | (((qh >> 9) & 7) << 8)]);
+        const int s = (qh >> 12) & 7, ds = qh & 0x8000 ? -1 : 1;
+        acc = _mm256_add_epi32(acc, iq1_lanes(g, q8 + 32 * ib, lane_scales(s, s, s, s),
+                                              lane_signs(ds, ds, ds, ds)));
+    }
+    return hsum_i32(acc);
+}
+
+static inline int32_t isum_iq1_m(const pg_block_iq1_m *x, const int8_t *q8) {
+    uint16_t sc[4];
+    memcpy(sc, x->scales, 8);
+    __m256i acc = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ib++) {
+        const uint8_t *qs = x->qs + 4 * ib, *qh = x->qh + 2 * ib;
+        const __m256i g = grid4(pg_iq1s_grid[qs[0] | ((qh[0] << 8) & 0x700)],
+                                pg_iq1s_grid[qs[1] | ((qh[0] << 4) & 0x700)],
+                                pg_iq1s_grid[qs[2] | ((qh[1] << 8) & 0x700)],
+                                pg_iq1s_grid[qs[3] | ((qh[1] << 4) & 0x700)]);
+        const int s1 = (sc[ib / 2] >> (6 * (ib % 2))) & 7, s2 = (sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7;
+        acc = _mm256_add_epi32(acc, iq1_lanes(g, q8 + 32 * ib, lane_scales(s1, s1, s2, s2),
+                                              lane_signs(qh[0] & 0x08 ? -1 : 1,
+                                                         qh[0] & 0x80 ? -1 : 1,
+                                                         qh[1] & 0x08 ? -1 : 1,
+                                                         qh[1] & 0x80 ? -1 : 1)));
+    }
+    return hsum_i32(acc);
+}
+
+static inline float iq1m_d(const pg_block_iq1_m *x) {
+    uint16_t sc[4];
+    memcpy(sc, x->scales, 8);
+    return pg_fp16_to_fp32((pg_fp16)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) |
+                                     ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000)));
+}
+
 #define PG_IQ_GRID_DOT(name, BT, ISUM, FINAL)                                                  \
     static void name(int64_t n, float *restrict s, const void *restrict vx,                    \
                      const void *restrict vy) {                                                \
@@ -167,6 +228,17 @@ PG_IQ_GRID_DOT(vec_dot_iq2_xs_q8_K, pg_block_iq2_xs, isum_iq2_xs, 0.125f)
 PG_IQ_GRID_DOT(vec_dot_iq2_s_q8_K, pg_block_iq2_s, isum_iq2_s, 0.125f)
 PG_IQ_GRID_DOT(vec_dot_iq3_xxs_q8_K, pg_block_iq3_xxs, isum_iq3_xxs, 0.25f)
 PG_IQ_GRID_DOT(vec_dot_iq3_s_q8_K, pg_block_iq3_s, isum_iq3_s, 1.0f)
+PG_IQ_GRID_DOT(vec_dot_iq1_s_q8_K, pg_block_iq1_s, isum_iq1_s, 0.125f)
+
+static void vec_dot_iq1_m_q8_K(int64_t n, float *restrict s, const void *restrict vx,
+                               const void *restrict vy) {
+    const pg_block_iq1_m *x = vx;
+    const pg_block_q8_K *y = vy;
+    float sum = 0;
+    for (int64_t i = 0; i < n / PG_QK_K; i++)
+        sum += (iq1m_d(&x[i]) * y[i].d) * (float)isum_iq1_m(&x[i], y[i].qs);
+    *s = 0.125f * sum;
+}
 
 void pg_fill_iq_grid_avx2(pg_type_traits *tbl) {
     tbl[PG_TYPE_IQ2_XXS].vec_dot = vec_dot_iq2_xxs_q8_K;
@@ -174,4 +246,6 @@ void pg_fill_iq_grid_avx2(pg_type_traits *tbl) {
     tbl[PG_TYPE_IQ2_S].vec_dot = vec_dot_iq2_s_q8_K;
     tbl[PG_TYPE_IQ3_XXS].vec_dot = vec_dot_iq3_xxs_q8_K;
     tbl[PG_TYPE_IQ3_S].vec_dot = vec_dot_iq3_s_q8_K;
+    tbl[PG_TYPE_IQ1_S].vec_dot = vec_dot_iq1_s_q8_K;
+    tbl[PG_TYPE_IQ1_M].vec_dot = vec_dot_iq1_m_q8_K;
 }
