@@ -149,6 +149,8 @@ def test_json_schema_response_format_through_the_server(model):
     ({"grammar": 'root ::= "a" (', }, "grammar"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
     ({"reasoning_format": "sideways"}, "reasoning_format"),
+    ({"reasoning_budget": -5}, "reasoning_budget"),
+    ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
 ])
 def test_bad_fields_are_400_naming_the_field(body, param):
     with LLM(str(ensure_smollm2()), n_ctx=512, n_threads=1) as llm:

@@ -174,10 +174,11 @@ class ChatTurn:
         return self._deltas(self._split("", final=True))
 
     def _split(self, text: str, final: bool) -> list[tuple]:
-        parts = [("content", text)] if self._splitter is None else \
-            (self._splitter.finish() if final else self._splitter.feed(text))
-        if final and self._splitter is not None and text:
-            parts = self._splitter.feed(text) + parts
+        """Reply text → events: reasoning split off first, then tool markup read."""
+        if self._splitter is None:
+            parts = [("content", text)]
+        else:
+            parts = self._splitter.finish() if final else self._splitter.feed(text)
         events = []
         for kind, piece in parts:
             if kind == "reasoning":

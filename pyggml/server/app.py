@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from pyggml.errors import ChatTemplateError, GrammarError, ModelError, PyggmlError
-from pyggml.llm.completion import (chat_logprobs, chat_prompt_ids, completion_logprobs,
+from pyggml.llm.completion import (chat_logprobs, completion_logprobs,
                                    normalize_stop, openai_finish_reason, sampling_params,
                                    token_budget)
 from pyggml.llm.chatturn import ChatRequestError, ChatTurn
