@@ -73,9 +73,34 @@ def test_run_f_stdin_no_display_prompt_and_sys_implies_cnv(tiny_models):
     assert "needs a conversation" not in r.stderr and "--chat-template" in r.stderr
 
 
-def test_chat_without_a_model_uses_the_instruct_default():
+def test_chat_without_a_model_uses_the_instruct_default_and_answers_commands():
     r = subprocess.run(PYGGML + ["chat", "-c", "512", "-n", "8", "--temp", "0", "-t", "2"],
-                       input="Say hi.\n/exit\n", capture_output=True, text=True, timeout=180,
-                       env=ENV)
+                       input="/regen\nSay hi.\n/regen\n/help\n/foo\n/exit\n",
+                       capture_output=True, text=True, timeout=180, env=ENV)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip()
+    lines = r.stdout.splitlines()
+    assert lines[0] == "(nothing to regenerate yet)"
+    reply = lines[1]
+    assert reply.strip() and lines[2] == reply           # /regen at temperature 0: same answer
+    assert lines[3].startswith("(commands: /help, /regen")
+    assert lines[4] == "(unknown command /foo; /help lists the commands)"
+    assert len(lines) == 5                                # no command reached the model
+
+
+def test_list_devices_and_a_busy_port_fail_or_answer_before_loading(tmp_path):
+    r = subprocess.run(PYGGML + ["serve", "--list-devices"], capture_output=True, text=True,
+                       timeout=60, env=ENV)
+    assert r.returncode == 0 and r.stdout.startswith("Available devices:\n")
+    assert r.stdout.rstrip().splitlines()[-1].startswith("  CPU: ")
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        # the model does not exist: the port is checked first, so the error names the port
+        r = subprocess.run(PYGGML + ["serve", "-m", os.fspath(tmp_path / "absent.gguf"),
+                                     "--port", str(port)], capture_output=True, text=True,
+                           timeout=60, env=ENV)
+    assert r.returncode == 1 and "serving" not in r.stderr
+    assert r.stderr == (f"pyggml: error: cannot listen on 127.0.0.1:{port}: the address is "
+                        f"already in use (--port chooses another)\n")

@@ -35,6 +35,8 @@ def parser() -> Parser:
     p = Parser(prog="pyggml", description="Run quantized GGUF language models on the CPU (and "
                "Vulkan GPUs), llama.cpp's flags and an OpenAI-compatible server.")
     p.add_argument("--version", action="version", version=f"pyggml {__version__}")
+    p.add_argument("--list-devices", action="store_true",
+                   help="list the devices -dev / -ngl / -ot may name, then exit")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser,
                            metavar="COMMAND")
     for module in COMMANDS:
@@ -42,8 +44,27 @@ def parser() -> Parser:
     return p
 
 
+def list_devices() -> int:
+    """`--list-devices` (any command, as llama.cpp's tools): the devices -dev / -ngl / -ot may
+    name, with their memory; the CPU last."""
+    from pyggml.backend.catalog import DeviceCatalog
+    from pyggml.units import fmt_bytes
+    print("Available devices:")
+    for d in DeviceCatalog.from_registry().infos:
+        mem = (f" ({fmt_bytes(d.total)}, {fmt_bytes(d.free)} free)" if d.total else "")
+        soft = " [software: used only where named]" if d.software else ""
+        print(f"  {d.name}: {d.description or d.name}{mem}{soft}")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--list-devices" in argv[:argv.index("--")] if "--" in argv else "--list-devices" in argv:
+        try:
+            return list_devices()
+        except PyggmlError as e:
+            print(f"pyggml: error: {e}", file=sys.stderr)
+            return 1
     if argv[:2] == ["bench", "kernels"]:
         argv = ["bench-kernels"] + argv[2:]
     try:

@@ -2,20 +2,24 @@
 `llama-cli -cnv`. Replies stream as they are generated (a thinking model's reasoning dimmed on a terminal, left
 out when the output is piped); the history stays in the KV cache (each
 turn re-renders the chat and keeps the cells of the common prefix, so only the new messages are
-evaluated). Commands: /clear (start over), /exit. Ctrl-C stops the current reply (the part
+evaluated). Commands: /help, /regen (a new answer to the last message), /clear (start over),
+/exit; a line that is one unknown /word gets a one-line answer, not the model. Ctrl-C stops the current reply (the part
 already shown stays in the history), Ctrl-D exits. When the context is full it says so and
 offers /clear. Lines come from stdin when it is not a terminal, so a chat can be scripted.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 
 from pyggml.cli.args import grammar_from_args, spec_stats_line
 from pyggml.cli.serve import add_model_arguments, load_llm
 from pyggml.errors import ModelError, PyggmlError
 
-HELP = "commands: /clear (forget the conversation), /exit (or Ctrl-D); Ctrl-C stops a reply"
+HELP = ("commands: /help, /regen (answer the last message again), /clear (forget the "
+        "conversation), /exit (or Ctrl-D); Ctrl-C stops a reply")
+COMMAND = re.compile(r"/[A-Za-z][\w-]*")   # a line that is one /word is a command, not a message
 DIM, PLAIN = "\x1b[2m", "\x1b[0m"     # a thinking model's reasoning, on a terminal
 
 
@@ -68,6 +72,18 @@ def cmd_chat(args) -> int:
                 history = list(system)
                 llm.reset()
                 print("(conversation cleared)", flush=True)
+                continue
+            if text == "/help":
+                print(f"({HELP})", flush=True)
+                continue
+            if text == "/regen":
+                if len(history) < 2 or history[-1]["role"] != "assistant":
+                    print("(nothing to regenerate yet)", flush=True)
+                    continue
+                line = history[-2]["content"]
+                del history[-2:]
+            elif COMMAND.fullmatch(text):
+                print(f"(unknown command {text}; /help lists the commands)", flush=True)
                 continue
             history.append({"role": "user", "content": line})
             reply, finish = [], None

@@ -109,15 +109,19 @@ def cmd_run(args) -> int:
             text += tok.text
             if any(r and r in text for r in args.reverse_prompt):
                 break
+        gen.close()             # a stop by -r leaves the loop early: its time is counted now
         out.write("\n")
         if gen.finish_reason == "context":
             print(f"\npyggml: the context is full ({llm.n_ctx} tokens): generation stopped; a "
                   f"larger -c holds more", file=sys.stderr)
         s = llm.stats
         pp = s.n_prompt_tokens / s.t_prompt_s if s.t_prompt_s else 0.0
-        tg = s.n_gen_tokens / s.t_gen_s if s.t_gen_s else 0.0
+        # the first token comes from the prompt's logits: generation time covers the other n-1
+        # decode steps (llama.cpp's "eval time ... n-1 runs")
+        tg = (f"{(s.n_gen_tokens - 1) / s.t_gen_s:.1f} t/s" if s.n_gen_tokens > 1 and s.t_gen_s
+              else "n/a t/s")
         print(f"\nload time {t_load * 1000:.0f} ms | prompt {s.n_prompt_tokens} tokens, "
-              f"{pp:.1f} t/s | generation {s.n_gen_tokens} tokens, {tg:.1f} t/s | graphs "
+              f"{pp:.1f} t/s | generation {s.n_gen_tokens} tokens, {tg} | graphs "
               f"built {s.graphs_built}, reused {s.graphs_reused}"
               + (f" | {spec}" if (spec := spec_stats_line(llm)) else ""), file=sys.stderr)
     return 0

@@ -3,12 +3,14 @@ the OpenAI-compatible server (pyggml/server/)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
 from pyggml.cli.args import (add_draft_args, add_grammar_args, bounded, draft_from_args,
                              grammar_from_args, positive_int)
 from pyggml.cmdline import add_model_args, add_offload_args, run_options
+from pyggml.errors import PyggmlError
 from pyggml.offload.flags import config_from_cli
 
 
@@ -35,6 +37,29 @@ def load_llm(args, n_seq_max: int = 1):
                draft_model=draft_from_args(args), **opts)
 
 
+def listen_socket(host: str, port: int):
+    """A socket bound to host:port and listening, handed to the HTTP server once the model is
+    loaded (nothing can take the port in between). PyggmlError naming the address when it is
+    taken or cannot be bound."""
+    import socket
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as e:
+        raise PyggmlError(f"--host {host}: not an address to listen on ({e.strerror or e})")
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        why = "the address is already in use" if e.errno == errno.EADDRINUSE else \
+            (e.strerror or str(e))
+        raise PyggmlError(f"cannot listen on {host}:{port}: {why} (--port chooses another)")
+    return sock
+
+
 def cmd_serve(args) -> int:
     from pyggml.server import bind_warning, make_server, serve
     from pyggml.server.guard import Limits
@@ -42,7 +67,12 @@ def cmd_serve(args) -> int:
     if warn:
         print(f"pyggml: warning: {warn}", file=sys.stderr)
     grammar = grammar_from_args(args)          # a bad grammar fails before the model loads
-    llm = load_llm(args, n_seq_max=args.parallel)
+    sock = listen_socket(args.host, args.port)  # a busy port fails before the model loads
+    try:
+        llm = load_llm(args, n_seq_max=args.parallel)
+    except BaseException:
+        sock.close()
+        raise
     for w in llm.offload.warnings:
         print(f"pyggml: warning: {w}", file=sys.stderr)
     name = args.alias or os.path.basename(llm.path)
@@ -57,7 +87,7 @@ def cmd_serve(args) -> int:
           f"{server.engine.n_ctx_slot} tokens each; devices: "
           f"{', '.join(llm.offload.devices_used())})", file=sys.stderr, flush=True)
     try:
-        serve(server, args.host, args.port)
+        serve(server, args.host, args.port, sock)
     finally:
         server.engine.stop()
         llm.close()

@@ -61,13 +61,15 @@ def make_server(llm, n_slots: int, model_name: str, chat_template=None,
     return server
 
 
-def serve(server, host: str, port: int) -> None:
-    """Serve until SIGINT/SIGTERM (`pyggml serve`), with the guarded uvicorn settings."""
+def serve(server, host: str, port: int, sock=None) -> None:
+    """Serve until SIGINT/SIGTERM (`pyggml serve`), with the guarded uvicorn settings. sock: a
+    socket already listening on host:port (the CLI binds before loading the model)."""
     import uvicorn
 
     from pyggml.server.guard import uvicorn_config
     server.bind_host = host
-    uvicorn.Server(uvicorn_config(server.app, host, port, server.limits)).run()
+    uv = uvicorn.Server(uvicorn_config(server.app, host, port, server.limits))
+    uv.run(sockets=[sock] if sock is not None else None)
 
 
 def start_in_thread(server, host: str = "127.0.0.1", port: int = 0,
