@@ -307,6 +307,37 @@ def test_stop_mid_reply_frees_the_slot(browser, server):
     assert_all_local(browser)
 
 
+def test_phone_width_every_view_fits_and_the_chat_panels_open(browser, server):
+    """At a phone's width (390 CSS px) the tabs stay on screen, no view is wider than the
+    window, and the conversations and settings (hidden beside the chat) open as panels."""
+    base, _, _ = server
+    browser.set_window_size(390, 844)
+    try:
+        open_page(browser, base)
+        for view in ("chat", "model", "live"):
+            goto(browser, view)
+            if view == "model":
+                wait(browser, lambda d: css(d, "#plan-body .fact"), "the plan")
+            fit = js(browser, "return [innerWidth, document.documentElement.scrollWidth,"
+                              "[...document.querySelectorAll('.tab')].map((t) => {"
+                              "  const r = t.getBoundingClientRect(); return [r.left, r.right];})]")
+            width, scroll, tabs = fit
+            assert scroll <= width, (view, fit)
+            assert all(0 <= left and right <= width for left, right in tabs), (view, fit)
+            shot(browser, f"phone-{view}")
+        goto(browser, "chat")
+        assert not by_id(browser, "temperature").is_displayed()
+        by_id(browser, "show-settings").click()
+        wait(browser, lambda d: by_id(d, "temperature").is_displayed(), "the settings panel")
+        by_id(browser, "show-convs").click()
+        wait(browser, lambda d: by_id(d, "new-chat").is_displayed(), "the conversations panel")
+        assert not by_id(browser, "temperature").is_displayed()
+        by_id(browser, "new-chat").click()          # choosing closes the panel
+        wait(browser, lambda d: not by_id(d, "new-chat").is_displayed(), "the panel to close")
+    finally:
+        browser.set_window_size(1400, 950)
+
+
 def test_model_view_running_plan(browser, server):
     base, llm, _ = server
     open_page(browser, base, "model")

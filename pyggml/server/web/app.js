@@ -266,7 +266,7 @@
         h('span', { class: 'conv-title' }, c.title), del);
       li.addEventListener('click', () => {
         if (chat.controller) return;
-        chat.current = c.id; saveConvs(); renderChat();
+        chat.current = c.id; saveConvs(); renderChat(); showPanel(null);
       });
       ul.append(li);
     }
@@ -443,9 +443,20 @@
     $('stop').addEventListener('click', () => { if (chat.controller) chat.controller.abort(); });
     $('new-chat').addEventListener('click', () => {
       if (chat.controller) return;
-      chat.current = null; conv(); renderChat(); $('input').focus();
+      chat.current = null; conv(); renderChat(); showPanel(null); $('input').focus();
     });
+    // narrow screens: the conversations and the settings are panels over the chat
+    $('show-convs').addEventListener('click', () => showPanel('convs'));
+    $('show-settings').addEventListener('click', () => showPanel('settings'));
     renderChat();
+  }
+
+  // which side panel is open over the chat on a narrow screen (null: none); a second click closes
+  function showPanel(name) {
+    const view = $('view-chat');
+    const open = name !== null && !view.classList.contains('show-' + name);
+    view.classList.remove('show-convs', 'show-settings');
+    if (open) view.classList.add('show-' + name);
   }
 
   // ---- model: the plan --------------------------------------------------------------------------
