@@ -15,7 +15,11 @@ QEMU      := qemu-aarch64
 GLSLANG   := glslangValidator
 include shaders/variants.mk
 vk_field = $(word $(2),$(subst :, ,$(1)))
-vk_uc = $(subst q,Q,$(subst k,K,$(subst f,F,$(1))))
+# a name in capitals (q4_k -> Q4_K): the pairs of _VK_UC applied one after another
+_VK_UC := a:A b:B c:C d:D e:E f:F g:G h:H i:I j:J k:K l:L m:M n:N o:O p:P q:Q r:R s:S t:T u:U v:V w:W x:X y:Y z:Z
+_vk_uc = $(if $(2),$(call _vk_uc,$(subst $(firstword $(subst :, ,$(firstword $(2)))),$(lastword \
+    $(subst :, ,$(firstword $(2)))),$(1)),$(wordlist 2,99,$(2))),$(1))
+vk_uc = $(call _vk_uc,$(1),$(_VK_UC))
 # every module of shaders/variants.mk: its VK_TYPED_SHADERS once per type (% -> q4_k, @ -> Q4_K)
 VK_VARIANTS := $(VK_SHADERS) $(VK_TOOL_SHADERS) $(foreach v,$(VK_TYPED_SHADERS),$(foreach \
     t,$(VK_TYPES),$(subst @,$(call vk_uc,$(t)),$(subst %,$(t),$(v)))))

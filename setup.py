@@ -105,7 +105,7 @@ _ASSIGNMENT = re.compile(r"^([A-Z_]+)\s*:=\s*(.*)$")
 
 def shader_variants(path: Path) -> list[tuple[str, str, list[str]]]:
     """(name, source, defines) of every module the backend loads, expanded as the Makefile does
-    ('%' -> the type, '@' -> it in capitals by the Makefile's vk_uc: f, k, q upper-cased)."""
+    ('%' -> the type, '@' -> it in capitals, as the Makefile's vk_uc)."""
     text = re.sub(r"\\\n", " ", path.read_text())
     v: dict[str, list[str]] = {}
     for line in text.splitlines():
@@ -116,8 +116,7 @@ def shader_variants(path: Path) -> list[tuple[str, str, list[str]]]:
     entries = list(v.get("VK_SHADERS", []))
     for e in v.get("VK_TYPED_SHADERS", []):
         for t in v.get("VK_TYPES", []):
-            uc = t.replace("f", "F").replace("k", "K").replace("q", "Q")
-            entries.append(e.replace("%", t).replace("@", uc))
+            entries.append(e.replace("%", t).replace("@", t.upper()))
     out = []
     for e in entries:
         name, src, defines = (e.split(":") + ["", ""])[:3]

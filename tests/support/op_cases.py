@@ -318,7 +318,7 @@ WTYPES = ["f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", 
 
 
 def _K(wtype, small=64):
-    return 512 if wtype.endswith("_k") else small
+    return 512 if wtype.endswith("_k") or wtype == "iq4_xs" else small
 
 
 for _wt in WTYPES + ["i32"]:
@@ -607,6 +607,30 @@ case("flash_attn-f16-prefill", 5e-6)(_single(_fa_causal))
 case("flash_attn-f16-decode", 5e-6)(_single(lambda ctx, I: _fa_causal(ctx, I, nq=1, nkv=70)))
 
 
+# the types of the files of 2026 (issue 32): dequantized rows bit for bit (NMSE 0), products
+# against the CPU's Q8_0 / Q8_K activations within the quantized bound; MXFP4's 17-byte blocks
+# put rows at odd byte offsets (K 96: 51-byte rows)
+NEW_WTYPES = ["iq4_nl", "iq4_xs", "mxfp4"]
+
+
+for _wt in NEW_WTYPES:
+    case(f"get_rows-{_wt}", 0.0)(_single(
+        lambda ctx, I, wt=_wt: ops.get_rows(ctx, I.weights(wt, 11, _K(wt, 160)),
+                                            I.i32([3, 0, 10, 3, 7]))))
+    for _M in (1, 3, 17):
+        case(f"mul_mat-{_wt}-M{_M}", 5e-4)(_single(
+            lambda ctx, I, wt=_wt, M=_M: ops.mul_mat(ctx, I.weights(wt, 13, _K(wt, 96)),
+                                                     I.f32(M, _K(wt, 96)))))
+    case(f"mul_mat-{_wt}-broadcast", 5e-4)(_single(
+        lambda ctx, I, wt=_wt: ops.mul_mat(ctx, I.weights(wt, 1, 2, 7, _K(wt, 96)),
+                                           I.f32(3, 4, 10, _K(wt, 96)))))
+    for _nt in (1, 9):
+        case(f"mul_mat_id-{_wt}-T{_nt}", 5e-4)(_single(
+            lambda ctx, I, wt=_wt, nt=_nt: _mul_mat_id(ctx, I, wt, nt, 3 if nt == 9 else 1)))
+    case(f"mul_mat_id-{_wt}-T96-tiles", 5e-4)(_single(
+        lambda ctx, I, wt=_wt: _mul_mat_id(ctx, I, wt, 96, 1, n_expert=5, n_used=2, N=70)))
+
+
 # ---- where a backend differs ---------------------------------------------------------------------
 
 _RPC_CONTIGUOUS = ("refused: ggml's CPU kernels need a contiguous input (SCALE, DIAG_MASK_INF) or "
@@ -624,3 +648,6 @@ bound("rpc", 5e-6, [n for n in CASES if n.startswith("flash_attn-f16")])
 # the K-256 matrix-product cases of quantized experts: the Vulkan shaders use fp32 activations
 bound("vulkan", 5e-4, [n for n in CASES if n.endswith("-K256") and n.startswith("mul_mat_id-q")]
       + ["mul_mat_id-q4_k-top_k-ids", "moe_ffn-q4_k-T5-k2-norm", "moe_ffn-q4_0-T1-k4"])
+not_on("rpc", "not yet run against the rpc-server (the Vulkan cases of the issue-32 types)",
+       [n for n in CASES if any(n.startswith(f"{op}-{t}") for t in NEW_WTYPES
+                                for op in ("get_rows", "mul_mat", "mul_mat_id"))])

@@ -25,7 +25,8 @@ from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, VIEW_OPS, GGMLType, O
 F32, F16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.I32
 FLOAT_TYPES = (F32, F16)
 QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-               GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+               GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS,
+               GGMLType.MXFP4)
 WEIGHT_TYPES = FLOAT_TYPES + QUANT_TYPES          # MUL_MAT and GET_ROWS sources
 ESIZE = {F32: 4, I32: 4, F16: 2}
 BINARY = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}
