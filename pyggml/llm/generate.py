@@ -105,6 +105,7 @@ class Generation:
         self.token_logprobs: list[TokenLogprob] = []
         self.new_tokens: list[Token] = []
         self.tail = ""
+        self.stopping_word = ""        # the stop string that ended the text ("" if none did)
         self.finish_reason: str | None = None
         self.last_token: int | None = None       # sampled, to evaluate next (None: finished)
         self.n_reused = 0              # prompt tokens whose cells were kept
@@ -277,7 +278,7 @@ class Generation:
         self.text += new
         hit = self._find_stop()
         if hit is not None:
-            self.text = self.text[:hit]
+            self._cut_at_stop(hit)
             return self._finish(FINISH_STOP, cut=True)
         if self.max_tokens is not None and len(self.tokens) >= self.max_tokens:
             return self._finish(FINISH_LENGTH)
@@ -304,6 +305,11 @@ class Generation:
                 best = i
         return best
 
+    def _cut_at_stop(self, hit: int) -> None:
+        """The text ends where a stop string begins (at `hit`); which one is kept."""
+        self.stopping_word = next(s for s in self.stop if self.text.startswith(s, hit))
+        self.text = self.text[:hit]
+
     def _held_back(self) -> int:
         """Characters at the end of the text that are the start of some stop string."""
         tail = self.text[self.n_emitted:]
@@ -329,7 +335,8 @@ class Generation:
             self.text += self.tail
             hit = self._find_stop()
             if hit is not None:
-                self.text, self.finish_reason = self.text[:hit], FINISH_STOP
+                self._cut_at_stop(hit)
+                self.finish_reason = FINISH_STOP
         self._settle()
         return self._take(len(self.text))
 
