@@ -344,7 +344,7 @@ def test_props_and_apply_template(server):
     llm = rs.server.llm
     assert p["chat_template"] == llm.model.get("tokenizer.chat_template")
     assert p["total_slots"] == 2 and p["n_ctx"] == 2048
-    assert p["default_generation_settings"]["n_ctx"] == 1024
+    assert p["default_generation_settings"]["n_ctx"] == 2048   # one unified cache
     assert p["model_alias"] == "smollm2" and p["model_path"].endswith(".gguf")
     caps = p["chat_template_caps"]
     assert caps["supports_system_role"] and caps["supports_string_content"]

@@ -104,15 +104,17 @@ def test_small_endpoints(smol_server):
         assert f"pyggml_{name}" in m.text
 
 
-def test_context_overflow_is_a_400_naming_the_numbers(smol_server):
+def test_context_overflow_is_a_400_naming_the_prompt(smol_server):
+    """The slots share the whole context (tests/test_server_context.py): 1,100 tokens fit in
+    one request of a 4-slot server of 4,096 cells; 4,200 do not."""
     base, _ = smol_server
-    r = httpx.post(f"{base}/v1/completions", json={"prompt": "hi", "max_tokens": 5000},
-                   timeout=10)
+    r = httpx.post(f"{base}/v1/completions", json={"prompt": "word " * 4200}, timeout=30)
     err = r.json()["error"]
-    assert r.status_code == 400 and "5000" in err["message"] and "1024" in err["message"]
+    assert r.status_code == 400 and "4096" in err["message"] and err["param"] == "prompt"
     assert err["type"] == "context_length_exceeded"
-    r = httpx.post(f"{base}/v1/completions", json={"prompt": "word " * 1100}, timeout=30)
-    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+    r = httpx.post(f"{base}/v1/completions", json={"prompt": "word " * 1100, "max_tokens": 2},
+                   timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 1024
 
 
 def test_cancelled_stream_frees_its_slot(smol_server):
@@ -174,7 +176,7 @@ def _malformed(rng: random.Random):
         "messages": [[], "hi", [{"role": 1, "content": "x"}], [{"content": "x"}], [1], None,
                      [{"role": "user", "content": {"a": 1}}]],
         "prompt": [123, [], [-1], [10 ** 9], {"a": 1}, None, "", [True]],
-        "max_tokens": ["5", 1.5, 10 ** 7, True, [1]],
+        "max_tokens": ["5", 1.5, -2, 2 ** 41, True, [1]],    # 10 ** 7: clamped (unified cache)
         "temperature": [-1, -0.01, "hot", float("nan"), True, [0.5]],
         "top_p": [1.5, -0.1, "x"], "top_k": [-1, 1.5, "x"], "min_p": [2, "x"],
         "repeat_penalty": [0, -1, "x"], "seed": ["x", 1.5], "stream": ["yes", 1],

@@ -241,6 +241,11 @@ class Generation:
         self._settle()
         self.last_token = None
 
+    def end_context_full(self) -> str:
+        """End now as at a full context (FINISH_CONTEXT): a server whose shared cache has no
+        cell left for this generation's next token. Returns the text the end flushes."""
+        return self._finish(FINISH_CONTEXT)
+
     # ---- sampling and text -------------------------------------------------------------------
     def _sample(self, row: np.ndarray) -> int:
         if self.token_filter is not None:

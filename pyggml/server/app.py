@@ -25,8 +25,7 @@ from starlette.routing import Route
 
 from pyggml.errors import ChatTemplateError, GrammarError, ModelError, PyggmlError
 from pyggml.llm.completion import (chat_logprobs, completion_logprobs,
-                                   normalize_stop, openai_finish_reason, sampling_params,
-                                   token_budget)
+                                   normalize_stop, openai_finish_reason, sampling_params)
 from pyggml.llm.chatturn import ChatRequestError, ChatTurn
 from pyggml.llm.generate import Generation
 from pyggml.llm.grammar import constraint_for, request_spec
@@ -226,6 +225,8 @@ class Server:
             Route("/responses", self.responses, methods=["POST"]),
             Route("/props", self.props, methods=["GET"]),
             Route("/apply-template", self.apply_template, methods=["POST"]),
+            Route("/completion", self.native_completion, methods=["POST"]),
+            Route("/infill", self.infill, methods=["POST"]),
         ]
         self.plans = webapi.PlanCache(llm)
         self.web = _web_assets()
@@ -384,20 +385,35 @@ class Server:
         from pyggml.server import props
         return await props.get_props(self, request)
 
+    async def native_completion(self, request):
+        from pyggml.server import llamacpp_api
+        self._count("completion")
+        return await llamacpp_api.completion(self, request)
+
+    async def infill(self, request):
+        from pyggml.server import llamacpp_api
+        self._count("infill")
+        return await llamacpp_api.infill(self, request)
+
     async def apply_template(self, request):
         from pyggml.server import props
         return await props.apply_template(self, request)
 
     # ---- generation ------------------------------------------------------------------------
-    def _generation(self, ids, body, max_default, n_logprobs,
-                    token_filter=None) -> tuple[Generation, bool]:
+    def _generation(self, ids, body, max_default, n_logprobs, token_filter=None,
+                    prompt_field: str = "prompt") -> tuple[Generation, bool]:
+        """The Generation of a request for prompt `ids` (from the body's `prompt_field`, named
+        when it cannot fit): max_tokens beyond what fits in the context after the prompt is
+        clamped (it ends with "length"), as llama-server's unified cache does."""
         max_tokens, stop, stream = _common(body, max_default)
-        try:
-            budget = token_budget(len(ids), max_tokens, self.engine.n_ctx_slot)
-        except ModelError as e:
-            raise BadRequest(f"{e} (per slot: n_ctx {self.llm.n_ctx} / "
-                             f"{len(self.engine.slots)} slots)", "max_tokens",
-                             kind="context_length_exceeded") from None
+        n_ctx = self.llm.n_ctx
+        if len(ids) >= n_ctx:
+            raise BadRequest(f"the prompt has {len(ids)} tokens but the context holds {n_ctx} "
+                             f"(n_ctx, shared by the {len(self.engine.slots)} slots): at least "
+                             f"one more token must fit", prompt_field,
+                             kind="context_length_exceeded")
+        room = n_ctx - len(ids)
+        budget = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
         try:
             params = sampling_params(**_sampling(body))
         except ModelError as e:
@@ -489,7 +505,7 @@ class Server:
         logprobs = _bool(body, "logprobs", False)
         top = _num(body, "top_logprobs", 0, 0, 20, integer=True)
         gen, stream = self._generation(ids, body, None, top if logprobs else None,
-                                       token_filter)
+                                       token_filter, "messages")
         job = self._new_job(ids, gen)
         self._submit(job)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())

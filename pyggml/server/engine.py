@@ -11,6 +11,13 @@ for at most one short step, then gets a step of its own size (time to first toke
 (full: `QueueFullError`, the server answers 503). A cancelled request frees its slot before the
 next step. Events go back to the asyncio side through `loop.call_soon_threadsafe`.
 
+One KV cache, shared by the slots as llama-server's unified cache (`--kv-unified`): a request
+may use all of n_ctx while the other slots are idle. Idle slots keep their cells as prefix
+caches until the cells are needed (then the least recently used go first). A waiting request
+is admitted when its prompt fits in the cells that are free or held by idle slots, besides what
+the running prompts still need; when the generating slots need more cells than are left, the
+generation holding the most cells ends as if the context were full (finish_reason "length").
+
 Each slot's request is a `pyggml.llm.generate.Generation`, stepped by the one generation loop's
 calls (next_input, advance): sampling, stop strings, the end, the cells kept are decided there.
 With a draft (LLM(draft_model=...), `serve -md / --lookup`), each generating slot first drafts
@@ -164,7 +171,7 @@ class Engine:
         self.step_target_s = step_target_s
         self.s_per_row: float | None = None     # measured seconds per batch row (moving mean)
         self.slots = [Slot(i) for i in range(n_slots)]
-        self.n_ctx_slot = llm.n_ctx // n_slots
+        self.n_ctx_slot = llm.n_ctx         # one unified cache: a request may use all of it
         self.queue_size = queue_size
         self.pending: deque[Job] = deque()
         self.metrics = Metrics()
@@ -228,13 +235,17 @@ class Engine:
             free = [s for s in self.slots if s.job is None]
             if not free:
                 return
-            job = self.pending.popleft()
+            job = self.pending[0]
             if job.cancelled.is_set():
+                self.pending.popleft()
                 self.metrics.requests_cancelled_total += 1
                 continue
 
             slot = max(free, key=lambda s: (self.llm.context.common_prefix(job.ids, s.seq_id),
                                             -s.last_used))
+            if job.kind == "complete" and not self._prompt_fits(job.ids, slot):
+                return                      # it waits (first in line) for cells to free up
+            self.pending.popleft()
             slot.job = job
             if job.kind == "embed":
                 continue
@@ -242,6 +253,48 @@ class Engine:
             job.n_reused = job.gen.start(self.llm.context, spec, slot.seq_id)
             self.metrics.prompt_tokens_reused_total += job.n_reused
             slot.draft_todo = spec.draft.start_prompt(slot.seq_id, job.ids) if spec else []
+
+    def _prompt_fits(self, ids: list[int], slot: Slot) -> bool:
+        """Whether a prompt admitted to `slot` fits in the cells that are free or held by idle
+        slots (their prefix caches), besides the cells the running requests' prompts still
+        need and one per generating slot. Always true when no request is running (the app
+        refuses prompts longer than n_ctx)."""
+        ctx = self.llm.context
+        active = [s for s in self.slots if s.job is not None and s.job.kind == "complete"]
+        if not active:
+            return True
+        kept = min(ctx.common_prefix(ids, slot.seq_id), max(0, len(ids) - 2))
+        evictable = sum(ctx.seq_len(s.seq_id) for s in self.slots if s.job is None) - kept
+        committed = sum(len(s.todo) if s.todo else 1 for s in active)
+        return len(ids) - kept + 1 <= ctx.free_cells() + evictable - committed
+
+    def _make_room(self, n_cells: int) -> bool:
+        """Drop idle slots' prefix caches, least recently used first, until n_cells cells are
+        free; whether they are."""
+        ctx = self.llm.context
+        idle = sorted((s for s in self.slots if s.job is None and ctx.seq_len(s.seq_id)),
+                      key=lambda s: s.last_used)
+        for s in idle:
+            if ctx.free_cells() >= n_cells:
+                break
+            self.llm.reset(s.seq_id)
+        return ctx.free_cells() >= n_cells
+
+    def _end_for_room(self, gen_slots: list[Slot]) -> list[Slot]:
+        """Generating slots that can each take a cell this step: while there are fewer free
+        cells (after dropping idle caches) than such slots, the generation holding the most
+        cells ends as at a full context ("length"). Returns the slots left."""
+        ctx = self.llm.context
+        left = list(gen_slots)
+        while left and not self._make_room(len(left)):
+            s = max(left, key=lambda s: (ctx.seq_len(s.seq_id), s.seq_id))
+            left.remove(s)
+            text = s.job.gen.end_context_full()
+            if text:
+                s.job.emit("text", text)
+            s.job.emit("done", s.job.gen)
+            self._release(s)
+        return left
 
     def _prompt_budget(self, n_decoding: int) -> int:
         """Prompt tokens this step may take besides `n_decoding` generating slots' tokens: what
@@ -281,8 +334,10 @@ class Engine:
                 job = s.job
                 try:
                     x = job.texts[len(job.vecs)]
-                    job.vecs.extend(llm.embed([x], job.pooling, True, s.seq_id))
                     n = len(llm.tokenize(x)) if isinstance(x, str) else len(x)
+                    if not self._make_room(n):      # its cells are taken: a later step
+                        continue
+                    job.vecs.extend(llm.embed([x], job.pooling, True, s.seq_id))
                     job.n_embedded += n
                     m.prompt_tokens_total += n
                     if len(job.vecs) == len(job.texts):
@@ -291,7 +346,7 @@ class Engine:
                 except PyggmlError as e:
                     self._fail(s, 400, str(e))
         gens = [s for s in self.slots if s.job is not None and s.job.kind == "complete"]
-        gen_slots = [s for s in gens if not s.job.gen.prefilling]
+        gen_slots = self._end_for_room([s for s in gens if not s.job.gen.prefilling])
         self._drafts(gen_slots)
         batch = [s for s in gen_slots]
         n_rows = sum(len(s.job.gen.next_input()) for s in batch)
@@ -300,6 +355,10 @@ class Engine:
                          key=lambda s: len(s.job.gen.todo))
         if any(not s.started for s in waiting):      # new requests first, in a short step
             waiting = [s for s in waiting if not s.started]
+        budget = min(budget, sum(len(s.todo) for s in waiting))
+        if budget > 0:                  # prompt chunks take what the cache has left
+            self._make_room(n_rows + budget)
+            budget = min(budget, llm.context.free_cells() - n_rows)
         draft_chunks = []
         for s in waiting:
             if budget <= 0:
@@ -317,6 +376,13 @@ class Engine:
                 draft_chunks.append((s.draft_todo[:k], s.seq_id))
                 s.draft_todo = s.draft_todo[k:]
         if not batch:
+            if waiting and not gen_slots and not any(
+                    s.job is not None and s.job.kind == "embed" for s in self.slots):
+                # prompts only, no cell left for any of them and none to free: the one with
+                # the most left to evaluate gives way (a guard; admission by cells keeps the
+                # room for running prompts, so this should never be needed)
+                s = max(waiting, key=lambda s: len(s.todo))
+                self._fail(s, 503, "the KV cache is full; retry later")
             return
         t0 = time.perf_counter()
         try:
@@ -339,6 +405,7 @@ class Engine:
         m.decode_seconds_total += dt
         m.decode_steps_multi_seq_total += n_seqs >= 2
         m.max_seqs_per_step = max(m.max_seqs_per_step, n_seqs)
+        self._make_room(n_seqs)     # a generation ends at a full cache, not at idle slots' caches
         for s in batch:
             job, gen = s.job, s.job.gen
             if job.cancelled.is_set():      # its drafts were never checked: their cells go

@@ -115,16 +115,10 @@ def response_error(resp: Response) -> tuple[int, str]:
 
 
 async def chat_with_limit(server, request, chat: dict):
-    """server.chat_completion(request, chat), where chat's max_tokens is an upper bound: one
-    that cannot fit after the prompt in a slot's context means "until the context is full"
-    (an agent asks for 32k tokens of a model served with 4k of context)."""
-    try:
-        return await server.chat_completion(request, chat)
-    except BadRequest as e:
-        if (e.kind != "context_length_exceeded" or e.param != "max_tokens"
-                or chat.get("max_tokens") is None):
-            raise
-    return await server.chat_completion(request, {**chat, "max_tokens": None})
+    """server.chat_completion(request, chat), where chat's max_tokens is an upper bound (an
+    agent asks for 32k tokens of a model served with 4k of context): the server clamps any
+    max_tokens to what fits after the prompt (it ends with "length")."""
+    return await server.chat_completion(request, chat)
 
 
 def sse_event(name: str, data: dict) -> str:
