@@ -6,6 +6,8 @@
 // q: F32; k, v: both F32 or both F16 (flags & 1; q is rounded to fp16 for the K dots then, as
 // ggml's CPU code); mask F32/F16 (flags & 2 present, & 4 F16); d: F32 contiguous
 // [Dv, H, n_q, B]. Keys whose mask is -inf are skipped; a row with every key masked gives 0.
+// Attention sinks (flags & 16, F32 [H], gpt-oss): one more logit per head, joined after the keys
+// in ggml's order (a sink above the running max rescales what was summed); its weight is dropped.
 // Head sizes up to MAX_D.
 #define NEED_REDUCE
 #include "common.glsl"
@@ -17,6 +19,7 @@ layout(binding = 1) readonly buffer K { uint data_k[]; };
 layout(binding = 2) readonly buffer V { uint data_v[]; };
 layout(binding = 3) readonly buffer M { uint data_m[]; };
 layout(binding = 4) buffer D { uint data_d[]; };
+layout(binding = 5) readonly buffer SK { uint data_s[]; };
 
 layout(push_constant) uniform P {
     uint D, Dv, n_q, n_kv, H, group;
@@ -25,8 +28,9 @@ layout(push_constant) uniform P {
     uint v_off, v_s1, v_s2, v_s3;
     uint m_off, m_s1, m_s2, m_s3, m_ne2, m_ne3;
     uint d_off;
-    uint flags;                // 1 kv F16, 2 mask, 4 mask F16, 8 alibi; n_head_log2 << 16
+    uint flags;                // 1 kv F16, 2 mask, 4 mask F16, 8 alibi, 16 sinks; n_head_log2 << 16
     float scale, softcap, m0, m1;
+    uint s_off;
 } p;
 
 shared float sq[MAX_D];
@@ -102,7 +106,19 @@ void main() {
         m_run = m_new;
         barrier();
     }
+    float sink_scale = 1.0;
+    if ((p.flags & 16u) != 0u) {
+        const float sv = uintBitsToFloat(data_s[p.s_off + ih]);
+        if (sv > m_run) {
+            sink_scale = m_run == -INF_F32 ? 0.0 : exp(m_run - sv);
+            l = l * sink_scale + 1.0;
+        } else {
+            l = l + exp(sv - m_run);
+        }
+    }
     const float inv = l > 0.0 ? 1.0 / l : 0.0;
     const uint db = p.d_off + (ih + p.H * (iq + p.n_q * ib)) * p.Dv;
-    for (uint d = t; d < p.Dv; d += WG_SIZE) data_d[db + d] = floatBitsToUint(sacc[d] * inv);
+    for (uint d = t; d < p.Dv; d += WG_SIZE) {
+        data_d[db + d] = floatBitsToUint(sacc[d] * sink_scale * inv);
+    }
 }

@@ -4,7 +4,8 @@
 // 0 SCALE (x*f0 + f1), 1 SILU, 2 GELU (ggml's fp16 table: input and output rounded to fp16,
 // 0 / x outside (-10, 10)), 3 SQR, 4 SQRT, 5 TANH, 6 DIAG_MASK_INF (-inf where i0 > n_past + i1,
 // n_past = floatBitsToInt(f0)), 7 SIGMOID, 8 CLAMP (max(min(x, f1), f0) with the comparisons of
-// ggml's MIN/MAX macros, so NaN becomes f1). Row grid (common.glsl).
+// ggml's MIN/MAX macros, so NaN becomes f1), 9 SOFTPLUS (log(1 + exp(x)), x itself above 20).
+// Row grid (common.glsl).
 #define ROW_GRID
 #include "common.glsl"
 
@@ -39,6 +40,7 @@ float op(const float x, const uint i0, const uint i1) {
         const float v = x < p.f1 ? x : p.f1;
         return v > p.f0 ? v : p.f0;
     }
+    case 9u: return x > 20.0 ? x : log(1.0 + exp(x));
     case 6u: return int(i0) > floatBitsToInt(p.f0) + int(i1) ? -INF_F32 : x;
     default: return x;
     }

@@ -16,7 +16,8 @@ VK_SHADERS := \
     cpy:cpy.comp: cpy_s16:cpy.comp:-DSTORE16 \
     set_rows:set_rows.comp: set_rows_s16:set_rows.comp:-DSTORE16 \
     concat:concat.comp: concat_s16:concat.comp:-DSTORE16 \
-    argsort:argsort.comp:
+    argsort:argsort.comp: ssm_conv:ssm_conv.comp: \
+    gated_delta:gated_delta.comp: gated_delta_sg:gated_delta.comp:-DUSE_SUBGROUP
 
 # one module per type of VK_TYPES: '%' stands for the type (q4_k), '@' for it in capitals (Q4_K)
 VK_TYPED_SHADERS := \

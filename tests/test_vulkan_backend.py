@@ -315,6 +315,64 @@ def test_mxfp4_every_exponent_dequantizes_bit_for_bit(vk):
     assert np.array_equal(got, ref)
 
 
+# ---- recurrent ops: a prompt in one dispatch gives the bits of token-by-token decode ------------
+
+def _recurrent_on_vk(vk, build, values):
+    """Compute build(ctx) -> (node, inputs) on `vk` with the inputs' values; the node's floats."""
+    ctx = Context(no_alloc=True)
+    node, inputs = build(ctx)
+    g = Graph()
+    g.build_forward_expand(node)
+    buf = on_vk(vk, ctx)                                             # noqa: F841 - keeps it
+    for t, v in zip(inputs, values):
+        base.tensor_set(t, np.ascontiguousarray(v).tobytes())
+    vk.graph_compute(g)
+    return np.frombuffer(base.tensor_get(node), np.float32).copy()
+
+
+@pytest.mark.parametrize("op", ["ssm_conv", "gated_delta"])
+def test_recurrent_prompt_equals_token_by_token(vk, op):
+    rng = np.random.default_rng(5)
+    T, C, K, H, Hk, Dk, Dv = 6, 24, 4, 4, 2, 40, 24
+    if op == "ssm_conv":
+        ins = [rng.standard_normal((T, C)), rng.standard_normal((C, K)),
+               rng.standard_normal((1, (K - 1) * C))]
+        n_out = C
+
+        def build(ctx, n):
+            ts = [ctx.new_tensor("f32", [C, n]), ctx.new_tensor("f32", [K, C]),
+                  ctx.new_tensor("f32", [(K - 1) * C, 1]), ctx.new_tensor("i32", [n])]
+            return ops.ssm_conv(ctx, *ts), ts
+    else:
+        kv = rng.standard_normal((T, Hk, Dk))
+        ins = [rng.standard_normal((T, Hk, Dk)), kv / np.linalg.norm(kv, axis=-1, keepdims=True),
+               rng.standard_normal((T, H, Dv)), -np.abs(rng.standard_normal((T, H))),
+               1 / (1 + np.exp(-rng.standard_normal((T, H)))),
+               rng.standard_normal((1, Dk * Dv * H)) * 0.1]
+        n_out = H * Dv
+
+        def build(ctx, n):
+            ts = [ctx.new_tensor("f32", [Dk, Hk, n]), ctx.new_tensor("f32", [Dk, Hk, n]),
+                  ctx.new_tensor("f32", [Dv, H, n]), ctx.new_tensor("f32", [H, n]),
+                  ctx.new_tensor("f32", [H, n]), ctx.new_tensor("f32", [Dk * Dv * H, 1]),
+                  ctx.new_tensor("i32", [n])]
+            return ops.gated_delta(ctx, *ts, 1 / np.sqrt(Dk)), ts
+    ins = [np.asarray(v, np.float32) for v in ins]
+    per_token = [i for i in range(len(ins)) if ins[i].shape[0] == T]
+    whole = _recurrent_on_vk(vk, lambda ctx: build(ctx, T), ins + [np.zeros(T, np.int32)])
+    state = ins[-1]
+    for t in range(T):
+        one = [v[t:t + 1] if i in per_token else v for i, v in enumerate(ins[:-1])]
+        got = _recurrent_on_vk(vk, lambda ctx: build(ctx, 1), one + [state, np.zeros(1, np.int32)])
+        assert got[:n_out].tobytes() == whole[t * n_out:(t + 1) * n_out].tobytes()
+        state = got[n_out:].reshape(1, -1)
+    assert state.tobytes() == whole[T * n_out:].tobytes()
+    bad = np.zeros(T, np.int32)
+    bad[3] = 1                                                        # one state only
+    with pytest.raises(BackendError, match=r"\((SSM_CONV|GATED_DELTA_NET)\).*sequence id"):
+        _recurrent_on_vk(vk, lambda ctx: build(ctx, T), ins + [bad])
+
+
 # ---- weights larger than one storage-buffer binding ----------------------------------------------
 
 @pytest.mark.parametrize("wtype", ["f32", "q8_0", "q6_k", "mxfp4"])

@@ -631,6 +631,69 @@ for _wt in NEW_WTYPES:
         lambda ctx, I, wt=_wt: _mul_mat_id(ctx, I, wt, 96, 1, n_expert=5, n_used=2, N=70)))
 
 
+# the ops of the 2026 architectures (issues 32, 33): attention sinks (gpt-oss) in both attention
+# paths, gpt-oss's clamped SwiGLU (composed of existing ops), SOFTPLUS, and the recurrent ops
+# (SSM_CONV, GATED_DELTA_NET) with sequences interleaved in one ubatch, decode and prompt forms
+def _sinks(I, H):
+    return I.f32(H, values=np.array([2.5, -1.0, 40.0, -np.inf, 0.3, 1.0, -3.0, 7.0])[:H])
+
+
+for _mk in ("none", "f16"):
+    case(f"soft_max-sinks-{_mk}", 1e-9)(_single(
+        lambda ctx, I, mk=_mk: ops.soft_max_ext(
+            ctx, I.f32(2, 4, 5, 37, scale=3.0),
+            None if mk == "none" else _mask(8, 37, I, mk, fully_masked_row=2), scale=0.3,
+            sinks=_sinks(I, 4))))
+for _kv in ("f32", "f16"):
+    case(f"flash_attn-{_kv}-sinks", 1e-9 if _kv == "f32" else 1e-6)(_single(
+        lambda ctx, I, kv=_kv: ops.flash_attn_ext(
+            ctx, I.f32(4, 5, 40), (I.f16 if kv == "f16" else I.f32)(2, 41, 40),
+            (I.f16 if kv == "f16" else I.f32)(2, 41, 40), _mask(8, 41, I, "f16", 3), scale=0.16,
+            sinks=_sinks(I, 4))))
+case("flash_attn-sinks-decode", 1e-6)(_single(
+    lambda ctx, I: ops.flash_attn_ext(ctx, I.f32(8, 1, 64), I.f16(1, 70, 64), I.f16(1, 70, 64),
+                                      None, scale=0.125, sinks=_sinks(I, 8))))
+
+
+def _swiglu_oai(ctx, I):
+    from pyggml.llm.moe import swiglu_oai
+    return swiglu_oai(ctx, I.f32(3, 70, scale=9.0), I.f32(3, 70, scale=9.0))
+
+
+case("swiglu_oai", 1e-10)(_single(_swiglu_oai))
+for _sh, _shape in SHAPES.items():
+    case(f"softplus-{_sh}", 1e-10)(_single(
+        lambda ctx, I, shape=_shape: ops.softplus(ctx, I.f32(*shape, scale=12.0))))
+
+
+def _ssm_conv(ctx, I, C=37, T=9, K=4, S=3, seq=None):
+    x = ops.view_2d(ctx, I.f32(T, C + 3), C, T, (C + 3) * 4, 0)         # rows C + 3 apart
+    seq = I.i32(I.rng.integers(0, S, T) if seq is None else seq)
+    return ops.ssm_conv(ctx, x, I.f32(C, K), I.f32(S, (K - 1) * C), seq)
+
+
+case("ssm_conv-decode", 1e-10)(_single(lambda ctx, I: _ssm_conv(ctx, I, T=1, S=1, seq=[0])))
+case("ssm_conv-prompt-3seqs", 1e-10)(_single(lambda ctx, I: _ssm_conv(ctx, I)))
+case("ssm_conv-K3-long", 1e-10)(_single(lambda ctx, I: _ssm_conv(ctx, I, C=70, T=40, K=3, S=2)))
+
+
+def _gated_delta(ctx, I, T, H, Hk, Dk, Dv, S):
+    q = I.f32(T, Hk, Dk)
+    kv = I.rng.standard_normal((T, Hk, Dk))
+    k = I.f32(values=kv / np.linalg.norm(kv, axis=-1, keepdims=True))    # l2-normed, as the models
+    g = I.f32(T, H, values=-np.abs(I.rng.standard_normal((T, H))))
+    beta = I.f32(T, H, values=1 / (1 + np.exp(-I.rng.standard_normal((T, H)))))
+    return ops.gated_delta(ctx, q, k, I.f32(T, H, Dv), g, beta,
+                           I.f32(S, Dk * Dv * H, scale=0.1), I.i32(I.rng.integers(0, S, T)),
+                           1 / np.sqrt(Dk))
+
+
+for _T, _H, _Hk, _Dk, _Dv, _S in ((1, 4, 2, 32, 16, 1), (11, 4, 2, 16, 8, 3), (9, 2, 1, 128, 40, 2),
+                                  (5, 3, 3, 37, 35, 1)):
+    case(f"gated_delta-T{_T}-H{_H}-Hk{_Hk}-Dk{_Dk}-Dv{_Dv}-S{_S}", 1e-9)(_single(
+        lambda ctx, I, a=(_T, _H, _Hk, _Dk, _Dv, _S): _gated_delta(ctx, I, *a)))
+
+
 # ---- where a backend differs ---------------------------------------------------------------------
 
 _RPC_CONTIGUOUS = ("refused: ggml's CPU kernels need a contiguous input (SCALE, DIAG_MASK_INF) or "
@@ -651,3 +714,6 @@ bound("vulkan", 5e-4, [n for n in CASES if n.endswith("-K256") and n.startswith(
 not_on("rpc", "not yet run against the rpc-server (the Vulkan cases of the issue-32 types)",
        [n for n in CASES if any(n.startswith(f"{op}-{t}") for t in NEW_WTYPES
                                 for op in ("get_rows", "mul_mat", "mul_mat_id"))])
+not_on("rpc", "not yet run against the rpc-server (the Vulkan cases of the issue-32/33 ops)",
+       [n for n in CASES if n.startswith(("soft_max-sinks", "swiglu_oai", "softplus", "ssm_conv",
+                                          "gated_delta")) or "sinks" in n])

@@ -111,7 +111,7 @@ def staging_size(largest_transfer: int) -> int:
     return max(STAGING_MIN, min(STAGING_MAX, largest_transfer))
 
 
-N_BINDINGS = 5
+N_BINDINGS = 9       # storage buffers per dispatch (GATED_DELTA_NET: 7 sources, result, status)
 PUSH_BYTES = 128
 
 
@@ -123,6 +123,10 @@ class VkContext:
         self.info, self.pd, self.cfg = info, pd, cfg
         self.shader_dir = shader_dir()       # read once, when the device is opened
         self.ffi = vk.ffi
+        n_storage = vk.vkGetPhysicalDeviceProperties(pd).limits.maxPerStageDescriptorStorageBuffers
+        if n_storage < N_BINDINGS:
+            raise BackendError(f"{info.name}: {n_storage} storage buffers per shader stage, the "
+                               f"backend binds {N_BINDINGS}")
         qf = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
         fam = [i for i, q in enumerate(qf) if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT]
         if not fam:

@@ -2,8 +2,8 @@
 and the dispatches that compute a node (`build`). Semantics are those of the CPU kernels in
 native/src/ops_*.c; each shader's header comment states its contract.
 
-A dispatch names a SPIR-V module (build/shaders/<name>.spv), its specialization constants, five
-bindings (whole windows, see device.py), the push constants (offsets of the operands inside
+A dispatch names a SPIR-V module (build/shaders/<name>.spv), its specialization constants,
+N_BINDINGS bindings (whole windows, see device.py; the unused ones bound to a dummy), the push constants (offsets of the operands inside
 their windows, shapes, strides in elements) and a workgroup grid, plus the byte ranges it reads
 and writes (virtual addresses), from which the recorder derives barriers.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pyggml.backend.vulkan.device import N_BINDINGS
 from pyggml.errors import BackendError
 from pyggml.tensor import Tensor
 from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, VIEW_OPS, GGMLType, Op, traits
@@ -31,10 +32,11 @@ WEIGHT_TYPES = FLOAT_TYPES + QUANT_TYPES          # MUL_MAT and GET_ROWS sources
 ESIZE = {F32: 4, I32: 4, F16: 2}
 BINARY = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}
 UNARY = {Op.SCALE: 0, Op.SILU: 1, Op.GELU: 2, Op.SQR: 3, Op.SQRT: 4, Op.TANH: 5,
-         Op.DIAG_MASK_INF: 6, Op.SIGMOID: 7, Op.CLAMP: 8}
+         Op.DIAG_MASK_INF: 6, Op.SIGMOID: 7, Op.CLAMP: 8, Op.SOFTPLUS: 9}
 MAX_HEAD = 512                                     # flash_attn.comp MAX_D
 ARGSORT_MAX = 1024                                 # argsort.comp MAX_N
 U32 = 1 << 32
+MAX_SRC = 7                                        # GATED_DELTA_NET's sources
 
 # libm's float functions, so host-side constants match the CPU kernels bit for bit
 _libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
@@ -101,7 +103,7 @@ def why_unsupported(node: Tensor, lim) -> str | None:
     fn = _RULES.get(op)
     if fn is None:
         return f"op {op.name} has no Vulkan kernel"
-    why = fn(node, *node.src[:5] + [None] * (5 - len(node.src[:5])))
+    why = fn(node, *(list(node.src) + [None] * (MAX_SRC - len(node.src))))
     if why:
         return why
     big = {Op.MUL_MAT: 0, Op.GET_ROWS: 0, Op.MUL_MAT_ID: 0}.get(op)
@@ -144,8 +146,10 @@ def _rule_unary(t, a, *_):
 def _rule_soft_max(t, a, m, *rest):
     if a is None or not _f32_all(t, a) or a.ne != t.ne or not (_dense_rows(a) and _dense_rows(t)):
         return "F32 with dense rows only"
-    if rest and rest[0] is not None:
-        return "attention sinks are not supported (the CPU computes them)"
+    sinks = rest[0] if rest else None
+    if sinks is not None and (sinks.type != F32 or not sinks.is_contiguous()
+                              or sinks.ne[0] < a.ne[2]):
+        return "sinks must be a contiguous F32 [>= ne2]"
     if m is not None:
         if m.type not in FLOAT_TYPES or not _strides_ok(m, ESIZE[m.type]) or not _dense_rows(m):
             return "mask must be F16/F32 with dense rows"
@@ -282,8 +286,10 @@ def _rule_argsort(t, a, *_):
 def _rule_flash_attn(t, q, k, v, m, *rest):
     if q is None or k is None or v is None or not _f32_all(t, q):
         return "needs F32 q and output, k, v"
-    if rest and rest[0] is not None:
-        return "attention sinks are not supported (the CPU computes them)"
+    sinks = rest[0] if rest else None
+    if sinks is not None and (sinks.type != F32 or not sinks.is_contiguous()
+                              or sinks.ne[0] < q.ne[2]):
+        return "sinks must be a contiguous F32 [>= H]"
     if k.type not in FLOAT_TYPES or v.type != k.type:
         return "k, v must be both F16 or F32"
     if not (_strides_ok(k, ESIZE[k.type]) and _strides_ok(v, ESIZE[v.type])):
@@ -304,12 +310,57 @@ def _rule_flash_attn(t, q, k, v, m, *rest):
     return None
 
 
+def _contiguous_i32(t, n: int) -> bool:
+    return t is not None and t.type == I32 and t.is_contiguous() and t.nelements() == n
+
+
+def _contiguous_f32(t, n: int) -> bool:
+    return t is not None and t.type == F32 and t.is_contiguous() and t.nelements() == n
+
+
+def _rule_ssm_conv(t, x, w, st, seq, *_):
+    if x is None or w is None or st is None or seq is None:
+        return "needs x, kernel, state and seq"
+    if not (_f32_all(t, x, w, st) and _dense_rows(x) and _dense_rows(st)):
+        return "F32 x, kernel and state with dense rows only"
+    C, T, K, S = x.ne[0], x.ne[1], w.ne[0], st.ne[1]
+    if x.ne[2:] != (1, 1) or w.ne[1:] != (C, 1, 1) or not w.is_contiguous() or K < 2:
+        return "x must be [C, T] and kernel a contiguous [K >= 2, C]"
+    if st.ne[0] != (K - 1) * C or st.ne[2:] != (1, 1) or S < 1:
+        return "state must be [(K-1)*C, S]"
+    if not _contiguous_i32(seq, T):
+        return "seq must be a contiguous I32 [T]"
+    if t.ne != (C * T + (K - 1) * C * S, 1, 1, 1) or not t.is_contiguous():
+        return "output must be a contiguous [C*T + (K-1)*C*S]"
+    return None
+
+
+def _rule_gated_delta(t, q, k, v, g, beta, st, seq):
+    if any(x is None for x in (q, k, v, g, beta, st, seq)):
+        return "needs q, k, v, g, beta, state and seq"
+    if not (_f32_all(t, q, k, v, st) and all(_dense_rows(x) for x in (q, k, v, st))):
+        return "F32 q, k, v and state with dense rows only"
+    Dk, Hk, Dv, H, T = q.ne[0], q.ne[1], v.ne[0], v.ne[1], v.ne[2]
+    if k.ne != q.ne or q.ne[2] != T or q.ne[3] != 1 or v.ne[3] != 1 or H % Hk:
+        return "q, k must be [Dk, Hk, T] and v [Dv, H, T] with H % Hk == 0"
+    if not (_contiguous_f32(g, H * T) and _contiguous_f32(beta, H * T)):
+        return "g and beta must be contiguous F32 [H, T]"
+    if st.ne[0] != Dk * Dv * H or st.ne[2:] != (1, 1) or st.ne[1] < 1:
+        return "state must be [Dk*Dv*H, S]"
+    if not _contiguous_i32(seq, T):
+        return "seq must be a contiguous I32 [T]"
+    if t.ne != (Dv * H * T + Dk * Dv * H * st.ne[1], 1, 1, 1) or not t.is_contiguous():
+        return "output must be a contiguous [Dv*H*T + Dk*Dv*H*S]"
+    return None
+
+
 _RULES = {Op.ADD: _rule_binary, Op.SUB: _rule_binary, Op.MUL: _rule_binary, Op.DIV: _rule_binary,
           Op.SOFT_MAX: _rule_soft_max, Op.ROPE: _rule_rope, Op.GET_ROWS: _rule_get_rows,
           Op.SET_ROWS: _rule_set_rows, Op.CPY: _rule_cpy, Op.CONT: _rule_cpy, Op.DUP: _rule_cpy,
           Op.CONCAT: _rule_concat, Op.MUL_MAT: _rule_mul_mat,
           Op.FLASH_ATTN_EXT: _rule_flash_attn, Op.NORM: _rule_unary, Op.RMS_NORM: _rule_unary,
-          Op.MUL_MAT_ID: _rule_mul_mat_id, Op.SUM_ROWS: _rule_sum_rows, Op.ARGSORT: _rule_argsort}
+          Op.MUL_MAT_ID: _rule_mul_mat_id, Op.SUM_ROWS: _rule_sum_rows, Op.ARGSORT: _rule_argsort,
+          Op.SSM_CONV: _rule_ssm_conv, Op.GATED_DELTA_NET: _rule_gated_delta}
 _RULES.update({op: _rule_unary for op in UNARY})
 
 
@@ -362,7 +413,7 @@ class Builder:
         return getattr(self, "_" + node.op.name.lower())(node)
 
     def _mk(self, name, spec, wins, push, grid, reads, writes) -> Dispatch:
-        wins = list(wins) + [self.env.dummy] * (5 - len(wins))
+        wins = list(wins) + [self.env.dummy] * (N_BINDINGS - len(wins))
         return Dispatch(name, tuple(spec), tuple(wins), push, grid,
                         [_span(t) if isinstance(t, Tensor) else t for t in reads],
                         [_span(t) if isinstance(t, Tensor) else t for t in writes])
@@ -390,7 +441,7 @@ class Builder:
         return [self._mk("unary", self._elem_spec(), (wa, wd, table), push,
                          self.rows_grid(t.ne[0], t.nrows()), [a], [t])]
 
-    _silu = _gelu = _sqr = _sqrt = _tanh = _diag_mask_inf = _sigmoid = _clamp = _scale
+    _silu = _gelu = _sqr = _sqrt = _tanh = _diag_mask_inf = _sigmoid = _clamp = _softplus = _scale
 
     def _elem_spec(self) -> tuple:
         """Specialization of the row-grid kernels: workgroup size, elements per invocation."""
@@ -424,10 +475,16 @@ class Builder:
         m0, m1, nl2 = _alibi(max_bias, t.ne[2])
         if max_bias > 0:
             flags |= 4
+        sk = t.src[2] if len(t.src) > 2 else None
+        ws, os_ = self.env.dummy, 0
+        if sk is not None:
+            ws, os_ = self.loc(sk, 4)
+            flags |= 8
+            reads.append(sk)
         sa, sd = self.strides(a, 4), self.strides(t, 4)
         push = _pack(*t.ne, oa, sa[1], sa[2], sa[3], *mpush, od, sd[1], sd[2], sd[3], flags,
-                     scale, m0, m1, nl2)
-        return [self._mk(self._sg("soft_max"), (self.cfg.wg_reduce,), (wa, wm, wd), push,
+                     scale, m0, m1, nl2, os_)
+        return [self._mk(self._sg("soft_max"), (self.cfg.wg_reduce,), (wa, wm, wd, ws), push,
                          self.fold(t.nrows()), reads, [t])]
 
     def _rope(self, t):
@@ -619,11 +676,41 @@ class Builder:
             mp = [om, s[1], s[2], s[3], m.ne[2], m.ne[3]]
             flags |= 2 | (4 if m.type == F16 else 0)
             reads.append(m)
+        sinks = t.src[4] if len(t.src) > 4 else None
+        ws, os_ = self.env.dummy, 0
+        if sinks is not None:
+            ws, os_ = self.loc(sinks, 4)
+            flags |= 16
+            reads.append(sinks)
         push = _pack(q.ne[0], v.ne[0], q.ne[1], k.ne[1], H, H // k.ne[2], oq, sq[1], sq[2], sq[3],
                      ok, sk[1], sk[2], sk[3], ov, sv[1], sv[2], sv[3], *mp, od, flags,
-                     scale, softcap, m0, m1)
-        return [self._mk(self._sg("flash_attn"), (self.cfg.wg_reduce,), (wq, wk, wv, wm, wd), push,
-                         self.fold(q.ne[1] * H, q.ne[3]), reads, [t])]
+                     scale, softcap, m0, m1, os_)
+        return [self._mk(self._sg("flash_attn"), (self.cfg.wg_reduce,), (wq, wk, wv, wm, wd, ws),
+                         push, self.fold(q.ne[1] * H, q.ne[3]), reads, [t])]
+
+    # -- recurrent layers --
+    def _ssm_conv(self, t):
+        x, w, st, seq = t.src[:4]
+        (wx, ox), (ww, ow), (wst, ost), (wq, oq), (wd, od) = (
+            self.loc(x, 4), self.loc(w, 4), self.loc(st, 4), self.loc(seq, 4), self.loc(t, 4))
+        C, T, K, S = x.ne[0], x.ne[1], w.ne[0], st.ne[1]
+        push = _pack(C, T, K, S, ox, x.nb[1] // 4, ow, ost, st.nb[1] // 4, oq, od,
+                     self.env.tag(t))
+        return [self._mk("ssm_conv", self._elem_spec(), (wx, ww, wst, wq, wd, self.env.status),
+                         push, self.rows_grid(C, 1), [x, w, st, seq], [t])]
+
+    def _gated_delta_net(self, t):
+        q, k, v, g, beta, st, seq = t.src[:7]
+        (wq, oq), (wk, ok), (wv, ov), (wg, og), (wb, ob), (wst, ost), (wsq, osq), (wd, od) = (
+            self.loc(x, 4) for x in (q, k, v, g, beta, st, seq, t))
+        Dk, Hk, Dv, H, T = q.ne[0], q.ne[1], v.ne[0], v.ne[1], v.ne[2]
+        sq, sk, sv = self.strides(q, 4), self.strides(k, 4), self.strides(v, 4)
+        push = _pack(Dk, Hk, Dv, H, T, st.ne[1], oq, sq[1], sq[2], ok, sk[1], sk[2],
+                     ov, sv[1], sv[2], og, ob, ost, st.nb[1] // 4, osq, od, self.env.tag(t),
+                     t.op_param_f32(0))
+        return [self._mk(self._sg("gated_delta"), (self.cfg.wg_reduce,),
+                         (wq, wk, wv, wg, wb, wst, wsq, wd, self.env.status), push,
+                         self.fold(H * Dv), [q, k, v, g, beta, st, seq], [t])]
 
 
 def _alibi(max_bias: float, n_head: int) -> tuple[float, float, int]:

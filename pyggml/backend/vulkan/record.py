@@ -139,7 +139,7 @@ class Recorder:
         tag, word.value = word.value, 0
         what = self.tags.get(tag, f"tag {tag}")
         return (f"{name}: node {what} met bad data "
-                f"(a row index or expert id outside its source)")
+                f"(a row index, expert id or sequence id outside its source)")
 
     # -- recording --
     def record(self, graph, name: str) -> Record:
