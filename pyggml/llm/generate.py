@@ -106,6 +106,7 @@ class Generation:
         self.new_tokens: list[Token] = []
         self.tail = ""
         self.stopping_word = ""        # the stop string that ended the text ("" if none did)
+        self.eog_token: int | None = None   # the end-of-generation token that ended it
         self.finish_reason: str | None = None
         self.last_token: int | None = None       # sampled, to evaluate next (None: finished)
         self.n_reused = 0              # prompt tokens whose cells were kept
@@ -271,6 +272,7 @@ class Generation:
             return self._finish(FINISH_LENGTH)
         tokenizer = self.tokenizer
         if self.stop_at_eog and tokenizer.is_eog(tok):
+            self.eog_token = tok
             return self._finish(FINISH_STOP)
         self.tokens.append(tok)
         self.ctx.stats.n_gen_tokens += 1

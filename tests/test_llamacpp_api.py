@@ -1,0 +1,95 @@
+"""llama-server's native endpoints (pyggml/server/llamacpp_api.py): POST /completion and POST
+/infill answer as llama-server does — the same prompt layout (FIM tokens, extra files, mixed
+string/id prompts), the same greedy tokens, stop_type and stopping_word as llama-server's own
+answers on Qwen2.5-Coder-0.5B (tests/data/llamacpp_native_refs.json, made by
+tools/make_llamacpp_native_refs.py); several prompts, streaming, and the 400s."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pyggml.llm.runtime import LLM
+from pyggml.models_pypi import ensure_qwen_coder_draft, ensure_smollm2
+from pyggml.server import make_server, start_in_thread
+
+REFS = json.loads((Path(__file__).parent / "data" / "llamacpp_native_refs.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    llm = LLM(str(ensure_qwen_coder_draft()), n_ctx=REFS["n_ctx"], n_threads=2, n_seq_max=2)
+    rs = start_in_thread(make_server(llm, 2, "qwen"))
+    yield f"http://127.0.0.1:{rs.port}"
+    rs.stop()
+    llm.close()
+
+
+@pytest.mark.parametrize("case", REFS["cases"], ids=lambda c: f"{c['path']}-{c['request'].get('prompt', '')!s:.12}")
+def test_answers_as_llama_server(qwen, case):
+    r = httpx.post(qwen + case["path"], timeout=120,
+                   json=dict(case["request"], temperature=0, return_tokens=True))
+    assert r.status_code == 200, r.text
+    got, want = r.json(), case["answer"]
+    assert got["prompt"] == want["prompt"]
+    assert got["tokens_evaluated"] == want["tokens_evaluated"]
+    assert got["tokens"] == want["tokens"]
+    assert got["content"] == want["content"]
+    assert (got["stop_type"], got["stopping_word"]) == (want["stop_type"], want["stopping_word"])
+    assert got["stop"] is True and got["tokens_predicted"] == want["tokens_predicted"]
+
+
+def test_several_prompts_and_a_stream_give_the_single_answers(qwen):
+    one = [c for c in REFS["cases"] if c["path"] == "/completion"][:2]
+    r = httpx.post(qwen + "/completion", timeout=120, json={
+        "prompt": [c["request"]["prompt"] for c in one], "n_predict": 24, "temperature": 0,
+        "stop": ["4."]})
+    assert r.status_code == 200 and isinstance(r.json(), list)
+    for k, (c, got) in enumerate(zip(one, r.json())):
+        assert got["index"] == k
+        assert c["answer"]["content"].startswith(got["content"].split("4.")[0][:20])
+    single = httpx.post(qwen + "/completion", timeout=120, json={
+        "prompt": one[0]["request"]["prompt"], "n_predict": 24, "temperature": 0,
+        "stop": ["4."]}).json()
+    assert r.json()[0]["content"] == single["content"]
+    events = []
+    with httpx.stream("POST", qwen + "/completion", timeout=120, json={
+            "prompt": one[0]["request"]["prompt"], "n_predict": 24, "temperature": 0,
+            "stop": ["4."], "stream": True}) as s:
+        for line in s.iter_lines():
+            if line:
+                assert line.startswith("data: ") and line != "data: [DONE]"
+                events.append(json.loads(line[6:]))
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
+    assert "".join(e["content"] for e in events) == single["content"]
+    assert events[-1]["stop_type"] == single["stop_type"]
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/completion", {"prompt": ""}, "prompt"),
+    ("/completion", {"prompt": [1, "x", 10 ** 9]}, "prompt"),
+    ("/completion", {"prompt": "x", "n_predict": "8"}, "n_predict"),
+    ("/completion", {"prompt": "x", "n_probs": 3}, "n_probs"),
+    ("/completion", {"prompt": "x", "mirostat": 2}, "mirostat"),
+    ("/infill", {"input_prefix": "a"}, "input_suffix"),
+    ("/infill", {"input_prefix": "a", "input_suffix": "b", "input_extra": [{"name": 1}]},
+     "input_extra"),
+])
+def test_bad_requests_name_their_field(qwen, path, body, param):
+    r = httpx.post(qwen + path, json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_infill_without_fim_tokens_says_so():
+    llm = LLM(str(ensure_smollm2()), n_ctx=256, n_threads=1)
+    rs = start_in_thread(make_server(llm, 1, "smol"))
+    try:
+        r = httpx.post(f"http://127.0.0.1:{rs.port}/infill", timeout=60,
+                       json={"input_prefix": "a", "input_suffix": "b"})
+        assert r.status_code == 501 and "fim_pre" in r.json()["error"]["message"], r.text
+    finally:
+        rs.stop()
+        llm.close()
