@@ -218,7 +218,8 @@ int32_t pg_vec_dot(int32_t type, int64_t n, float *s, const void *x, const void 
 size_t  pg_matvec_scratch_size(int32_t type, int64_t ne0);
 /* Single-threaded out[r] = dot(w row r, x) for r < nrows (for benchmarks and tests): x (ne0
  * floats) is quantized once to vec_dot_type into scratch (at least pg_matvec_scratch_size
- * bytes), then each weight row (row_stride bytes apart) is dotted with it. */
+ * bytes), then each weight row (row_stride bytes apart) is dotted with it, by the kernels decode's
+ * MUL_MAT uses (eight rows at a time where the type has a vec_dot8; vec_dot's bits). */
 int32_t pg_matvec(int32_t type, int64_t ne0, int64_t nrows, const void *w, size_t row_stride,
                   const float *x, float *out, void *scratch, size_t scratch_size);
 /* Memory-bandwidth probe for benchmarks (src/bench.c): reads nbytes at p with the widest loads

@@ -58,6 +58,7 @@ static void build_tables(void) {
     pg_fill_legacy_avx512(avx512);
     pg_fill_kquants_avx512(avx512);
     pg_fill_gemm_avx512(avx512);
+    pg_fill_iquants_avx512(avx512);
     pg_fill_attn_avx512(&g_attn[PG_PATH_AVX512]);
     pg_type_traits *amx = g_tables[PG_PATH_AMX];
     memcpy(amx, avx512, sizeof(g_tables[0]));

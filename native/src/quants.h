@@ -95,6 +95,7 @@ void pg_fill_gemm_avx512(pg_type_traits *tbl);
 /* quants_iq_avx2.c: vec_dot, vec_dot8 and gemm of the iquants; called after the gemm fills */
 void pg_fill_iquants_avx2(pg_type_traits *tbl);
 void pg_fill_iq_grid_avx2(pg_type_traits *tbl);     /* quants_iq_grid_avx2.c */
+void pg_fill_iquants_avx512(pg_type_traits *tbl);   /* quants_iq_avx512.c (VNNI only) */
 #endif
 #if defined(__aarch64__)
 void pg_fill_legacy_neon(pg_type_traits *tbl, uint32_t features);

@@ -18,6 +18,7 @@
 
 #include "fp16.h"
 #include "iquants.h"
+#include "ops.h"
 #include "pg_test.h"
 #include "pyggml.h"
 #include "quants.h"
@@ -347,4 +348,183 @@ PG_TEST(test_iq_grid_paths_and_bounds) {
             }
         }
     }
+}
+
+/* ---- multi-row decode and batches (every i-quant type and every path that has the kernel) --- */
+
+static const int32_t k_every[] = {PG_TYPE_IQ4_NL, PG_TYPE_IQ4_XS, PG_TYPE_MXFP4, PG_TYPE_IQ2_XXS,
+                                  PG_TYPE_IQ2_XS, PG_TYPE_IQ2_S, PG_TYPE_IQ3_XXS, PG_TYPE_IQ3_S,
+                                  PG_TYPE_IQ1_S, PG_TYPE_IQ1_M, PG_TYPE_TQ1_0, PG_TYPE_TQ2_0};
+#define N_EVERY ((int)(sizeof(k_every) / sizeof(k_every[0])))
+
+static void random_row(int32_t type, uint8_t *buf, int nb) {
+    if (type == PG_TYPE_IQ4_NL || type == PG_TYPE_IQ4_XS || type == PG_TYPE_MXFP4)
+        random_weights(type, buf, nb);
+    else random_grid(type, buf, nb);
+}
+
+/* vec_dot8: every result has the scalar vec_dot's bits, for 1..PG_DOT8_MAX_NC activation rows
+ * at a padded stride; the eight weight rows end at a guard page (nothing read past the eighth
+ * row), the activation rows too, and nothing is written outside the nc × 8 outputs. */
+PG_TEST(test_iq_vec_dot8_bits_and_bounds) {
+    static const int counts32[] = {1, 2, 7, 20, 33}, counts256[] = {1, 2, 3};
+    int tested = 0;
+    for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
+        if (!pg_path_compiled(p)) continue;
+        for (int it = 0; it < N_EVERY; it++) {
+            const int32_t type = k_every[it];
+            const pg_type_traits *ts = str(type), *tp = pg_get_type_traits_for_path(type, p);
+            if (!tp->vec_dot8) continue;
+            const int big = ts->block_size == 256, ncount = big ? 3 : 5;
+            for (int ic = 0; ic < ncount; ic++)
+                for (int nc = 1; nc <= PG_DOT8_MAX_NC; nc++) {
+                    const int nb = big ? counts256[ic] : counts32[ic];
+                    const int64_t n = (int64_t)nb * ts->block_size;
+                    const size_t wrow = row_bytes(type, n), yrow = row_bytes(ts->vec_dot_type, n);
+                    const size_t ystride = yrow + 8 * (size_t)(nc > 1);
+                    void *mw, *my;
+                    size_t sw, sy;
+                    unsigned char *w = row_before_guard(wrow * 8, &mw, &sw);
+                    unsigned char *y = row_before_guard(ystride * (size_t)(nc - 1) + yrow, &my, &sy);
+                    CHECK(w && y, "mmap failed");
+                    if (!w || !y) return;
+                    for (int i = 0; i < 8; i++) random_row(type, w + (size_t)i * wrow, nb);
+                    for (int j = 0; j < nc; j++) random_act(type, y + (size_t)j * ystride, n);
+                    enum { S = 11 };   /* output row stride in floats: 8 dots and 3 guards */
+                    float got[PG_DOT8_MAX_NC + 1][S], want[PG_DOT8_MAX_NC + 1][S];
+                    for (int j = 0; j <= PG_DOT8_MAX_NC; j++)
+                        for (int i = 0; i < S; i++) got[j][i] = want[j][i] = -7.25f;
+                    tp->vec_dot8(n, &got[0][0], sizeof(got[0]), w, wrow, y, ystride, nc);
+                    for (int j = 0; j < nc; j++)
+                        for (int i = 0; i < 8; i++)
+                            ts->vec_dot(n, &want[j][i], w + (size_t)i * wrow,
+                                        y + (size_t)j * ystride);
+                    CHECK(memcmp(got, want, sizeof(got)) == 0, "type %d path %d, %d blocks, %d "
+                          "activation rows: vec_dot8 differs from the scalar vec_dot (or wrote "
+                          "outside)", type, p, nb, nc);
+                    tested++;
+                    munmap(mw, sw);
+                    munmap(my, sy);
+                }
+        }
+    }
+#if defined(__x86_64__)
+    CHECK(tested > 0, "no path has an i-quant vec_dot8");
+#endif
+}
+
+/* every gemm of every path: each nr × nc block (PG_GEMM_MAX_NR × PG_GEMM_MAX_NC at most) equals
+ * the scalar vec_dot pair by pair, and nothing outside the block is written */
+PG_TEST(test_iq_every_gemm_equals_vec_dot) {
+    enum { NR = PG_GEMM_MAX_NR, NC = PG_GEMM_MAX_NC, NB = 3 };
+    static uint8_t w[NR][NB * 256], a[NC][NB * 292];
+    for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
+        if (!pg_path_compiled(p)) continue;
+        for (int it = 0; it < N_EVERY; it++) {
+            const int32_t type = k_every[it];
+            const pg_type_traits *ts = str(type), *tp = pg_get_type_traits_for_path(type, p);
+            if (!tp->gemm) continue;
+            const int nb = ts->block_size == 256 ? 2 : NB * 3;
+            const int64_t n = (int64_t)nb * ts->block_size;
+            for (int i = 0; i < NR; i++) random_row(type, w[i], nb);
+            for (int j = 0; j < NC; j++) random_act(type, a[j], n);
+            int same = 1, clean = 1;
+            for (int nr = 1; nr <= NR; nr++)
+                for (int nc = 1; nc <= NC; nc++) {
+                    float out[NC + 1][NR + 1];
+                    memset(out, 0x7f, sizeof(out));
+                    tp->gemm(n, &out[0][0], sizeof(out[0]), w[NR - nr], sizeof(w[0]), a[0],
+                             sizeof(a[0]), nr, nc);
+                    for (int j = 0; j <= NC; j++)
+                        for (int i = 0; i <= NR; i++) {
+                            if (i < nr && j < nc) {
+                                float s;
+                                ts->vec_dot(n, &s, w[NR - nr + i], a[j]);
+                                same &= memcmp(&s, &out[j][i], 4) == 0;
+                            } else {
+                                uint32_t u;
+                                memcpy(&u, &out[j][i], 4);
+                                clean &= u == 0x7f7f7f7fu;
+                            }
+                        }
+                }
+            CHECK(same && clean, "type %d path %d: gemm %s", type, p,
+                  same ? "wrote outside its block" : "differs from the scalar vec_dot");
+        }
+    }
+}
+
+static void mm_tensor(pg_tensor *t, int32_t type, int32_t op, int64_t ne0, int64_t ne1,
+                      void *data) {
+    memset(t, 0, sizeof(*t));
+    t->type = type;
+    t->op = op;
+    t->ne[0] = ne0; t->ne[1] = ne1; t->ne[2] = 1; t->ne[3] = 1;
+    t->nb[0] = str(type)->type_size;
+    t->nb[1] = (int64_t)pg_type_row_size(type, ne0);
+    t->nb[2] = t->nb[1] * ne1; t->nb[3] = t->nb[2];
+    for (int k = 0; k < PG_MAX_SRC; k++) t->src[k] = -1;
+    t->data = data;
+}
+
+/* dst [N, M] = MUL_MAT(w [K, N] of `type`, x [K, M] F32) with n_threads threads of tp */
+static int mul_mat(pg_threadpool *tp, int n_threads, int32_t type, int64_t K, int64_t N,
+                   int64_t M, void *w, float *x, float *dst) {
+    pg_tensor t[3];
+    mm_tensor(&t[0], type, PG_OP_NONE, K, N, w);
+    mm_tensor(&t[1], PG_TYPE_F32, PG_OP_NONE, K, M, x);
+    mm_tensor(&t[2], PG_TYPE_F32, PG_OP_MUL_MAT, N, M, dst);
+    t[2].src[0] = 0;
+    t[2].src[1] = 1;
+    const int32_t order[1] = {2};
+    size_t ws = 0;
+    int32_t bad = 0;
+    if (pg_graph_work_size(t, 3, order, 1, n_threads, &ws) != PG_OK) return 0;
+    void *work = malloc(ws + 64);
+    const int ok = pg_graph_compute(t, 3, order, 1, tp, n_threads, work, ws, NULL, NULL, &bad) ==
+                   PG_OK;
+    free(work);
+    return ok;
+}
+
+/* Batch invariance: on every path, MUL_MAT over M activation rows (decode's vec_dot8 up to the
+ * type's vec_dot8_rows, the gemm or vec_dot beyond; 1 and 2 threads; N = 37: a ragged group of
+ * weight rows) gives each row the bits of that row computed alone (M = 1, 1 thread). */
+PG_TEST(test_iq_mul_mat_row_independent_of_batch) {
+    static const int64_t Ms[] = {2, 3, 5, 8, 9, 19};
+    enum { K = 512, N = 37, MMAX = 19 };
+    const int32_t cur = pg_cpu_path();
+    pg_threadpool *tp = pg_threadpool_new(2);
+    CHECK(tp != NULL, "thread pool");
+    float *x = malloc(sizeof(float) * K * MMAX);
+    float *batch = malloc(sizeof(float) * N * MMAX), *alone = malloc(sizeof(float) * N);
+    uint8_t *w = malloc((size_t)N * K);
+    for (int32_t path = PG_PATH_SCALAR; path < PG_PATH_COUNT; path++) {
+        if (!pg_path_compiled(path) || pg_set_cpu_path(path) != PG_OK) continue;
+        for (int it = 0; it < N_EVERY; it++) {
+            const int32_t type = k_every[it];
+            const size_t rb = pg_type_row_size(type, K);
+            for (int i = 0; i < N; i++) random_row(type, w + (size_t)i * rb, K / str(type)->block_size);
+            for (int i = 0; i < K * MMAX; i++) x[i] = rnd() % 16 == 0 ? 0.0f : rndf() * 3.0f;
+            for (int im = 0; im < (int)(sizeof(Ms) / sizeof(Ms[0])); im++) {
+                const int64_t M = Ms[im];
+                for (int nth = 1; nth <= 2; nth++) {
+                    CHECK(mul_mat(tp, nth, type, K, N, M, w, x, batch), "mul_mat");
+                    int same = 1;
+                    for (int64_t m = 0; m < M; m++) {
+                        CHECK(mul_mat(tp, 1, type, K, N, 1, w, x + m * K, alone), "mul_mat 1");
+                        same &= memcmp(alone, batch + m * N, sizeof(float) * N) == 0;
+                    }
+                    CHECK(same, "path %d type %d M=%d %d threads: a row differs from the row "
+                          "alone", (int)path, type, (int)M, nth);
+                }
+            }
+        }
+    }
+    pg_set_cpu_path(cur);
+    pg_threadpool_free(tp);
+    free(x);
+    free(batch);
+    free(alone);
+    free(w);
 }
