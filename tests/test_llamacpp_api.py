@@ -93,3 +93,34 @@ def test_infill_without_fim_tokens_says_so():
     finally:
         rs.stop()
         llm.close()
+
+
+def test_slots_show_a_busy_slot_and_refuse_what_is_not_implemented(qwen):
+    import threading
+    done = threading.Event()
+
+    def long_request():
+        httpx.post(qwen + "/completion", timeout=120, json={
+            "prompt": "def fibonacci(n):", "n_predict": 200, "temperature": 0,
+            "ignore_eos": True})
+        done.set()
+    t = threading.Thread(target=long_request)
+    t.start()
+    try:
+        seen = None
+        for _ in range(400):
+            slots = httpx.get(qwen + "/slots", timeout=10).json()
+            busy = [s for s in slots if s["is_processing"]]
+            if busy and busy[0]["next_token"]["n_decoded"] > 0:
+                seen = busy[0]
+                break
+            if done.wait(0.02):
+                break
+        assert seen is not None, "no busy slot was seen while a request ran"
+        assert len(slots) == 2 and seen["params"]["n_predict"] == 200
+        assert seen["next_token"]["n_remain"] == 200 - seen["next_token"]["n_decoded"]
+        assert "prompt" not in json.dumps(seen)        # no request text is shown
+    finally:
+        t.join(120)
+    r = httpx.post(qwen + "/slots/0?action=save", json={"filename": "x.bin"}, timeout=10)
+    assert r.status_code == 501 and r.json()["error"]["param"] == "action"

@@ -227,6 +227,8 @@ class Server:
             Route("/apply-template", self.apply_template, methods=["POST"]),
             Route("/completion", self.native_completion, methods=["POST"]),
             Route("/infill", self.infill, methods=["POST"]),
+            Route("/slots", self.slots, methods=["GET"]),
+            Route("/slots/{id_slot}", self.slot_action, methods=["POST"]),
         ]
         self.plans = webapi.PlanCache(llm)
         self.web = _web_assets()
@@ -394,6 +396,14 @@ class Server:
         from pyggml.server import llamacpp_api
         self._count("infill")
         return await llamacpp_api.infill(self, request)
+
+    async def slots(self, request):
+        from pyggml.server import llamacpp_api
+        return await llamacpp_api.slots(self, request)
+
+    async def slot_action(self, request):
+        from pyggml.server import llamacpp_api
+        return await llamacpp_api.slot_action(self, request)
 
     async def apply_template(self, request):
         from pyggml.server import props

@@ -300,3 +300,40 @@ async def infill(server, request):
         return infill_ids(llm, body["input_prefix"], body["input_suffix"], extra, prompt_ids,
                           llm.n_batch, -1, server.engine.n_ctx_slot)
     return await _answer(server, request, dict(body, prompt=None), [await asyncio.to_thread(ids)])
+
+
+async def slots(server, request):
+    """GET /slots: llama-server's slot monitor (what each slot is doing, no prompt text);
+    `?fail_on_no_slot=1` answers 503 when every slot is busy. Saving and restoring a slot's
+    cache (POST /slots/ID?action=save|restore) is not implemented: 501."""
+    e = server.engine
+    out = []
+    for s in e.slots:
+        job = s.job
+        gen = job.gen if job is not None else None
+        params = ({"n_predict": gen.max_tokens if gen.max_tokens is not None else -1,
+                   "temperature": gen.params.temperature, "top_k": gen.params.top_k,
+                   "top_p": gen.params.top_p, "min_p": gen.params.min_p,
+                   "stop": list(gen.stop)} if gen is not None else {})
+        n_decoded = len(gen.tokens) if gen is not None else 0
+        out.append({"id": s.seq_id, "id_task": -1, "n_ctx": e.n_ctx_slot,
+                    "speculative": bool(gen is not None and gen.spec is not None),
+                    "is_processing": job is not None, "params": params,
+                    "next_token": {"has_next_token": gen is not None and not gen.done,
+                                   "has_new_line": gen is not None and "\n" in gen.text,
+                                   "n_remain": (gen.max_tokens - n_decoded
+                                                if gen is not None and gen.max_tokens is not None
+                                                else -1),
+                                   "n_decoded": n_decoded,
+                                   "stopping_word": gen.stopping_word if gen else ""}})
+    if request.query_params.get("fail_on_no_slot") not in (None, "", "0", "false") and \
+            all(x["is_processing"] for x in out):
+        raise BadRequest("no slot available", status=503, kind="unavailable_error")
+    return JSONResponse(out)
+
+
+async def slot_action(server, request):
+    """POST /slots/ID?action=...: llama-server's slot save / restore / erase."""
+    action = request.query_params.get("action")
+    raise BadRequest(f"not supported: slot action {json.dumps(action)[:40]} (saving, restoring "
+                     f"and erasing a slot's cache are not implemented)", "action", status=501)
