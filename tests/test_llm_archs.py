@@ -45,7 +45,8 @@ import make_arch_models as M  # noqa: E402
 
 # arch_refs_2026.npz: the variants of issue 32 (IQ1..IQ4/MXFP4/TQ weights, smollm3, mistral3, gpt-oss), made
 # the same way on their own so that either file can be remade without the other
-REFS = {k: v for f in ("arch_refs.npz", "arch_refs_2026.npz")
+# arch_refs_gemma4.npz: the gemma4 variants (dense with per-layer embeddings and shared KV; MoE)
+REFS = {k: v for f in ("arch_refs.npz", "arch_refs_2026.npz", "arch_refs_gemma4.npz")
         for k, v in np.load(ROOT / "tests" / "data" / f).items()}
 TOKENS = [int(t) for t in REFS["tokens"]]
 VARIANTS = sorted(M.VARIANTS)
@@ -71,7 +72,8 @@ MEASURED = {"gemma2": (0.0235, 0.0355), "granite": (0.0004, 0.0224),
             "qwen3moe": (0.0133, 0.0214), "llama-iq4": (0.0022, 0.0312),
             "smollm3": (0.0006, 0.0710), "mistral3": (0.0111, 0.0369),
             "gpt-oss": (0.0307, 0.0295), "llama-iqgrid": (0.0004, 0.0383),
-            "llama-tq": (0.0187, 0.0320)}
+            "llama-tq": (0.0187, 0.0320), "gemma4": (0.0209, 0.1339),
+            "gemma4-moe": (0.0190, 0.0497)}
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +229,7 @@ def test_on_vulkan_matches_llamacpp(models, name):
              device="Vulkan0") as m:
         dev = m.backends[0].device.name
         assert dev.lower().startswith("vulkan")
-        w = "blk.0.ffn_up_exps.weight" if name in MOE else "blk.0.ffn_down.weight"
+        w = "blk.0.ffn_down_exps.weight" if name in MOE else "blk.0.ffn_down.weight"
         assert m.offload.weights[w].device == dev
         logits = m.eval(TOKENS)
     # The Vulkan matmuls round activations otherwise than the CPU's Q8_0 / Q8_K rows, so the

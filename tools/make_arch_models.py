@@ -60,6 +60,7 @@ class Spec:
     seed: int = 0
     oai: bool = False                # gpt-oss: sinks, post-attention norm only, biases everywhere
     exp_type: str = ""               # the experts' type (default: round robin as the others)
+    g4: dict = field(default_factory=dict)    # gemma4: its own layout (_gemma4_tensors)
 
 
 _K = ("q4_k", "q6_k", "q5_k", "q3_k", "q2_k")
@@ -128,6 +129,26 @@ VARIANTS: dict[str, Spec] = {
                         "rope.scaling.factor": 4.0,
                         "rope.scaling.original_context_length": 64,
                         "attention.sliding_window": 8}, seed=17),
+    # Gemma 4 (refs in tests/data/arch_refs_gemma4.npz): 64-wide sliding-window heads beside
+    # 128-wide global ones with proportional-rope factors, per-layer FFN widths, a layer whose
+    # V is its K, per-layer embeddings, the last two layers on shared KV, output scales,
+    # final soft-cap
+    "gemma4": Spec("gemma4", ("q4_k", "q6_k", "q8_0", "iq4_xs", "q5_k"), n_layer=4,
+                   head_dim=128, n_ff=768, tied=True,
+                   g4={"swa": [True, False, True, False], "head_dim_swa": 64,
+                       "n_ff": [768, 512, 1024, 768], "per_layer": 256,
+                       "shared_kv": 2, "no_v": [1], "out_scale": True},
+                   kv={"rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0,
+                       "attention.sliding_window": 8, "final_logit_softcapping": 30.0},
+                   seed=20),
+    # Gemma 4 with experts (26B-A4B's layout): the dense FFN beside 8 GeGLU experts (top 2),
+    # layer 0 with gate|up fused, per-expert output scales
+    "gemma4-moe": Spec("gemma4", ("q6_k", "q8_0", "q4_k", "mxfp4"), n_layer=3, head_dim=128,
+                       n_ff=512, tied=True, n_expert=8, n_expert_used=2, n_ff_exp=256,
+                       g4={"swa": [True, True, False], "head_dim_swa": 64,
+                           "fused_gate_up": [0], "exp_scale": True},
+                       kv={"rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0,
+                           "attention.sliding_window": 8}, seed=21),
 }
 
 _QT = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1,
@@ -203,8 +224,79 @@ def _llama3_rope_freqs(D: int, base: float) -> np.ndarray:
     return np.asarray(out, np.float32)
 
 
+def _gemma4_tensors(s: Spec, rng) -> list[tuple[str, np.ndarray]]:
+    """The tensors of a gemma4 variant, as llama.cpp's gemma4 loader names them."""
+    g, E, H, Hkv, L, X = s.g4, s.n_embd, s.n_head, s.n_head_kv, s.n_layer, s.n_expert
+    out = []
+
+    def mat(name, rows, cols, std=None, extra=()):
+        std = std if std is not None else 1.0 / math.sqrt(cols)
+        out.append((name, (rng.standard_normal((*extra[::-1], rows, cols)) * std)
+                    .astype(np.float32)))
+
+    def vec(name, n, mean=1.0, std=0.1):
+        out.append((name, (mean + rng.standard_normal(n) * std).astype(np.float32)))
+
+    mat("token_embd.weight", N_VOCAB, E, std=3.0 / math.sqrt(E))
+    vec("output_norm.weight", E)
+    D = s.head_dim
+    # proportional rope: the global layers rotate a quarter of their dims (huge factors stop
+    # the rest), as Gemma 4's converter writes rope_freqs
+    out.append(("rope_freqs.weight", np.where(np.arange(D // 2) < D // 8, 1.0, 1e30)
+                .astype(np.float32)))
+    P = g.get("per_layer", 0)
+    if P:
+        mat("per_layer_token_embd.weight", N_VOCAB, P * L, std=1.0)
+        mat("per_layer_model_proj.weight", P * L, E)
+        vec("per_layer_proj_norm.weight", P)
+    start = L - g.get("shared_kv", 0)
+    for il in range(L):
+        p = f"blk.{il}."
+        Dl = g["head_dim_swa"] if g["swa"][il] else D
+        F = g["n_ff"][il] if "n_ff" in g else s.n_ff
+        vec(p + "attn_norm.weight", E)
+        mat(p + "attn_q.weight", H * Dl, E)
+        if il < start:
+            mat(p + "attn_k.weight", Hkv * Dl, E)
+            if il not in g.get("no_v", ()):
+                mat(p + "attn_v.weight", Hkv * Dl, E)
+            vec(p + "attn_k_norm.weight", Dl)
+        vec(p + "attn_q_norm.weight", Dl, 0.35, 0.05)     # softmaxes not too sharp
+        mat(p + "attn_output.weight", E, H * Dl)
+        vec(p + "post_attention_norm.weight", E)
+        vec(p + "ffn_norm.weight", E)
+        mat(p + "ffn_gate.weight", F, E)
+        mat(p + "ffn_up.weight", F, E)
+        mat(p + "ffn_down.weight", E, F)
+        vec(p + "post_ffw_norm.weight", E)
+        if X:
+            Fx = s.n_ff_exp
+            mat(p + "ffn_gate_inp.weight", X, E, std=4.0)
+            vec(p + "ffn_gate_inp.scale", E)
+            for n in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                vec(p + n + ".weight", E)
+            if il in g.get("fused_gate_up", ()):
+                mat(p + "ffn_gate_up_exps.weight", 2 * Fx, E, extra=(X,))
+            else:
+                mat(p + "ffn_gate_exps.weight", Fx, E, extra=(X,))
+                mat(p + "ffn_up_exps.weight", Fx, E, extra=(X,))
+            mat(p + "ffn_down_exps.weight", E, Fx, extra=(X,))
+            if g.get("exp_scale"):
+                vec(p + "ffn_down_exps.scale", X, 1.0, 0.3)
+        if P:
+            mat(p + "inp_gate.weight", P, E)
+            mat(p + "proj.weight", E, P)
+            vec(p + "post_norm.weight", E)
+        if g.get("out_scale"):
+            out.append((p + "layer_output_scale.weight",
+                        np.array([0.5 + 0.1 * il], np.float32)))
+    return out
+
+
 def tensors_of(s: Spec, rng) -> list[tuple[str, np.ndarray]]:
     """(name, float32 array in numpy order = reversed ne) of every tensor of the variant."""
+    if s.g4:
+        return _gemma4_tensors(s, rng)
     E, D, H, Hkv, F = s.n_embd, s.head_dim, s.n_head, s.n_head_kv, s.n_ff
     out = []
 
@@ -311,8 +403,20 @@ def write_variant(name: str, path) -> Path:
     w.add_uint32(f"{a}.block_count", s.n_layer)
     # llama (mixtral), olmoe, granitemoe: feed_forward_length is the experts' width
     own_exp_key = s.arch in ("qwen3moe", "gpt-oss")
-    w.add_uint32(f"{a}.feed_forward_length",
-                 s.n_ff_exp if s.n_expert and not own_exp_key else s.n_ff)
+    own_exp_key = own_exp_key or bool(s.g4)
+    if "n_ff" in s.g4:
+        w.add_array(f"{a}.feed_forward_length", s.g4["n_ff"])
+    else:
+        w.add_uint32(f"{a}.feed_forward_length",
+                     s.n_ff_exp if s.n_expert and not own_exp_key else s.n_ff)
+    if s.g4:
+        w.add_array(f"{a}.attention.sliding_window_pattern", s.g4["swa"])
+        w.add_uint32(f"{a}.attention.key_length_swa", s.g4["head_dim_swa"])
+        w.add_uint32(f"{a}.attention.value_length_swa", s.g4["head_dim_swa"])
+        w.add_uint32(f"{a}.rope.dimension_count_swa", s.g4["head_dim_swa"])
+        w.add_uint32(f"{a}.embedding_length_per_layer_input", s.g4.get("per_layer", 0))
+        if s.g4.get("shared_kv"):
+            w.add_uint32(f"{a}.attention.shared_kv_layers", s.g4["shared_kv"])
     w.add_uint32(f"{a}.attention.head_count", s.n_head)
     w.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
     w.add_uint32(f"{a}.attention.key_length", s.head_dim)
@@ -351,7 +455,7 @@ def write_variant(name: str, path) -> Path:
     w.add_add_bos_token(False)
     k = 0
     for tname, arr in tensors_of(s, rng):
-        if arr.ndim == 1 or tname.endswith(".bias"):
+        if arr.ndim == 1 or tname.endswith((".bias", ".scale")):
             w.add_tensor(tname, arr)
             continue
         # the MoE router stays at a high-precision type so that the top-k choice is stable

@@ -66,9 +66,35 @@ class HParams:
     ssm_conv_channels: int = 0       # C, the convolved channels
     ssm_state_size: int = 0          # F32 elements of a layer's delta-rule state (0: none)
     rope_sections: list[int] = field(default_factory=list)   # multi-section rope (Qwen 3.5)
+    # sliding-window layers with their own head sizes / rotated dims (Gemma 4; 0: as the others)
+    head_dim_k_swa: int = 0
+    head_dim_v_swa: int = 0
+    n_rot_swa: int = 0
+    # per layer, the layer whose K/V cells it attends (Gemma 4's shared KV: the last layers
+    # read an earlier layer's cache and store none); empty: every layer its own
+    kv_source: list[int] = field(default_factory=list)
+    n_embd_per_layer: int = 0        # Gemma 4's per-layer embeddings (0: none)
+    expert_layers: list[bool] = field(default_factory=list)  # per layer: experts? (Gemma 4)
 
     def layer_is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
+
+    def head_k(self, il: int) -> int:
+        """K (and Q) head size of layer il."""
+        return self.head_dim_k_swa if self.head_dim_k_swa and self.layer_is_swa(il) \
+            else self.head_dim_k
+
+    def head_v(self, il: int) -> int:
+        return self.head_dim_v_swa if self.head_dim_v_swa and self.layer_is_swa(il) \
+            else self.head_dim_v
+
+    def rot(self, il: int) -> int:
+        """Rotated dims of layer il's heads."""
+        return self.n_rot_swa if self.n_rot_swa and self.layer_is_swa(il) else self.n_rot
+
+    def kv_layer(self, il: int) -> int:
+        """The layer whose cache layer il reads (il itself unless it shares an earlier one's)."""
+        return self.kv_source[il] if self.kv_source else il
 
     def layer_has_rope(self, il: int) -> bool:
         return not self.n_no_rope_layer_step or (il + 1) % self.n_no_rope_layer_step != 0

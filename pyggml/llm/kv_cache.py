@@ -186,6 +186,7 @@ class KVCache:
             n_cells[SWA] = n_swa
         self.layer_space = [SWA if sw and SWA in n_cells else FULL for sw in swa_layers]
         self.k, self.v = [], []
+        self.shared_from: dict[int, int] = {}    # layer → the earlier layer whose cache it reads
         ctx = Context(no_alloc=True, name="kv")
         # recurrent layers hold their state in their K/V slots (pyggml/llm/recurrent.py)
         self.rs_layers = [il for il in range(hp.n_layer) if rs.layer_is_recurrent(hp, il)]
@@ -195,12 +196,22 @@ class KVCache:
                 for lst, t in zip((self.k, self.v), rs.new_state_tensors(ctx, hp, il, n_seq_max)):
                     lst.append(t)
                 continue
-            ne_k = hp.head_dim_k * hp.n_head_kv[il]
-            ne_v = hp.head_dim_v * hp.n_head_kv[il]
+            src = hp.kv_layer(il)
+            if src != il:
+                # a layer sharing an earlier layer's cache (Gemma 4): the same tensors, no bytes
+                if not 0 <= src < il or self.layer_space[src] != self.layer_space[il]:
+                    raise ModelError(f"{hp.arch}: layer {il} cannot share the KV cache of layer "
+                                     f"{src} (an earlier layer of the same attention kind)")
+                self.shared_from[il] = src
+                self.k.append(self.k[src])
+                self.v.append(self.v[src])
+                continue
+            ne_k = hp.head_k(il) * hp.n_head_kv[il]
+            ne_v = hp.head_v(il) * hp.n_head_kv[il]
             n = n_cells[self.layer_space[il]]
             self.k.append(ctx.new_tensor(self.types_k[il], [ne_k, n], name=f"cache_k_l{il}"))
             self.v.append(ctx.new_tensor(self.types_v[il], [ne_v, n], name=f"cache_v_l{il}"))
-        self.n_bytes = sum(t.nbytes() for t in self.k + self.v)
+        self.n_bytes = sum(self.layer_bytes(il) for il in range(hp.n_layer))
         if buffer_types is None:
             from pyggml.backend.cpu import cpu_buffer_type
             buffer_types = [cpu_buffer_type()] * hp.n_layer
@@ -208,7 +219,8 @@ class KVCache:
         self.spaces = {name: CellSpace(name, n) for name, n in n_cells.items()}
         groups: dict[int, tuple] = {}           # id(buft) -> (buft, [layers])
         for il, bt in enumerate(buffer_types):
-            groups.setdefault(id(bt), (bt, []))[1].append(il)
+            if il not in self.shared_from:
+                groups.setdefault(id(bt), (bt, []))[1].append(il)
         self.buffers = []
         self.bytes_by_buffer_type: dict[str, int] = {}
         for bt, layers in groups.values():
@@ -226,12 +238,12 @@ class KVCache:
         # planning stand-ins (no is_host) allocate nothing: only real host buffers count
         host = [il for il, bt in enumerate(buffer_types) if getattr(bt, "is_host", False)]
         meta = 16 * sum(n_cells.values())
-        need = meta + sum(self.k[il].nbytes() + self.v[il].nbytes() for il in host)
+        need = meta + sum(self.layer_bytes(il) for il in host)
         avail = available_host_memory()
         if need <= avail:
             return
         # bytes per cell of the full space (grows with n_ctx); the window space is fixed
-        per_cell = 16 + sum((self.k[il].nbytes() + self.v[il].nbytes()) / self.n_ctx
+        per_cell = 16 + sum(self.layer_bytes(il) / self.n_ctx
                             for il in host if self.layer_space[il] == FULL)
         fixed = need - per_cell * self.n_ctx
         fit = int((avail - fixed) // per_cell) // KV_PAD * KV_PAD if avail > fixed else 0
@@ -242,6 +254,12 @@ class KVCache:
             + (f"n_ctx={fit} would fit" if fit >= KV_PAD else "no context size fits")
             + (" (type_k/type_v q8_0 about halves an f16 cache)"
                if GGMLType.Q8_0 not in (self.type_k, self.type_v) else ""))
+
+    def layer_bytes(self, il: int) -> int:
+        """Bytes of layer il's own K and V (0 for a layer reading another layer's cache)."""
+        if il in self.shared_from:
+            return 0
+        return self.k[il].nbytes() + self.v[il].nbytes()
 
     # ---- cells -------------------------------------------------------------------------------
     @property

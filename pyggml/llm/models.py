@@ -44,7 +44,7 @@ def check_weights(hp, weights: dict, path) -> None:
         # separate ones where the converter writes a fused one
         fused = f"blk.{il}.attn_qkv.weight" in weights
         if fused != ("attn_qkv" in shapes):
-            D, Dv, H, Hkv = hp.head_dim_k, hp.head_dim_v, hp.n_head[il], hp.n_head_kv[il]
+            D, Dv, H, Hkv = hp.head_k(il), hp.head_v(il), hp.n_head[il], hp.n_head_kv[il]
             for s in ("attn_q", "attn_k", "attn_v", "attn_qkv"):
                 shapes.pop(s, None)
             if fused:
@@ -54,8 +54,10 @@ def check_weights(hp, weights: dict, path) -> None:
                                "attn_v": [E, Hkv * Dv]})
         for short, ne in shapes.items():
             # 'ssm_dt.bias' names its suffix; 'ssm_a.' a tensor without one (blk.N.ssm_a)
-            need(f"blk.{il}.{short.rstrip('.')}" if short.endswith((".", ".bias"))
+            need(f"blk.{il}.{short.rstrip('.')}" if short.endswith((".", ".bias", ".scale"))
                  else f"blk.{il}.{short}.weight", ne)
+    for name, ne in (arch.model_tensors(hp) if arch.model_tensors else {}).items():
+        need(name, ne)
     for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
         if name in weights:
             need(name, [hp.n_rot // 2])

@@ -35,7 +35,9 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
             norm_w: bool = False, w_scale: float = 0.0, exp_probs_b: Tensor | None = None,
             act: str = "silu", name: str = "ffn_moe", gate_inp_b: Tensor | None = None,
             up_b: Tensor | None = None, gate_b: Tensor | None = None,
-            down_b: Tensor | None = None) -> Tensor:
+            down_b: Tensor | None = None, logits: Tensor | None = None,
+            gate_up_exps: Tensor | None = None, up_s: Tensor | None = None,
+            gate_s: Tensor | None = None, down_s: Tensor | None = None) -> Tensor:
     """The MoE FFN of one layer. x: F32 [E, T] (contiguous); gate_inp (the router):
     [E, n_expert]; up_exps, gate_exps: [E, F, n_expert]; down_exps: [F, E, n_expert];
     exp_probs_b: F32 [n_expert] selection bias (added for choosing only). gate_exps None: no
@@ -43,18 +45,23 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
     ("-logits", "-probs", "-topk", "-weights", "-up", "-gate", "-down", "-out").
     gpt-oss: gate_inp_b F32 [n_expert] (router bias), up_b / gate_b F32 [F, n_expert] and
     down_b F32 [E, n_expert] (each selected expert's bias, ggml's add_id: here get_rows of the
-    bias rows by the selected ids), act "swiglu_oai" (swiglu_oai below)."""
+    bias rows by the selected ids), act "swiglu_oai" (swiglu_oai below).
+    Gemma 4: logits F32 [n_expert, T], the router's output computed by the caller (gate_inp
+    None); gate_up_exps [E, 2F, n_expert] (gate rows | up rows) in place of up_exps /
+    gate_exps; up_s / gate_s / down_s F32 [n_expert]: each expert's output scale (with a fused
+    gate_up, up_s scales both halves), llama.cpp's build_lora_mm_id."""
     if gating not in GATING:
         raise ValueError(f"moe_ffn: gating must be one of {', '.join(GATING)}, got {gating!r}")
     if act not in ACTIVATIONS:
         raise ValueError(f"moe_ffn: act must be one of {', '.join(ACTIVATIONS)}, got {act!r}")
     n_embd, n_tokens = x.ne[0], x.ne[1]
-    n_expert = gate_inp.ne[1]
+    n_expert = gate_inp.ne[1] if logits is None else logits.ne[0]
     k = n_expert_used
     if not 0 < k <= n_expert:
         raise ValueError(f"moe_ffn: n_expert_used={k} must be in [1, n_expert={n_expert}]")
 
-    logits = ops.mul_mat(ctx, gate_inp, x, name=f"{name}-logits")            # [n_expert, T]
+    if logits is None:
+        logits = ops.mul_mat(ctx, gate_inp, x, name=f"{name}-logits")        # [n_expert, T]
     if gate_inp_b is not None:
         logits = ops.add(ctx, logits, gate_inp_b, name=f"{name}-logits_biased")
     if gating == "softmax":
@@ -83,18 +90,34 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
     x3 = ops.reshape_3d(ctx, x, n_embd, 1, n_tokens)
     ids = None
 
-    def add_id(t, b):       # t [n, k, T] + the bias row of each slot's expert
+    def rows_of(b):         # the row of b [n, n_expert] of each slot's expert: [n, k, T]
         nonlocal ids
         if ids is None:
             ids = ops.reshape_1d(ctx, ops.cont(ctx, selected), k * n_tokens)
-        rows = ops.get_rows(ctx, b, ids)                                       # [n, k*T]
-        return ops.add(ctx, t, ops.reshape_3d(ctx, rows, t.ne[0], k, n_tokens))
+        return ops.reshape_3d(ctx, ops.get_rows(ctx, b, ids), b.ne[0], k, n_tokens)
 
-    up = ops.mul_mat_id(ctx, up_exps, x3, selected, name=f"{name}-up")       # [F, k, T]
-    if up_b is not None:
-        up = add_id(up, up_b)
+    def add_id(t, b):       # t [n, k, T] + the bias row of each slot's expert
+        return ops.add(ctx, t, rows_of(b))
+
+    def scaled(t, s):       # t [n, k, T] · each slot's expert's scale (s F32 [n_expert])
+        return t if s is None else ops.mul(ctx, t, rows_of(ops.reshape_2d(ctx, s, 1, n_expert)))
+
+    if gate_up_exps is not None:
+        gu = scaled(ops.mul_mat_id(ctx, gate_up_exps, x3, selected, name=f"{name}-gate_up"),
+                    up_s)                                                      # [2F, k, T]
+        F = gu.ne[0] // 2
+        gate = ops.cont(ctx, ops.view_3d(ctx, gu, F, k, n_tokens, gu.nb[1], gu.nb[2], 0))
+        up = ops.cont(ctx, ops.view_3d(ctx, gu, F, k, n_tokens, gu.nb[1], gu.nb[2],
+                                       F * gu.nb[0]))
+        gate_exps = gate_up_exps
+    else:
+        up = scaled(ops.mul_mat_id(ctx, up_exps, x3, selected, name=f"{name}-up"), up_s)
+        if up_b is not None:
+            up = add_id(up, up_b)
     if gate_exps is not None:
-        gate = ops.mul_mat_id(ctx, gate_exps, x3, selected, name=f"{name}-gate")
+        if gate_up_exps is None:
+            gate = scaled(ops.mul_mat_id(ctx, gate_exps, x3, selected, name=f"{name}-gate"),
+                          gate_s)
         if gate_b is not None:
             gate = add_id(gate, gate_b)
         if act == "swiglu_oai":
@@ -103,7 +126,8 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
             h = ops.mul(ctx, ops.silu(ctx, gate) if act == "silu" else ops.gelu(ctx, gate), up)
     else:
         h = ops.silu(ctx, up) if act == "silu" else ops.gelu(ctx, up)
-    experts = ops.mul_mat_id(ctx, down_exps, h, selected, name=f"{name}-down")  # [E, k, T]
+    experts = scaled(ops.mul_mat_id(ctx, down_exps, h, selected, name=f"{name}-down"),
+                     down_s)                                                   # [E, k, T]
     if down_b is not None:
         experts = add_id(experts, down_b)
     experts = ops.mul(ctx, experts, weights, name=f"{name}-weighted")

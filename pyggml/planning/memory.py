@@ -407,7 +407,7 @@ class Planner:
             by_type[dev][tname] = by_type[dev].get(tname, 0) + n
             largest[dev] = max(largest.get(dev, 0), t.nbytes())
         kv = run.kv
-        kv_layers = [KVLayer(il, plan.kv[il].device, kv.k[il].nbytes() + kv.v[il].nbytes(),
+        kv_layers = [KVLayer(il, plan.kv[il].device, kv.layer_bytes(il),
                              hp.layer_is_swa(il), kv.k[il].ne[1],
                              recurrent=il in getattr(kv, "rs_layers", ()))
                      for il in range(hp.n_layer)]

@@ -87,6 +87,12 @@ class Arch:
     moe: bool = False               # may have experts (expert_count > 0)
     moe_only: bool = False          # must have experts
     output_norm: str = "output_norm"  # the final norm's tensor (LFM2: token_embd_norm)
+    # model_tensors(hp): {full name: ne} of required tensors outside the layers (besides
+    # token_embd / output_norm / output)
+    model_tensors: Callable | None = None
+    # prepare(b, x): runs once after the embeddings x, before layer 0 (Gemma 4's per-layer
+    # inputs); it may keep tensors on the Builder
+    prepare: Callable | None = None
 
 
 def need_tensor(weights: dict, name: str, ne, arch: str, path) -> None:
@@ -102,7 +108,7 @@ def need_tensor(weights: dict, name: str, ne, arch: str, path) -> None:
 
 def attn_shapes(hp, il: int, fused_qkv: bool = False) -> dict:
     """{short: ne} of a standard attention block (separate or fused Q/K/V)."""
-    E, D, Dv = hp.n_embd, hp.head_dim_k, hp.head_dim_v
+    E, D, Dv = hp.n_embd, hp.head_k(il), hp.head_v(il)
     H, Hkv = hp.n_head[il], hp.n_head_kv[il]
     qkv = ({"attn_qkv": [E, H * D + Hkv * D + Hkv * Dv]} if fused_qkv else
            {"attn_q": [E, H * D], "attn_k": [E, Hkv * D], "attn_v": [E, Hkv * Dv]})
@@ -212,7 +218,7 @@ class Builder:
         [Hkv*D, T]), v [Dv*Hkv, T]; from attn_q/k/v (+ optional biases) or a fused attn_qkv
         (rows q | k | v)."""
         ctx, hp, T = self.ctx, self.hp, self.T
-        D, Dv, H, Hkv = hp.head_dim_k, hp.head_dim_v, hp.n_head[il], hp.n_head_kv[il]
+        D, Dv, H, Hkv = hp.head_k(il), hp.head_v(il), hp.n_head[il], hp.n_head_kv[il]
         fused = self.opt(il, "attn_qkv")
         if fused is not None:
             qkv = self.bias(ops.mul_mat(ctx, fused, cur, name=f"wqkv-{il}"), il, "attn_qkv")
@@ -234,29 +240,33 @@ class Builder:
         hp = self.hp
         swa = hp.layer_is_swa(il)
         return ops.rope_ext(self.ctx, t, self.inp.pos, self.rope_factors if factors else None,
-                            n_dims=hp.n_rot, mode=self.rope_mode, n_ctx_orig=hp.n_ctx_orig_yarn,
+                            n_dims=hp.rot(il), mode=self.rope_mode, n_ctx_orig=hp.n_ctx_orig_yarn,
                             freq_base=hp.rope_base_swa if swa else hp.rope_base,
                             freq_scale=hp.rope_freq_scale_swa if swa else hp.rope_freq_scale,
                             ext_factor=hp.rope_ext_factor, attn_factor=hp.rope_attn_factor,
                             beta_fast=hp.rope_beta_fast, beta_slow=hp.rope_beta_slow, name=name)
 
-    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float,
-                  softcap: float = 0.0, sinks: Tensor | None = None) -> Tensor:
+    def attention(self, il: int, q: Tensor, k: Tensor | None, v: Tensor | None,
+                  kq_scale: float, softcap: float = 0.0, sinks: Tensor | None = None) -> Tensor:
         """Store this ubatch's k [D, Hkv, T] and v [Dv*Hkv, T] in the layer's cache cells, then
         attend q [D, H, T] over the cells: softmax(softcap·tanh(q·kᵀ·kq_scale/softcap) + mask)·v.
-        sinks: F32 [H], one more logit per head in the softmax (gpt-oss).
+        sinks: F32 [H], one more logit per head in the softmax (gpt-oss). k and v None: the
+        layer reads the cache of hp.kv_layer(il), already written by that layer.
         Returns F32 [Dv*H, T] (before the output projection)."""
         ctx, hp, kv, g, T = self.ctx, self.hp, self.kv, self.g, self.T
-        D, Dv, H, Hkv = hp.head_dim_k, hp.head_dim_v, hp.n_head[il], hp.n_head_kv[il]
+        D, Dv, H, Hkv = hp.head_k(il), hp.head_v(il), hp.n_head[il], hp.n_head_kv[il]
         swa = hp.layer_is_swa(il)
-        # write this ubatch's K and V into the cache cells (expanded now: runs before attention)
-        ck, cv = kv.k[il], kv.v[il]
-        idxs = self.inp.kv_idxs_swa if kv.layer_space[il] == "swa" else self.inp.kv_idxs
-        n_kv = self.n_kv_of[kv.layer_space[il]]
-        g.build_forward_expand(ops.set_rows(ctx, ck, ops.reshape_2d(ctx, k, D * Hkv, T),
-                                            idxs, name=f"k_store-{il}"))
-        g.build_forward_expand(ops.set_rows(ctx, cv, ops.reshape_2d(ctx, v, Dv * Hkv, T),
-                                            idxs, name=f"v_store-{il}"))
+        src = hp.kv_layer(il)
+        ck, cv = kv.k[src], kv.v[src]
+        n_kv = self.n_kv_of[kv.layer_space[src]]
+        if k is not None:
+            # write this ubatch's K and V into the cache cells (expanded now: runs before
+            # attention)
+            idxs = self.inp.kv_idxs_swa if kv.layer_space[il] == "swa" else self.inp.kv_idxs
+            g.build_forward_expand(ops.set_rows(ctx, ck, ops.reshape_2d(ctx, k, D * Hkv, T),
+                                                idxs, name=f"k_store-{il}"))
+            g.build_forward_expand(ops.set_rows(ctx, cv, ops.reshape_2d(ctx, v, Dv * Hkv, T),
+                                                idxs, name=f"v_store-{il}"))
         # heads within a cell's row: one head is row_size(D) bytes (blocks, for quantized caches)
         kview = ops.view_3d(ctx, ck, D, n_kv, Hkv, ck.nb[1], row_size(ck.type, D), 0,
                             name=f"k_view-{il}")
@@ -339,6 +349,8 @@ class Builder:
     def build(self, arch: Arch):
         self.arch = arch
         x = self.embed()
+        if arch.prepare is not None:
+            arch.prepare(self, x)
         for il in range(self.hp.n_layer):
             x = arch.build_layer(self, il, x)
         logits = self.output(x)
