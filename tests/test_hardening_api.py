@@ -248,7 +248,7 @@ class _Script:
     """A stand-in Sampler that returns a fixed token sequence."""
     script: list[int] = []
 
-    def __init__(self, params):
+    def __init__(self, params, tokenizer=None):
         self._it = iter(self.script)
 
     def accept(self, token):

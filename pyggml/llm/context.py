@@ -207,6 +207,25 @@ class Context:
                 self._seq_tokens[seq_id] = []
                 self._seq_epoch[seq_id] += 1
 
+    def seq_copy(self, src: int, dst: int) -> None:
+        """Make sequence dst hold what src holds (llama.cpp's seq_cp of a whole sequence): the
+        KV cells are shared, not copied (a cell belongs to both until one forgets it); the
+        recurrent state rows and checkpoints of a hybrid model are copied. dst's own tokens
+        go and its generations end."""
+        src, dst = self.check_seq(src), self.check_seq(dst)
+        with self.lock:
+            self.check_open()
+            if src == dst:
+                return
+            self.seq_reset(dst)
+            for sp in self.kv.spaces.values():
+                sp.seq_cp(src, dst)
+            if self.checkpoints is not None:
+                rs.write_seq(self.kv, dst, rs.read_seq(self.kv, src))
+                cps = self.checkpoints
+                cps.by_seq[dst], cps.rollback[dst] = list(cps.by_seq[src]), cps.rollback[src]
+            self._seq_tokens[dst] = list(self._seq_tokens[src])
+
     def common_prefix(self, ids: list[int], seq_id: int) -> int:
         """Tokens at the start of `ids` that sequence seq_id holds already."""
         n = 0

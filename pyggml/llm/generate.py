@@ -95,7 +95,7 @@ class Generation:
         self.token_filter = token_filter
         self.seq_id = seq_id
         self.reuse_prefix = reuse_prefix
-        self.sampler = Sampler(self.params)
+        self.sampler = Sampler(self.params, tokenizer)     # DRY tokenizes its breakers
         for t in self.prompt_ids:          # the sampler keeps the last repeat_last_n
             self.sampler.accept(t)
         self.stream = TextStream()
@@ -142,6 +142,9 @@ class Generation:
         sid = self.seq_id = ctx.check_seq(self.seq_id)
         if not self.prompt_ids:
             raise ModelError("empty prompt: at least one token is needed")
+        if speculator is not None and not self.params.fixed_distribution:
+            raise ModelError("speculative decoding needs a fixed distribution per step: "
+                             "mirostat and XTC draw their own (turn them off, or the draft)")
         with ctx.lock:
             ctx.check_open()
             if self.reuse_prefix:

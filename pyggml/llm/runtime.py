@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from pyggml.llm.context import Context, RunStats  # noqa: F401 - RunStats: part 
 from pyggml.llm.generate import Generation, Tokens
 from pyggml.llm.grammar import constraint_for, request_spec
 from pyggml.llm.options import check_flag, check_int, token_list, validate_options
-from pyggml.llm.sampler import DEFAULT_SEED, SamplingParams
+from pyggml.llm.sampler import DEFAULT_SEED
 from pyggml.llm.setup import DEFAULTS, ModelFile, RunOptions, build_run, resolve_offload
 from pyggml.llm.speculative import DraftModel, Speculator, as_draft
 from pyggml.llm.tokenizer import Tokenizer
@@ -259,11 +260,13 @@ class LLM:
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int = DEFAULT_SEED,
                  seq_id: int = 0, stop_at_eog: bool = True, draft=None,
-                 grammar=None) -> Tokens:
+                 grammar=None, **sampling) -> Tokens:
         """A fresh completion of `prompt` in seq_id (the sequence is reset now), as an iterator
         of Token with a finish_reason (pyggml.llm.generate.Tokens: 'stop', 'length' or
         'context'). max_tokens -1: until an end-of-generation token or a full context. seed
-        -1 or 0xFFFFFFFF: a random seed (llama.cpp); temperature <= 0: greedy. The prompt is
+        -1 or 0xFFFFFFFF: a random seed (llama.cpp); temperature <= 0: greedy. The other
+        sampling keywords: pyggml.llm.completion.sampling_params's (typical_p, mirostat_mode,
+        xtc_*, dry_*, penalties, logit_bias, ...). The prompt is
         evaluated at the first next(). draft: speculative decoding (None: the LLM's
         draft_model, if any; False: none; or a PromptLookup / DraftModel / a draft model's GGUF
         path, opened once and kept: see speculator_for): the same tokens as without for
@@ -271,8 +274,11 @@ class LLM:
         raises ClosedError after close(), GeneratorInvalidatedError once anything else changed
         the sequence (a newer generate, reset, eval or decode_batch on it). grammar: a
         pyggml.llm.grammar.GrammarSpec (or GBNF text) the output is constrained to."""
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, 64,
-                                seed).validate()
+        from pyggml.llm.completion import check_sampling_keywords, sampling_params
+        check_sampling_keywords("generate", sampling)
+        params = replace(sampling_params(temperature=temperature, top_k=top_k, top_p=top_p,
+                                         min_p=min_p, repeat_penalty=repeat_penalty,
+                                         **sampling), seed=seed).validate()
         max_tokens = check_int("max_tokens", max_tokens, -1,
                                hint=" (-1: until end of generation or a full context)")
         check_flag("stop_at_eog", stop_at_eog)

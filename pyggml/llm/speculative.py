@@ -277,9 +277,8 @@ class DraftModel:
         held = self._samplers.get(req.seq_id)        # (the target's sampler, the draft's)
         if held is not None and held[0]() is req.sampler:
             return held[1]
-        from dataclasses import replace
         seed = int(req.sampler.uniform() * 2 ** 32) if req.sampler.params.temperature > 0 else 0
-        s = Sampler(replace(req.sampler.params, seed=seed))
+        s = req.sampler.fork(seed)
         self._samplers[req.seq_id] = (weakref.ref(req.sampler), s)
         return s
 
