@@ -571,6 +571,7 @@ PG_ROWS8_KQUANT(rows8_q6_K, 6)
 
 void pg_fill_gemm_avx512(pg_type_traits *tbl) {
     if (!(pg_g_cpu_features & PG_CPU_AVX512VNNI)) return;
+    pg_fill_gemm_tile_avx512(tbl);
     tbl[PG_TYPE_Q4_0].gemm = gemm_q4_0_512;
     tbl[PG_TYPE_Q4_1].gemm = gemm_q4_1_512;
     tbl[PG_TYPE_Q5_0].gemm = gemm_q5_0_512;

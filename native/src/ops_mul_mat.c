@@ -110,11 +110,38 @@ static void mul_mat_amx(const pg_cparams *p, pg_tensor *t, const pg_tensor *w,
                         const pg_tensor *x) { (void)p; (void)t; (void)w; (void)x; }
 #endif
 
+/* The repacked 16-row tiles (pg_type_traits.tile_pack, gemm_tile_avx512.c) from this many
+ * activation rows on: each tile is written once per MUL_MAT and pays off over the rows it
+ * serves. */
+#define PG_MM_TILE_MIN_ROWS 32
+
+static int tile_shape(const pg_tensor *w, const pg_tensor *x) {
+    return x->ne[1] >= PG_MM_TILE_MIN_ROWS && x->ne[2] == 1 && x->ne[3] == 1 && w->ne[2] == 1 &&
+           w->ne[3] == 1 && x->type == PG_TYPE_F32;
+}
+
+/* whether some path could take the tiles for this MUL_MAT (the work size covers them on every
+ * path, as for amx) */
+static int tile_possible(const pg_tensor *w, const pg_tensor *x) {
+    if (!tile_shape(w, x)) return 0;
+    for (int32_t path = 0; path < PG_PATH_COUNT; path++) {
+        const pg_type_traits *tr = pg_get_type_traits_for_path(w->type, path);
+        if (tr && tr->tile_pack) return 1;
+    }
+    return 0;
+}
+
+/* each thread's tile, after the converted activations */
+static size_t tile_bytes(int64_t K) { return (size_t)(K / 256) * PG_TILE_SB_BYTES; }
+static size_t tile_offset(size_t act) { return (act + 63) / 64 * 64; }
+
 size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
     size_t rb;
     const pg_tensor *x = PG_SRC(all, t, 1);
     const size_t bytes = act_bytes(PG_SRC(all, t, 0), x, &rb);
-    const size_t plain = private_act(x) ? (bytes + 63) / 64 * 64 * (size_t)nth : bytes;
+    size_t plain = private_act(x) ? (bytes + 63) / 64 * 64 * (size_t)nth : bytes;
+    if (tile_possible(PG_SRC(all, t, 0), x))
+        plain = tile_offset(bytes) + tile_bytes(x->ne[0]) * (size_t)nth;
     if (!amx_possible(PG_SRC(all, t, 0), x)) return plain;
     const size_t amx = amx_tiles_bytes(x) + amx_scratch_bytes(x) * (size_t)nth;
     return amx > plain ? amx : plain;
@@ -194,6 +221,19 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
         const void *xr = convert ? (const void *)act : (const void *)x->data;
         pg_dot_rows(tr, K, (float *)t->data, (size_t)t->nb[1], (const uint8_t *)w->data,
                     (size_t)w->nb[1], n0, n1, xr, convert ? rb : (size_t)x->nb[1], (int)M);
+        return;
+    }
+    /* many activation rows: each thread its weight rows, 16 at a time repacked into a tile
+     * that serves every activation row */
+    if (tr->tile_pack && convert && tile_shape(w, x)) {
+        int64_t n0, n1;
+        split_units(N, PG_TILE_ROWS, p->ith, p->nth, &n0, &n1);
+        uint8_t *tile = p->work + tile_offset(rb * (size_t)M) + tile_bytes(K) * (size_t)p->ith;
+        for (int64_t n = n0; n < n1; n += PG_TILE_ROWS) {
+            const int nr = (int)(n1 - n < PG_TILE_ROWS ? n1 - n : PG_TILE_ROWS);
+            tr->tile_pack(K, (const uint8_t *)w->data + n * w->nb[1], (size_t)w->nb[1], nr, tile);
+            tr->tile_gemm(K, tile, act, rb, M, (float *)t->data + n, (size_t)t->nb[1], nr);
+        }
         return;
     }
     /* split the larger output dimension: weight rows (N) or activation rows (M*B2*B3) */

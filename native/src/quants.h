@@ -54,6 +54,18 @@ typedef void (*pg_amx_gemm_fn)(int64_t n, const void *x, size_t bx, int64_t nrow
                                const uint8_t *act, int64_t M, float *s, size_t bs,
                                void *scratch);
 
+/* The repacked 16-row tile of prompt-sized K-quant MUL_MATs (gemm_tile_avx512.c says why):
+ * tile_pack writes weight rows x (nr of them, 1..PG_TILE_ROWS, rows bx bytes apart, n elements)
+ * into `tile` (PG_TILE_SB_BYTES per 256 elements); tile_gemm computes, for
+ * i < nr and the nc activation rows y (vec_dot_type, by bytes apart),
+ *     ((float *)((char *)s + j·bs))[i] = dot(x row i, y row j),
+ * with the bits of the type's vec_dot. */
+typedef void (*pg_tile_pack_fn)(int64_t n, const void *x, size_t bx, int nr, void *tile);
+typedef void (*pg_tile_gemm_fn)(int64_t n, const void *tile, const void *y, size_t by,
+                                int64_t nc, float *s, size_t bs, int nr);
+#define PG_TILE_ROWS 16
+#define PG_TILE_SB_BYTES 5760
+
 typedef struct pg_type_traits {
     int32_t          block_size;     /* elements per block                                   */
     int32_t          type_size;      /* bytes per block                                      */
@@ -67,6 +79,8 @@ typedef struct pg_type_traits {
     int32_t          vec_dot8_rows;  /* MUL_MAT takes vec_dot8 up to this many activation rows,
                                         the gemm beyond (tuned per kernel; 1: decode only)    */
     pg_amx_gemm_fn   amx_gemm;       /* the amx path only, for K-quants; NULL elsewhere      */
+    pg_tile_pack_fn  tile_pack;      /* optional, with tile_gemm (K-quants, avx512 + VNNI)   */
+    pg_tile_gemm_fn  tile_gemm;
 } pg_type_traits;
 
 /* Traits of `type` for the current path; NULL if type is out of range. */
@@ -92,6 +106,7 @@ void pg_fill_kquants_avx512(pg_type_traits *tbl);
  * (only with VNNI) overrides the types it has and keeps the avx2 kernels of the others. */
 void pg_fill_gemm_avx2(pg_type_traits *tbl);
 void pg_fill_gemm_avx512(pg_type_traits *tbl);
+void pg_fill_gemm_tile_avx512(pg_type_traits *tbl);   /* called by pg_fill_gemm_avx512 */
 /* quants_iq_avx2.c: vec_dot, vec_dot8 and gemm of the iquants; called after the gemm fills */
 void pg_fill_iquants_avx2(pg_type_traits *tbl);
 void pg_fill_iq_grid_avx2(pg_type_traits *tbl);     /* quants_iq_grid_avx2.c */
