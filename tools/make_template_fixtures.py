@@ -36,6 +36,7 @@ TEMPLATES = {
     "HuggingFaceTB-SmolLM3-3B.jinja": "HuggingFaceTB/SmolLM3-3B",
     "google-gemma-2-2b-it.jinja": "google/gemma-2-2b-it",
     "microsoft-Phi-3.5-mini-instruct.jinja": "microsoft/Phi-3.5-mini-instruct",
+    "google-gemma-4-31B-it.jinja": "google/gemma-4-31B-it",
 }
 
 
