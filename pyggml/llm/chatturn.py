@@ -123,6 +123,11 @@ class ChatTurn:
         self._splitter = rsn.ReasoningSplitter(self.rfmt, self.thinking_in_prompt) \
             if self.rfmt is not None else None
         self._tools = self.fmt.stream(self.tools) if self.fmt is not None else None
+        # gpt-oss without tools to call: its reply is still harmony messages; their headers
+        # and ends are markup, only the text of the final (and a commentary preamble) is
+        # content, and a call it makes anyway is dropped (not asked for)
+        self._harmony = (fmt.stream(None) if self._tools is None and self.rfmt is not None
+                         and isinstance(fmt, tc.HarmonyFormat) else None)
         self.content, self.reasoning = [], []
         self.calls: list[dict] = []
 
@@ -180,15 +185,18 @@ class ChatTurn:
         else:
             parts = self._splitter.finish() if final else self._splitter.feed(text)
         events = []
+        reader = self._tools if self._tools is not None else self._harmony
         for kind, piece in parts:
             if kind == "reasoning":
                 events.append(("reasoning", piece))
-            elif self._tools is None:
+            elif reader is None:
                 events.append(("content", piece))
             else:
-                events += self._tools.feed(piece)
-        if final and self._tools is not None:
-            events += self._tools.finish()
+                events += reader.feed(piece)
+        if final and reader is not None:
+            events += reader.finish()
+        if reader is self._harmony and reader is not None:
+            events = [e for e in events if e[0] in ("content", "reasoning")]
         return events
 
     def _deltas(self, events: list[tuple]) -> list[dict]:
