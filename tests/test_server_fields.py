@@ -31,8 +31,8 @@ def _complete(c, **kw):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("suffix", "tail"), ("best_of", 2), ("typical_p", 0.5), ("mirostat", 2), ("store", True),
-    ("xtc_probability", 0.5), ("dry_multiplier", 0.8), ("samplers", ["top_k"]),
+    ("suffix", "tail"), ("best_of", 2), ("top_n_sigma", 1.5), ("tfs_z", 0.9), ("store", True),
+    ("dynatemp_range", 0.5), ("samplers", ["top_k"]),
     ("service_tier", "flex"), ("prediction", {"type": "content", "content": "x"}),
     ("n", 2), ("penalize_nl", True)])
 def test_unimplemented_fields_are_refused_by_name(client, field, value):

@@ -10,7 +10,7 @@ import argparse
 
 from pyggml.cmdline import (UNSUPPORTED, Parser, add_model_args, add_offload_args,  # noqa: F401
                             run_options)
-from pyggml.errors import UsageError
+from pyggml.errors import PyggmlError, UsageError
 from pyggml.offload.flags import (config_from_cli, parse_ot, planning_config,  # noqa: F401
                                   split_ctx, virtual_specs)
 
@@ -167,3 +167,89 @@ def spec_stats_line(llm) -> str:
     s = llm.stats.spec
     return (f"draft ({llm.speculator.draft.describe()}): {s.drafted} drafted, {s.accepted} "
             f"accepted ({100 * s.acceptance_rate:.1f}%), {s.rounds} rounds")
+
+
+def _logit_bias(text: str) -> tuple[int, float]:
+    """llama.cpp's -l TOKEN_ID(+/-)BIAS: '15043+1', '15043-1', '15043-inf'."""
+    import re
+    m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|[0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. "
+                                         f"15043+1, 15043-inf), got {text!r}")
+    bias = float(m.group(3))
+    return int(m.group(1)), -bias if m.group(2) == "-" else bias
+
+
+def add_sampling_args(p, *, seed_default: int = 0xFFFFFFFF) -> None:
+    """llama.cpp's sampling flags and defaults (common/arg.cpp), for run and chat; the chain
+    and its order are pyggml/llm/sampler.py's."""
+    g = p.add_argument_group("sampling (llama.cpp's flags and defaults)")
+    g.add_argument("--temp", "--temperature", dest="temp", type=float, default=0.8,
+                   help="temperature (<= 0: greedy; default 0.8)")
+    g.add_argument("--top-k", type=int, default=40, help="top-k (0: off; default 40)")
+    g.add_argument("--top-p", type=float, default=0.95, help="top-p (1.0: off; default 0.95)")
+    g.add_argument("--min-p", type=float, default=0.05, help="min-p (0.0: off; default 0.05)")
+    g.add_argument("--typical", "--typical-p", dest="typical_p", type=float, default=1.0,
+                   help="locally typical sampling, p (1.0: off)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0,
+                   help="repetition penalty (1.0: off)")
+    g.add_argument("--repeat-last-n", type=nonnegative_int, default=64,
+                   help="tokens the penalties look back at (0: off; default 64)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="(0.0: off)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="(0.0: off)")
+    g.add_argument("-l", "--logit-bias", type=_logit_bias, action="append", default=[],
+                   metavar="TOKEN_ID(+/-)BIAS", help="e.g. 15043+1, 15043-inf (repeatable)")
+    g.add_argument("--mirostat", type=int, default=0,
+                   help="0: off, 1: Mirostat, 2: Mirostat 2.0 (top-k, top-p, typical, min-p, "
+                        "penalties, DRY and XTC are not used then)")
+    g.add_argument("--mirostat-lr", dest="mirostat_eta", type=float, default=0.1,
+                   help="Mirostat learning rate, eta (default 0.1)")
+    g.add_argument("--mirostat-ent", dest="mirostat_tau", type=float, default=5.0,
+                   help="Mirostat target entropy, tau (default 5.0)")
+    g.add_argument("--xtc-probability", type=float, default=0.0, help="XTC (0.0: off)")
+    g.add_argument("--xtc-threshold", type=float, default=0.1,
+                   help="XTC threshold (> 0.5: off; default 0.1)")
+    g.add_argument("--dry-multiplier", type=float, default=0.0, help="DRY (0.0: off)")
+    g.add_argument("--dry-base", type=float, default=1.75,
+                   help="DRY base (default 1.75; values below 1 keep the default, as llama.cpp)")
+    g.add_argument("--dry-allowed-length", type=nonnegative_int, default=2,
+                   help="DRY: repeats longer than this are penalized (default 2)")
+    g.add_argument("--dry-penalty-last-n", type=nonnegative_int, default=64,
+                   help="DRY: tokens scanned for repeats (0: off; default 64)")
+    g.add_argument("--dry-sequence-breaker", action="append", default=None, metavar="STRING",
+                   help="a DRY sequence breaker, replacing the defaults ('\\n', ':', '\"', "
+                        "'*'); 'none': no breakers (repeatable)")
+    g.add_argument("--min-keep", type=nonnegative_int, default=0,
+                   help="truncating samplers keep at least this many tokens (default 0)")
+    g.add_argument("-s", "--seed", type=int, default=seed_default,
+                   help="random seed (-1: random)")
+
+
+def sampling_from_args(args) -> dict:
+    """The sampling keywords (pyggml.llm.completion.sampling_params's) the flags ask for,
+    checked now, before any model loads: a bad value is one line naming it."""
+    from pyggml.llm.completion import sampling_params
+    breakers = args.dry_sequence_breaker
+    if breakers is not None:
+        breakers = [] if "none" in breakers else breakers
+    kw = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
+          "min_p": args.min_p, "typical_p": args.typical_p,
+          "repeat_penalty": args.repeat_penalty, "repeat_last_n": args.repeat_last_n,
+          "presence_penalty": args.presence_penalty,
+          "frequency_penalty": args.frequency_penalty,
+          "logit_bias": tuple(args.logit_bias) or None, "mirostat": args.mirostat,
+          "mirostat_tau": args.mirostat_tau, "mirostat_eta": args.mirostat_eta,
+          "xtc_probability": args.xtc_probability, "xtc_threshold": args.xtc_threshold,
+          "dry_multiplier": args.dry_multiplier,
+          "dry_base": args.dry_base if args.dry_base >= 1.0 else 1.75,
+          "dry_allowed_length": args.dry_allowed_length,
+          "dry_penalty_last_n": args.dry_penalty_last_n, "dry_sequence_breakers": breakers,
+          "min_keep": args.min_keep, "seed": None if args.seed < 0 else args.seed}
+    try:
+        sampling_params(**kw)
+    except PyggmlError as e:
+        flags = {"temperature": "--temp", "typical_p": "--typical", "mirostat_eta":
+                 "--mirostat-lr", "mirostat_tau": "--mirostat-ent"}
+        named = [flags.get(k, "--" + k.replace("_", "-")) for k in kw if f"{k} " in str(e)]
+        raise type(e)(f"{e} (flag {', '.join(named)})" if named else str(e)) from None
+    return kw

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 import sys
 
-from pyggml.cli.args import grammar_from_args, spec_stats_line
+from pyggml.cli.args import (add_sampling_args, grammar_from_args, sampling_from_args,
+                             spec_stats_line)
 from pyggml.cli.serve import add_model_arguments, load_llm
 from pyggml.errors import ModelError, PyggmlError
 
@@ -44,16 +45,11 @@ def _lines(interactive: bool):
             yield line.rstrip("\n")
 
 
-def _sampling(args) -> dict:
-    return {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
-            "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
-            "seed": None if args.seed < 0 else args.seed}
-
-
 def cmd_chat(args) -> int:
     interactive = sys.stdin.isatty()
     dim = sys.stdout.isatty()          # reasoning shown dimmed on a terminal, left out in a pipe
     grammar = grammar_from_args(args)      # a bad grammar fails before the model loads
+    sampling = sampling_from_args(args)    # and so do bad sampling flags
     llm = load_llm(args)
     try:
         llm.get_chat_template(args.chat_template)      # no template: the error names the option
@@ -91,7 +87,7 @@ def cmd_chat(args) -> int:
                 for chunk in llm.create_chat_completion(
                         history, chat_template=args.chat_template, stream=True,
                         max_tokens=args.n_predict if args.n_predict > 0 else None,
-                        grammar=grammar, **_sampling(args)):
+                        grammar=grammar, **sampling):
                     ch = chunk["choices"][0]
                     thought = ch["delta"].get("reasoning_content")
                     if thought and dim:
@@ -133,11 +129,6 @@ def add_commands(sub) -> None:
     c.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="tokens per reply at most (-1: until the model stops or the context "
                         "is full)")
-    c.add_argument("--temp", type=float, default=0.8)
-    c.add_argument("--top-k", type=int, default=40)
-    c.add_argument("--top-p", type=float, default=0.95)
-    c.add_argument("--min-p", type=float, default=0.05)
-    c.add_argument("--repeat-penalty", type=float, default=1.0)
-    c.add_argument("-s", "--seed", type=int, default=-1)
+    add_sampling_args(c, seed_default=-1)
     c.add_argument("-v", "--verbose", action="store_true")
     c.set_defaults(func=cmd_chat)

@@ -6,8 +6,9 @@ import sys
 import time
 
 from pyggml.cli.args import (add_draft_args, add_grammar_args, add_model_args, add_offload_args,
-                             config_from_cli, draft_from_args, grammar_from_args, positive_int,
-                             run_options, spec_stats_line)
+                             add_sampling_args, config_from_cli, draft_from_args,
+                             grammar_from_args, positive_int, run_options, sampling_from_args,
+                             spec_stats_line)
 from pyggml.errors import PyggmlError, UsageError
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "0": "\0"}
@@ -65,8 +66,8 @@ def cmd_run(args) -> int:
     if args.conversation or args.system_prompt is not None:   # llama-cli: -sys turns -cnv on
         from pyggml.cli.chat import cmd_chat
         return cmd_chat(args)
-    from pyggml.llm.sampler import SamplingParams          # checked before the model loads
-    SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty).validate()
+    sampling = sampling_from_args(args)                    # checked before the model loads
+    seed = sampling.pop("seed")
     grammar = grammar_from_args(args)                      # checked before the model loads
     prompt = _prompt(args)
     if args.n_predict < -1:
@@ -95,9 +96,8 @@ def cmd_run(args) -> int:
             out.write(prompt)
         out.flush()
         bar = _prompt_bar(llm)
-        gen = llm.generate(prompt, args.n_predict, temperature=args.temp, top_k=args.top_k,
-                           top_p=args.top_p, min_p=args.min_p,
-                           repeat_penalty=args.repeat_penalty, seed=args.seed,
+        gen = llm.generate(prompt, args.n_predict, seed=-1 if seed is None else seed,
+                           **sampling,
                            stop_at_eog=not args.ignore_eos, grammar=grammar)
         text = ""
         for tok in gen:
@@ -150,12 +150,7 @@ def add_commands(sub) -> None:
     r.add_argument("-sys", "--system-prompt", default=None, help="with -cnv: a system prompt")
     r.add_argument("--chat-template", default=None,
                    help="with -cnv: a Jinja file or a built-in name; default: the model's own")
-    r.add_argument("--temp", type=float, default=0.8)
-    r.add_argument("--top-k", type=int, default=40)
-    r.add_argument("--top-p", type=float, default=0.95)
-    r.add_argument("--min-p", type=float, default=0.05)
-    r.add_argument("--repeat-penalty", type=float, default=1.0)
-    r.add_argument("-s", "--seed", type=int, default=0xFFFFFFFF)
+    add_sampling_args(r)
     r.add_argument("--ignore-eos", action="store_true")
     r.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
                    help="print the generated text only, not the prompt before it")

@@ -96,7 +96,38 @@ def _sampling(body) -> dict:
         "frequency_penalty": _num(body, "frequency_penalty", 0.0, -2.0, 2.0),
         "repeat_last_n": _num(body, "repeat_last_n", 64, -1, 1 << 20, integer=True),
         "logit_bias": _logit_bias(body),
+        # llama-server's sampler extras (its names, its defaults; pyggml/llm/sampler.py)
+        "typical_p": _num(body, "typical_p", 1.0, 0.0, 1.0),
+        "mirostat": _num(body, "mirostat", 0, 0, 2, integer=True),
+        "mirostat_tau": _num(body, "mirostat_tau", 5.0, 0.0, 1e6),
+        "mirostat_eta": _num(body, "mirostat_eta", 0.1, 0.0, 1e6),
+        "xtc_probability": _num(body, "xtc_probability", 0.0, 0.0, 1.0),
+        "xtc_threshold": _num(body, "xtc_threshold", 0.1, 0.0, 1.0),
+        "dry_multiplier": _num(body, "dry_multiplier", 0.0, 0.0, 1e6),
+        "dry_base": _dry_base(body),
+        "dry_allowed_length": _num(body, "dry_allowed_length", 2, 0, 1 << 20, integer=True),
+        "dry_penalty_last_n": _num(body, "dry_penalty_last_n", 64, 0, 1 << 20, integer=True),
+        "dry_sequence_breakers": _breakers(body),
+        "min_keep": _num(body, "min_keep", 0, 0, 1 << 20, integer=True),
     }
+
+
+def _dry_base(body) -> float:
+    """llama-server's dry_base: a value below 1 means its default, 1.75."""
+    v = _num(body, "dry_base", 1.75, 0.0, 1e6)
+    return v if v >= 1.0 else 1.75
+
+
+def _breakers(body):
+    """llama-server's dry_sequence_breakers: a list of non-empty strings (None: the defaults)."""
+    v = body.get("dry_sequence_breakers")
+    if v is None:
+        return None
+    if not (isinstance(v, list) and len(v) <= 64 and
+            all(isinstance(x, str) and 0 < len(x) <= 1000 for x in v)):
+        raise BadRequest("'dry_sequence_breakers' must be a list of at most 64 non-empty "
+                         "strings", "dry_sequence_breakers")
+    return v
 
 
 def _logit_bias(body) -> tuple:
@@ -137,11 +168,10 @@ NOT_SUPPORTED = {
     "prediction": (None,), "web_search_options": (None,), "functions": (None, []),
     "function_call": (None, "none", "auto"), "store": (None, False), "service_tier": (
         None, "auto", "default"),
-    # llama-server's sampler extras not in pyggml's chain (yet)
-    "typical_p": (None, 1, 1.0), "mirostat": (None, 0), "xtc_probability": (None, 0, 0.0),
-    "dry_multiplier": (None, 0, 0.0), "tfs_z": (None, 1, 1.0), "dynatemp_range": (None, 0, 0.0),
+    # llama-server's sampler extras not in pyggml's chain (tfs_z: removed from llama.cpp too)
+    "tfs_z": (None, 1, 1.0), "dynatemp_range": (None, 0, 0.0),
     "top_n_sigma": (None, -1, -1.0, 0, 0.0), "samplers": (None,), "lora": (None, []),
-    "min_keep": (None, 0), "n_keep": (None, 0, -1), "id_slot": (None, -1),
+    "n_keep": (None, 0, -1), "id_slot": (None, -1),
     "penalize_nl": (None, False), "n_indent": (None, 0), "t_max_predict_ms": (None, 0),
 }
 
@@ -428,6 +458,10 @@ class Server:
             params = sampling_params(**_sampling(body))
         except ModelError as e:
             raise BadRequest(str(e)) from None
+        if self.llm.speculator is not None and not params.fixed_distribution:
+            field = "mirostat" if params.mirostat else "xtc_probability"
+            raise BadRequest(f"not supported: {field} with speculative decoding (this server "
+                             f"drafts: mirostat and XTC draw their own tokens)", field)
         bad = [t for t, _ in params.logit_bias if t >= self.llm.hparams.n_vocab]
         if bad:
             raise BadRequest(f"'logit_bias': token id {bad[0]} is outside the vocabulary "
