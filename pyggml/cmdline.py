@@ -136,8 +136,9 @@ def add_model_args(p, *, config_file: bool = True) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="default: physical cores")
     p.add_argument("-tb", "--threads-batch", type=int, default=None, help="default: -t")
     p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
-    p.add_argument("-ctk", "--cache-type-k", default=None, help="f16 (default), f32, q8_0")
-    p.add_argument("-ctv", "--cache-type-v", default=None, help="f16 (default), f32, q8_0")
+    kv_types = "f16 (default), f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl"
+    p.add_argument("-ctk", "--cache-type-k", default=None, help=kv_types)
+    p.add_argument("-ctv", "--cache-type-v", default=None, help=kv_types)
     p.add_argument("--swa-full", action="store_true",
                    help="sliding-window layers keep all n_ctx cells (llama.cpp's --swa-full)")
     p.add_argument("--logits-all", action="store_true",

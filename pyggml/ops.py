@@ -22,6 +22,7 @@ from pyggml.types import (
     SORT_ORDER_DESC,
     GGMLType,
     Op,
+    as_type,
     traits,
 )
 
@@ -407,6 +408,12 @@ def cont(ctx, a, ne=None, name=""):
     if ne[0] * ne[1] * ne[2] * ne[3] != a.nelements():
         raise _fail("cont", f"cannot make {ne} from {a.nelements()} elements", a)
     return _node(ctx, Op.CONT, a.type, ne, [a], name)
+
+
+def cast(ctx, a, type_, name=""):
+    """A contiguous copy of a converted to `type_` (ggml_cast): float <-> float, F32 -> a block
+    type, or a block type -> F32 (dequantized; rows of whole blocks)."""
+    return _node(ctx, Op.CONT, as_type(type_), list(a.ne), [a], name)
 
 
 def concat(ctx, a, b, dim: int, name=""):

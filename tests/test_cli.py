@@ -22,8 +22,9 @@ def test_bench_table(tiny_models, capsys):
     assert main(["bench", "-m", str(tm.path), "-p", "8", "-n", "4", "-t", "1", "-r", "2"]) == 0
     out = capsys.readouterr().out
     lines = [l for l in out.splitlines() if l.startswith("| ")]
-    assert lines[0].startswith("| model | test | t | pyggml t/s |")
-    assert any("| pp8 | 1 |" in l for l in lines) and any("| tg4 | 1 |" in l for l in lines)
+    assert lines[0] == "| model | size | params | backend | threads | test | t/s |"
+    assert any("| CPU | 1 | pp8 |" in l for l in lines)
+    assert any("| CPU | 1 | tg4 |" in l for l in lines)
 
 
 def test_errors_are_messages_not_tracebacks(tmp_path, capsys):

@@ -35,7 +35,7 @@ def test_version_and_help(capsys):
 
 
 @pytest.mark.parametrize("argv,flag", [
-    (["bench", "-o", "json"], "-o"), (["bench", "-d", "64"], "-d"), (["run", "-u", "1"], "-u"),
+    (["bench", "-u", "json"], "-u"), (["bench", "-dd", "64"], "-dd"), (["run", "-u", "1"], "-u"),
     (["run", "-xyz"], "-xyz"), (["run", "-sm", "row"], "-sm"), (["run", "--foo"], "--foo")])
 def test_flags_are_exact_and_refused_in_one_format(capsys, argv, flag):
     code, _, err = _main(capsys, *argv)

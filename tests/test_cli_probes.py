@@ -51,7 +51,7 @@ PROBES = [
     (["chat", "-m", "{m}", "--assume-device=a=1GiB"], 2, "--assume-device is not a flag"),
     (["run", "-m", "{m}", "-mg", "1"], 2, "main GPU"),
     (["run", "-m", "{m}", "-xyz", "1"], 2, "unknown flag '-xyz'"),
-    (["run", "-m", "{m}", "-ctk", "q4_0", "-n", "1"], 1, "type_k must be one of"),
+    (["run", "-m", "{m}", "-ctk", "q4_k", "-n", "1"], 1, "type_k must be one of"),
     (["run", "-m", "{m}", "-ctv", "bogus", "-n", "1"], 1, "bogus"),
     (["run", "-m", "{m}", "-dev", "nope", "-n", "1"], 1, "unknown device 'nope'"),
     (["run", "-m", "{m}", "-ts", "1,1", "-n", "1"], 1, "tensor_split"),

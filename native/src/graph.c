@@ -153,6 +153,7 @@ int32_t pg_node_supported(const pg_tensor *all, int32_t n, int32_t i, char *reas
         if (!same_ne(a, t) || !dense_rows(a) || !dense_rows(t)) FAIL("quantized copies need same shape, dense rows");
         if (a->type == t->type) return PG_OK;
         if (a->type == F32 && pg_get_type_traits(t->type)->from_float) return PG_OK;
+        if (t->type == F32 && pg_get_type_traits(a->type)->to_float) return PG_OK;   /* dequant */
         FAIL("copy from type %d to type %d", a->type, t->type);
     }
     case PG_OP_CONCAT: {

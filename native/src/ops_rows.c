@@ -89,11 +89,14 @@ void pg_fwd_cpy(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     for (int64_t r = r0; r < r1; r++) {
         const int64_t i1 = r % ne1, i2 = (r / ne1) % ne2, i3 = r / (ne1 * ne2);
         if (!pg_type_is_float(t->type) || !pg_type_is_float(a->type)) {
-            /* row-wise: same type (copy bytes) or float -> quantized (validator: same shape,
-             * dense rows) */
+            /* row-wise: same type (copy bytes), quantized -> F32 (dequantize: a quantized KV
+             * cache read without flash attention) or float -> quantized (validator: same
+             * shape, dense rows) */
             if (a->type == t->type) {
                 memcpy(pg_ptr(t, 0, i1, i2, i3), pg_ptr(a, 0, i1, i2, i3),
                        pg_type_row_size(a->type, ne0));
+            } else if (t->type == PG_TYPE_F32) {
+                row_to_f32(a->type, pg_ptr(a, 0, i1, i2, i3), pg_ptr(t, 0, i1, i2, i3), ne0);
             } else {
                 row_from_f32(t->type, pg_ptr(a, 0, i1, i2, i3), pg_ptr(t, 0, i1, i2, i3), ne0);
             }

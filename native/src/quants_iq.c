@@ -81,12 +81,13 @@ static void dequantize_row_mxfp4(const void *restrict vx, float *restrict y, int
 
 /* ---- quantization ---------------------------------------------------------------------------- */
 
-/* ggml's quantize_row_iq4_nl_impl without importance weights (weights x²), ntry 7: per block of
- * 32 the scale max/−127 refined by a least-squares fit over 15 trial scales; with several
- * blocks (IQ4_XS) the block scales are then quantized to 6 bits against the largest. */
+/* ggml's quantize_row_iq4_nl_impl without importance weights (weights x²): per block of 32 the
+ * scale max/−127 refined by a least-squares fit (ntry 7, the file quantizer: over 15 trial
+ * scales; ntry −1, ggml's row quantizer quantize_row_iq4_nl_ref that writes a KV cache: the
+ * scale max/127 and one fit); with several blocks (IQ4_XS) the block scales are then quantized
+ * to 6 bits against the largest. */
 static void iq4_impl(int super, const float *restrict x, pg_fp16 *dh, uint8_t *q4,
-                     uint16_t *scales_h, uint8_t *scales_l) {
-    const int ntry = 7;
+                     uint16_t *scales_h, uint8_t *scales_l, int ntry) {
     const int8_t *values = pg_kv_iq4nl;
     float scales[PG_QK_K / 32], weight[32];
     uint8_t L[PG_QK_K];
@@ -107,7 +108,7 @@ static void iq4_impl(int super, const float *restrict x, pg_fp16 *dh, uint8_t *q
             scales[ib] = 0;
             continue;
         }
-        float d = -max / (float)values[0];
+        float d = ntry > 0 ? -max / (float)values[0] : max / (float)values[0];
         float id = 1 / d;
         float sumqx = 0, sumq2 = 0;
         for (int j = 0; j < 32; j++) {
@@ -158,8 +159,11 @@ static void iq4_impl(int super, const float *restrict x, pg_fp16 *dh, uint8_t *q
         }
     } else {
         *dh = pg_fp32_to_fp16(scales[0]);
+        /* (ntry −1: the indices of the first pass stay, as ggml's; for an all-zero block
+         * ggml leaves them unset (its stack), here 0: the same values, d being 0) */
         const float id = scales[0] != 0 ? 1 / scales[0] : 0;
-        for (int j = 0; j < super; j++) L[j] = (uint8_t)best_index_int8(16, values, id * x[j]);
+        if (ntry > 0)
+            for (int j = 0; j < super; j++) L[j] = (uint8_t)best_index_int8(16, values, id * x[j]);
     }
     for (int i = 0; i < super / 32; i++)
         for (int j = 0; j < 16; j++)
@@ -168,13 +172,19 @@ static void iq4_impl(int super, const float *restrict x, pg_fp16 *dh, uint8_t *q
 
 static void quantize_row_iq4_nl(const float *restrict x, void *restrict vy, int64_t n) {
     pg_block_iq4_nl *y = vy;
-    for (int64_t i = 0; i < n / 32; i++) iq4_impl(32, x + 32 * i, &y[i].d, y[i].qs, NULL, NULL);
+    for (int64_t i = 0; i < n / 32; i++) iq4_impl(32, x + 32 * i, &y[i].d, y[i].qs, NULL, NULL, 7);
+}
+
+/* ggml's CPU from_float of IQ4_NL (quantize_row_iq4_nl_ref: ntry −1): what set_rows writes */
+static void quantize_row_iq4_nl_rows(const float *restrict x, void *restrict vy, int64_t n) {
+    pg_block_iq4_nl *y = vy;
+    for (int64_t i = 0; i < n / 32; i++) iq4_impl(32, x + 32 * i, &y[i].d, y[i].qs, NULL, NULL, -1);
 }
 
 static void quantize_row_iq4_xs(const float *restrict x, void *restrict vy, int64_t n) {
     pg_block_iq4_xs *y = vy;
     for (int64_t i = 0; i < n / PG_QK_K; i++)
-        iq4_impl(PG_QK_K, x + PG_QK_K * i, &y[i].d, y[i].qs, &y[i].scales_h, y[i].scales_l);
+        iq4_impl(PG_QK_K, x + PG_QK_K * i, &y[i].d, y[i].qs, &y[i].scales_h, y[i].scales_l, 7);
 }
 
 static inline int best_index_mxfp4(float x, float e) {
@@ -357,4 +367,7 @@ void pg_fill_iquants_scalar(pg_type_traits *tbl) {
         t->vec_dot_type = k[i].vec_dot_type;
         t->gemm = k[i].gemm;
     }
+    /* ggml's CPU traits quantize IQ4_NL rows without the scale search (llama-quantize's files
+     * with it): a KV cache of IQ4_NL holds what llama.cpp's would */
+    tbl[PG_TYPE_IQ4_NL].from_float = quantize_row_iq4_nl_rows;
 }

@@ -19,7 +19,8 @@ import ctypes
 import numpy as np
 
 from pyggml import _native
-from pyggml.backend.base import BufferUsage, alloc_tensors
+from pyggml.backend.base import BufferUsage, alloc_tensors, tensor_set
+from pyggml.backend.planning import PlanningBuffer
 from pyggml.context import Context
 from pyggml.errors import (ContextOverflowError, InsufficientMemoryError, InvalidArgumentError,
                            ModelError)
@@ -27,7 +28,11 @@ from pyggml.llm import recurrent as rs
 from pyggml.types import GGMLType, as_type
 
 KV_PAD = 256          # n_kv (cells the attention reads) is padded to this: graphs get reused
-KV_TYPES = (GGMLType.F16, GGMLType.F32, GGMLType.Q8_0)
+#: the cache types llama.cpp offers (-ctk/-ctv): float, and the block types whose rows ggml's
+#: quantizers write one at a time (set_rows)
+KV_TYPES = (GGMLType.F16, GGMLType.F32, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0,
+            GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.IQ4_NL)
+
 FULL, SWA = "full", "swa"
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -36,6 +41,48 @@ _native.declare("pg_kv_mask", ctypes.c_int32, [_P, _P, _I64, _P, _P, _I64, _I64,
 
 def _bits(seq_ids: np.ndarray) -> np.ndarray:
     return np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+
+
+def kv_type_choices() -> list[str]:
+    """The names -ctk/-ctv and type_k/type_v take."""
+    return [t.name.lower() for t in KV_TYPES]
+
+
+def is_quantized(t) -> bool:
+    """A block type (not f32/f16/bf16)."""
+    return as_type(t) not in (GGMLType.F16, GGMLType.F32, GGMLType.BF16)
+
+
+#: llama.cpp rotates quantized K and V (its attn_rot_k / attn_rot_v; LLAMA_ATTN_ROT_DISABLE
+#: turns it off there): False here compares without it (tools/kv_perplexity.py)
+ROTATE_QUANTIZED = True
+
+
+def rotation_sizes(type_k, head_k: int, type_v, head_v: int) -> tuple[int, int]:
+    """The orders (0: none) of the Hadamard rotations of a layer's K and V, as llama.cpp's KV
+    cache chooses them: a quantized K with a head size that is a multiple of 64 is rotated in
+    blocks of the largest power of two (>= 64) that divides the head size, q with it; a
+    quantized V likewise in blocks of 64, and the attention output back. An orthonormal
+    rotation leaves q·k and the weighted sum of v unchanged, but spreads outliers over the
+    block, so a 4-bit block scale loses less."""
+    if not ROTATE_QUANTIZED:
+        return 0, 0
+    nk = 0
+    if is_quantized(type_k) and head_k % 64 == 0:
+        nk = 64
+        while head_k % (nk * 2) == 0:
+            nk *= 2
+    nv = 64 if is_quantized(type_v) and head_v % 64 == 0 else 0
+    return nk, nv
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The orthonormal Walsh-Hadamard matrix of order n (a power of two; Sylvester's order:
+    H[i, j] = (-1)^popcount(i & j) / sqrt(n)), float32. Symmetric, its own inverse."""
+    h = np.ones((1, 1), np.float32) / np.float32(np.sqrt(n))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return np.ascontiguousarray(h, np.float32)
 
 
 class CellSpace:
@@ -223,12 +270,41 @@ class KVCache:
                 groups.setdefault(id(bt), (bt, []))[1].append(il)
         self.buffers = []
         self.bytes_by_buffer_type: dict[str, int] = {}
+        # llama.cpp's rotation of quantized K/V (see rotation_sizes): per layer the Hadamard
+        # matrix its K (q, k) and V (v in, attention out) go through, None without one; one
+        # matrix of each size per buffer, beside the cells
+        self.rot_k: list = [None] * hp.n_layer
+        self.rot_v: list = [None] * hp.n_layer
         for bt, layers in groups.values():
-            buf = alloc_tensors(bt, [t for il in layers for t in (self.k[il], self.v[il])],
-                                BufferUsage.ANY)
+            rots = self._rotations(ctx, hp, layers)
+            buf = alloc_tensors(bt, [t for il in layers for t in (self.k[il], self.v[il])]
+                                + list(rots.values()), BufferUsage.ANY)
+            if not isinstance(buf, PlanningBuffer):
+                for n, t in rots.items():
+                    tensor_set(t, hadamard(n))
             self.buffers.append(buf)
             self.bytes_by_buffer_type[bt.name] = (self.bytes_by_buffer_type.get(bt.name, 0)
                                                   + buf.n_bytes)
+
+    def _rotations(self, ctx, hp, layers) -> dict:
+        """The Hadamard matrices (F32 [n, n]) `layers` need, by size; sets rot_k / rot_v of
+        those layers and of the layers that read their caches."""
+        rots = {}
+        for il in layers:
+            if il in self.rs_layers:
+                continue
+            hkv = hp.n_head_kv[il]
+            nk, nv = rotation_sizes(self.k[il].type, self.k[il].ne[0] // hkv,
+                                    self.v[il].type, self.v[il].ne[0] // hkv)
+            for n, attr in ((nk, "rot_k"), (nv, "rot_v")):
+                if n:
+                    if n not in rots:
+                        rots[n] = ctx.new_tensor(GGMLType.F32, [n, n], name=f"kv_rot_{n}")
+                    getattr(self, attr)[il] = rots[n]
+        for il, src in getattr(self, "shared_from", {}).items():
+            if src in layers:
+                self.rot_k[il], self.rot_v[il] = self.rot_k[src], self.rot_v[src]
+        return rots
 
     def _check_host_memory(self, buffer_types, n_cells: dict[str, int]) -> None:
         """Refuse, before allocating, a cache the system cannot hold: host K/V rows plus the

@@ -34,7 +34,8 @@ class LLM:
     n_ctx: KV cells (shared by all sequences; 0: the model's trained context); n_batch: tokens
     per eval call chunk; n_ubatch: tokens per graph; n_threads / n_threads_batch: decode /
     prompt threads; n_seq_max: sequences decoded together; type_k/type_v: KV cache types (f16,
-    f32, q8_0); logits_all: keep logits for every position (else the last of each eval only);
+    f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; quantized ones rotated as llama.cpp's);
+    logits_all: keep logits for every position (else the last of each eval only);
     flash_attn: fused attention (llama.cpp's default on CPU) or mul_mat + softmax;
     n_gpu_layers: as llama.cpp's -ngl, the last N of the n_layer + 1 layer slots (the output
     is the last) on `device` (llama.cpp's -dev; default: the first GPU that is not a software

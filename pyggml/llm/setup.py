@@ -331,10 +331,6 @@ def build_run(mf: ModelFile, offload: OffloadPlan, opts: RunOptions, *,
         kv = KVCache(mf.hparams, opts.n_ctx, opts.type_k, opts.type_v, opts.n_seq_max,
                      [by_device[p.device].get_default_buffer_type() for p in offload.kv],
                      n_ubatch=opts.n_ubatch, swa_full=opts.swa_full)
-        if not opts.flash_attn and any(t.name.startswith("Q") for t in kv.types_v):
-            raise ModelError("a quantized V cache needs flash attention (flash_attn=True / -fa "
-                             "on): without it V is read transposed, which quantized rows "
-                             "cannot be")
         oo = offload.op_offload
         gs = graph_size(mf.hparams.n_layer) * 2
         sched = {"prefill": Scheduler(backends, n_copies=offload.n_copies,

@@ -27,7 +27,8 @@ from pyggml.units import size_or_none
 
 KINDS = ("attn", "ffn", "experts", "norm", "embd", "output")
 PHASES = ("prefill", "decode")
-KV_TYPE_NAMES = ("f16", "f32", "q8_0")
+# (pyggml.llm.kv_cache.KV_TYPES; tests/test_kv_types.py checks they agree)
+KV_TYPE_NAMES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 MAX_EXTENDS_DEPTH = 8
 
 
@@ -139,8 +140,10 @@ SCHEMA = {
                 "device": {"type": ["string", "integer"], "format": "kv_device",
                            "doc": "layer (default: each layer's KV on its gpu_layers device, as "
                                   "llama.cpp), cpu (llama.cpp's --no-kv-offload) or a device"},
-                "type_k": dict(_KV_TYPE, doc="K element type: f16 (default), f32, q8_0"),
-                "type_v": dict(_KV_TYPE, doc="V element type: f16 (default), f32, q8_0"),
+                "type_k": dict(_KV_TYPE, doc="K element type: f16 (default), f32, bf16, "
+                                             "q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl"),
+                "type_v": dict(_KV_TYPE, doc="V element type: f16 (default), f32, bf16, "
+                                             "q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl"),
                 "ranges": {
                     "type": "array",
                     "doc": "per layer range: device and types (ranges must not overlap)",

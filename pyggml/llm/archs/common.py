@@ -18,7 +18,7 @@ from pyggml.context import Context
 from pyggml.errors import ModelError
 from pyggml.graph import Graph
 from pyggml.tensor import Tensor
-from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType, row_size
+from pyggml.types import ROPE_MODE_NEOX, ROPE_MODE_NORMAL, GGMLType, block_size, row_size
 
 
 def swa_pattern(model, key: str, n_layer: int, default_period: int) -> list[bool]:
@@ -142,6 +142,14 @@ def rope_factors(hp, weights: dict, n_ctx: int) -> Tensor | None:
     return weights.get("rope_factors_short.weight")
 
 
+def rotate(ctx, x: Tensor, rot: Tensor) -> Tensor:
+    """x (contiguous, ne[0] a multiple of n) times the rotation rot (F32 [n, n], symmetric) in
+    blocks of n along ne[0] (llama.cpp's llama_mul_mat_hadamard); same shape as x."""
+    n = rot.ne[0]
+    y = ops.mul_mat(ctx, rot, ops.reshape_2d(ctx, x, n, x.nelements() // n))
+    return ops.reshape(ctx, y, list(x.ne))
+
+
 class Builder:
     """The graph of one ubatch under construction: context, graph, inputs and the shared
     pieces. `build(arch)` runs the whole model: embeddings → arch.build_layer per layer →
@@ -259,6 +267,15 @@ class Builder:
         src = hp.kv_layer(il)
         ck, cv = kv.k[src], kv.v[src]
         n_kv = self.n_kv_of[kv.layer_space[src]]
+        # a quantized cache holds K and V rotated (llama.cpp's attn_rot_k / attn_rot_v): q
+        # with K, so that q·k is unchanged; the output is rotated back with V
+        rk, rv = getattr(kv, "rot_k", None), getattr(kv, "rot_v", None)
+        rk, rv = (rk[il], rv[il]) if rk is not None else (None, None)
+        if rk is not None:
+            q = rotate(ctx, q, rk)
+            k = rotate(ctx, k, rk) if k is not None else None
+        if rv is not None and v is not None:
+            v = rotate(ctx, v, rv)
         if k is not None:
             # write this ubatch's K and V into the cache cells (expanded now: runs before
             # attention)
@@ -278,7 +295,8 @@ class Builder:
             o = ops.flash_attn_ext(ctx, qp, kview, vview, mask, scale=kq_scale,
                                    logit_softcap=softcap, name=f"fattn-{il}",
                                    sinks=sinks)                                 # [Dv, H, T]
-            return ops.reshape_2d(ctx, o, Dv * H, T)
+            o = ops.reshape_2d(ctx, o, Dv * H, T)
+            return rotate(ctx, o, rv) if rv is not None else o
         kq = ops.mul_mat(ctx, kview, qp, name=f"kq-{il}")        # [n_kv, T, H]
         if softcap:
             # llama.cpp's order without flash attention: cap the raw scores, then scale in
@@ -286,10 +304,15 @@ class Builder:
             kq = ops.scale(ctx, ops.tanh(ctx, ops.scale(ctx, kq, 1.0 / softcap)), softcap)
         kq = ops.soft_max_ext(ctx, kq, mask, scale=kq_scale, name=f"kq_soft_max-{il}",
                               sinks=sinks)
+        if block_size(cv.type) > 1:
+            # quantized rows cannot be transposed: dequantized first (llama.cpp refuses a
+            # quantized V without flash attention)
+            vview = ops.cast(ctx, vview, GGMLType.F32, name=f"v_dequant-{il}")
         vt = ops.cont(ctx, ops.permute(ctx, vview, 1, 0, 2, 3))   # [n_kv, Dv, Hkv]
         o = ops.mul_mat(ctx, vt, kq, name=f"kqv-{il}")           # [Dv, T, H]
         o = ops.cont(ctx, ops.permute(ctx, o, 0, 2, 1, 3))        # [Dv, H, T]
-        return ops.reshape_2d(ctx, o, Dv * H, T)
+        o = ops.reshape_2d(ctx, o, Dv * H, T)
+        return rotate(ctx, o, rv) if rv is not None else o
 
     def attn_out(self, il: int, o: Tensor) -> Tensor:
         """The output projection of attention (+ optional bias): [E, T]."""
