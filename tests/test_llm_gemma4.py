@@ -145,3 +145,23 @@ def test_unsupported_files_fail_at_load_with_one_line(tmp_path):
         with pytest.raises(PyggmlError, match=match) as e:
             LLM(path, n_ctx=256)
         assert "\n" not in str(e.value)
+
+
+def test_plan_keeps_per_layer_embeddings_on_the_cpu_and_out_of_per_token_reads(models):
+    """The per-layer embedding table is read one row per token (get_rows), like token_embd:
+    placed on the CPU as embeddings under -ngl 99 and not counted in the bytes a decoded token
+    reads; the shared-KV layers hold no KV bytes in the plan."""
+    from pyggml.offload import VirtualSpec
+    from pyggml.offload.plan import tensor_kind
+    from pyggml.planning.memory import CPU, Planner
+    assert tensor_kind("per_layer_token_embd.weight") == "embd"
+    with Planner(models["gemma4"], virtual=[VirtualSpec("laptop", "4GiB")]) as p:
+        plan = p.plan(n_gpu_layers=99, n_ctx=256)
+    placed = plan.offload.weights
+    assert placed["per_layer_token_embd.weight"].device == CPU
+    assert placed["blk.0.inp_gate.weight"].device == "laptop"
+    ple = plan.tensor_bytes["per_layer_token_embd.weight"]
+    rest = sum(plan.tensor_bytes.values()) - ple - plan.tensor_bytes["token_embd.weight"]
+    assert ple > 0 and plan.weight_bytes_per_token <= rest + 4096
+    kv = {x.layer: x.bytes for x in plan.kv_layers}
+    assert kv[2] == kv[3] == 0 < kv[0] < kv[1]

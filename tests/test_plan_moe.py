@@ -1,6 +1,7 @@
 """Planning a mixture-of-experts model with its experts in host RAM (llama.cpp's
 `-ngl 99 -ot exps=CPU`, the `experts` rule kind, configs/moe-experts-on-cpu.yaml): which tensors
-go where, expert bytes per device, the weight bytes a decoded token reads, on a virtual GPU."""
+go where, expert bytes per device, the weight bytes a decoded token reads, on a virtual GPU —
+for qwen3moe, gpt-oss and gemma4-moe (tools/make_arch_models.py)."""
 
 import re
 import sys
@@ -23,9 +24,11 @@ import make_arch_models as M  # noqa: E402
 CONFIG = ROOT / "configs" / "moe-experts-on-cpu.yaml"
 
 
-@pytest.fixture(scope="module")
-def moe(tmp_path_factory):
-    return M.write_variant("qwen3moe", tmp_path_factory.mktemp("moe") / "qwen3moe.gguf")
+# gpt-oss: MXFP4 experts with per-expert biases; gemma4-moe: fused gate|up experts with
+# per-expert scales beside a dense FFN
+@pytest.fixture(scope="module", params=["qwen3moe", "gpt-oss", "gemma4-moe"])
+def moe(tmp_path_factory, request):
+    return M.write_variant(request.param, tmp_path_factory.mktemp("moe") / f"{request.param}.gguf")
 
 
 def _plans(path):

@@ -105,7 +105,7 @@ def tensor_kind(name: str) -> str | None:
         if short.startswith("ffn_"):
             return "ffn"
         return None
-    if name.startswith(("token_embd", "position_embd", "token_types")):
+    if name.startswith(("token_embd", "position_embd", "token_types", "per_layer_token_embd")):
         return "embd"
     if name.startswith("output"):
         return "output"

@@ -401,7 +401,8 @@ class Planner:
             if is_expert(name):
                 experts[dev] += n
             share = n * n_used // n_exp if routed and n_exp and n_used else t.nbytes()
-            if not name.startswith("token_embd"):       # get_rows reads one row per token
+            # get_rows reads one row per token (Gemma 4's per-layer embeddings too)
+            if not name.startswith(("token_embd", "per_layer_token_embd")):
                 per_token += share
             tname = t.type.name.lower()
             by_type[dev][tname] = by_type[dev].get(tname, 0) + n
