@@ -1,11 +1,14 @@
 """Tokenizers built from GGUF metadata alone, giving the token ids llama.cpp gives.
 
-Two vocabulary models, chosen by `tokenizer.ggml.model`:
+Three vocabulary models, chosen by `tokenizer.ggml.model`:
 
 - `llama`: SentencePiece-style BPE driven by token scores, `▁` (U+2581) as the space marker, an
   optional space prefix, byte fallback through `<0xXX>` tokens.
 - `gpt2`: byte-level BPE driven by merge ranks, after the regex pre-tokenizer named by
   `tokenizer.ggml.pre`.
+- `gemma4` (pre-tokenizer "gemma4"): BPE driven by merge ranks over raw UTF-8 symbols, spaces
+  written as `▁` first (escape_whitespaces), words cut only at newline runs (a run that is a
+  token is that token), byte fallback through `<0xXX>` tokens, BOS always added.
 
 Before either runs, special tokens are cut out of the raw text (llama.cpp's
 `tokenizer_st_partition`): CONTROL and UNKNOWN tokens only when `parse_special` is true,
@@ -169,6 +172,7 @@ _PRE_REGEXES = {   # family -> regexes applied in sequence, each re-splitting ev
                      _ws("\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"),
                      _ws("\\s+\\Z"), _R_CJK, r"\p{N}+"),
     "deepseek-coder": ("[\r\n]", _ws(r"\s?\p{L}+"), _ws(r"\s?\p{P}+"), _R_CJK, r"\p{N}"),
+    "gemma4": (r"[^\n]+|[\n]+",),
 }
 
 
@@ -203,7 +207,9 @@ _PRE_TYPES = {
     "tekken": _pre("tekken", ignore_merges=True, add_bos=True, clean_spaces=False),
     "deepseek-llm": _pre("deepseek-llm", clean_spaces=False),
     "deepseek-coder": _pre("deepseek-coder", clean_spaces=False),
+    **{n: _pre("gemma4") for n in ("gemma4", "granite-embed-multi-311m")},
 }
+_ESCAPE_WS_PRES = ("gemma4", "granite-embed-multi-311m")
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -404,12 +410,16 @@ class Tokenizer:
 
     def __init__(self, kv: Mapping[str, Any]):
         model = _get(kv, "tokenizer.ggml.model", "str")
-        if model not in ("llama", "gpt2"):
+        if model not in ("llama", "gpt2", "gemma4"):
             raise TokenizerError(f"metadata key 'tokenizer.ggml.model' is {model!r}; supported: "
-                                 "'llama' (SentencePiece-style), 'gpt2' (byte-level BPE)")
+                                 "'llama' (SentencePiece-style), 'gpt2' (byte-level BPE), "
+                                 "'gemma4' (BPE over UTF-8 with ▁ for spaces)")
         self.model = model
         self.is_spm = model == "llama"
-        self.pre = _get(kv, "tokenizer.ggml.pre", "str", "")
+        # llama.cpp: a gemma4 vocabulary always has the gemma4 pre-tokenizer
+        self.pre = "gemma4" if model == "gemma4" else _get(kv, "tokenizer.ggml.pre", "str", "")
+        # spaces as ▁ before BPE, symbols raw UTF-8 (not byte-mapped), <0xXX> byte fallback
+        self.escape_ws = self.pre in _ESCAPE_WS_PRES
         self._load_tokens(kv)
         if self.is_spm:
             self.add_space_prefix, self.clean_spaces, self.add_bos = True, False, True
@@ -423,12 +433,17 @@ class Tokenizer:
             family, self.ignore_merges, self.add_bos, self.clean_spaces = _PRE_TYPES[pre]
             self._pre_regexes = tuple(regex.compile(r) for r in _PRE_REGEXES[family])
             self.add_space_prefix = False
-            defaults = {"bos_id": 11, "eos_id": 11}
+            defaults = {} if model == "gemma4" else {"bos_id": 11, "eos_id": 11}
             self._load_merges(kv)
         self.add_eos = False
         self.add_space_prefix = _get(kv, "tokenizer.ggml.add_space_prefix", "bool",
                                      self.add_space_prefix)
         self._load_special_ids(kv, defaults)
+        if self.pre == "gemma4" and not self.add_bos:
+            self.add_bos = True         # llama.cpp overrides add_bos_token = false for Gemma 4
+            if self.bos_id is None:
+                raise TokenizerError("a gemma4 vocabulary needs tokenizer.ggml.bos_token_id "
+                                     "(BOS is always added)")
         self._detect_special_tokens()
         self._build_special_index()
         self._set_model_attrs(kv)
@@ -588,6 +603,8 @@ class Tokenizer:
         if self.is_spm:
             tid = self._to_id.get(f"<0x{b:02X}>")
             return tid if tid is not None else self._to_id.get(single)
+        if self.escape_ws:
+            return self._to_id.get(f"<0x{b:02X}>")
         return self._to_id.get(single)
 
     # -- properties ---------------------------------------------------------------------------
@@ -652,7 +669,7 @@ class Tokenizer:
                 if isinstance(frag, int):
                     out.append(frag)
                 else:
-                    out += self._bpe(frag)
+                    out += self._bpe(frag.replace(" ", SPACE_MARK) if self.escape_ws else frag)
         if add_special and self.add_eos:
             out.append(self.eos_id)
         return out
@@ -801,9 +818,14 @@ class Tokenizer:
         for word in self.pretokenize(text):
             ids = cache.get(word)
             if ids is None:
-                # surrogatepass: lone surrogates that llama.cpp's decoder let through
-                ids = self._bpe_word("".join([_B2U[b] for b in word.encode("utf-8",
-                                                                          "surrogatepass")]))
+                if self.escape_ws:
+                    # raw UTF-8 symbols; a newline run that is a token is that token (llama.cpp)
+                    tid = self._to_id.get(word) if not word.strip("\n") else None
+                    ids = [tid] if tid is not None else self._bpe_word(word)
+                else:
+                    # surrogatepass: lone surrogates that llama.cpp's decoder let through
+                    ids = self._bpe_word("".join([_B2U[b] for b in word.encode(
+                        "utf-8", "surrogatepass")]))
                 if len(word) <= _CACHE_LEN:
                     if len(cache) >= _CACHE_MAX:
                         cache.clear()
@@ -877,7 +899,7 @@ class Tokenizer:
         if attr & (_UNK | _CONTROL | _USER):
             return _raw(text)
         if attr & _NORMAL:
-            if self.is_spm:
+            if self.is_spm or self.escape_ws:
                 return _raw(text.replace(SPACE_MARK, " "))
             out = bytearray()
             for c in text:
