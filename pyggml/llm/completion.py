@@ -243,6 +243,37 @@ def _texts(llm, gens, spec) -> Iterator[tuple[int, str]]:
             yield i, text
 
 
+def cache_restore(llm, ids: list[int], seq_id: int) -> None:
+    """With a prompt cache (LLM.set_cache): restore the state sharing the longest prefix with
+    `ids` when it covers more than the sequence holds (a state of another model is passed
+    over), as llama-cpp-python does."""
+    cache = getattr(llm, "cache", None)
+    if cache is None:
+        return
+    from pyggml.llm.state import StateError, common_prefix
+    try:
+        state = cache[ids]
+    except KeyError:
+        return
+    except StateError:
+        return
+    if common_prefix(state.tokens.tolist(), ids) > llm.context.common_prefix(ids, seq_id):
+        try:
+            llm.load_state(state, seq_id)
+        except StateError:
+            pass
+
+
+def cache_store(llm, seq_id: int) -> None:
+    """With a prompt cache: the sequence's state after a completion, keyed by its tokens."""
+    cache = getattr(llm, "cache", None)
+    if cache is not None and not llm.closed:
+        with llm.lock:
+            toks = llm.seq_tokens(seq_id)
+            if toks:
+                cache[toks] = llm.save_state(seq_id)
+
+
 def create_completion(llm, prompt, *, max_tokens=16, stop=None, logprobs=None, echo=False,
                       stream=False, seq_id=0, stop_at_eog=True, draft=None, grammar=None,
                       json_schema=None, response_format=None, n=1, **sampling):
@@ -266,6 +297,7 @@ def create_completion(llm, prompt, *, max_tokens=16, stop=None, logprobs=None, e
     params = sampling_params(**sampling)
     budget = choices_budget(len(ids), max_tokens, llm.n_ctx, len(sids))
     spec_req = request_spec(grammar, json_schema, response_format)
+    cache_restore(llm, ids, sids[0])
     gens = [Generation(llm.tokenizer, ids, budget, choice_params(params, i),
                        normalize_stop(stop), logprobs, stop_at_eog,
                        token_filter=constraint_for(llm, spec_req), seq_id=sid)
@@ -313,6 +345,7 @@ def create_completion(llm, prompt, *, max_tokens=16, stop=None, logprobs=None, e
             else:
                 last = chunk([choice(0, "", openai_finish_reason(gens[0]))])
             last["usage"] = total_usage()
+            cache_store(llm, sids[0])
             yield last
         return chunks()
     # several threads on one sequence: one completion after another (llama-cpp-python's
@@ -322,6 +355,7 @@ def create_completion(llm, prompt, *, max_tokens=16, stop=None, logprobs=None, e
     with llm.context.lock:
         for i, text in _texts(llm, gens, spec):
             texts[i] += text
+        cache_store(llm, sids[0])
     out = chunk([choice(i, prefix + texts[i], openai_finish_reason(g),
                         completion_logprobs(g.token_logprobs, len(prefix))
                         if logprobs is not None else None) for i, g in enumerate(gens)])
@@ -351,8 +385,6 @@ def create_chat_completion(llm, messages, *, chat_template=None, max_tokens=None
     or the model's own."""
     check_sampling_keywords("create_chat_completion", sampling)
     sids = choice_seq_ids(llm, n, seq_id)
-    if chat_template is None:
-        chat_template = getattr(llm, "chat_template", None)
 
     def new_turn():
         return ChatTurn(llm, llm.get_chat_template(chat_template), messages, tools=tools,
@@ -366,6 +398,7 @@ def create_chat_completion(llm, messages, *, chat_template=None, max_tokens=None
     n_lp = (top_logprobs or 0) if logprobs else None
     params = sampling_params(**sampling)
     budget = choices_budget(len(ids), max_tokens, llm.n_ctx, len(sids))
+    cache_restore(llm, ids, sids[0])
     gens = [Generation(llm.tokenizer, ids, budget, choice_params(params, i), normalize_stop(stop),
                        n_lp, True, token_filter=turn.token_filter(), seq_id=sid)
             for i, (sid, turn) in enumerate(zip(sids, turns))]
@@ -398,11 +431,13 @@ def create_chat_completion(llm, messages, *, chat_template=None, max_tokens=None
                 last = chunk(i, {}, turn.finish_reason(g))
                 if i == len(gens) - 1:
                     last["usage"] = total_usage()
+                    cache_store(llm, sids[0])
                 yield last
         return chunks()
     with llm.context.lock:             # as create_completion: one after another
         for i, text in _texts(llm, gens, spec):
             turns[i].feed(text)
+        cache_store(llm, sids[0])
     for turn in turns:
         turn.finish()
     return {"id": cid, "object": "chat.completion", "created": created,

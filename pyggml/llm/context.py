@@ -226,6 +226,14 @@ class Context:
                 cps.by_seq[dst], cps.rollback[dst] = list(cps.by_seq[src]), cps.rollback[src]
             self._seq_tokens[dst] = list(self._seq_tokens[src])
 
+    def seq_adopt(self, seq_id: int, tokens: list[int]) -> None:
+        """Sequence seq_id (just reset) now holds `tokens` at positions 0..n-1, whose cells its
+        caller placed and filled (a restored state: pyggml/llm/state.py)."""
+        seq_id = self.check_seq(seq_id)
+        with self.lock:
+            self._seq_tokens[seq_id] = list(tokens)
+            self._seq_epoch[seq_id] += 1
+
     def common_prefix(self, ids: list[int], seq_id: int) -> int:
         """Tokens at the start of `ids` that sequence seq_id holds already."""
         n = 0

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from pyggml.errors import ContextOverflowError
+from pyggml.errors import ArgumentTypeError, ContextOverflowError
 from pyggml.llm.context import Context, RunStats  # noqa: F401 - RunStats: part of the API
 from pyggml.llm.generate import Generation, Tokens
 from pyggml.llm.grammar import constraint_for, request_spec
@@ -80,8 +80,13 @@ class LLM:
                  n_gpu_layers: int = DEFAULTS.n_gpu_layers, offload: OffloadPlan | None = None,
                  progress: bool | None = None, swa_full: bool = DEFAULTS.swa_full,
                  device: str | None = None, verbose: bool = False, draft_model=None,
-                 draft_max: int | None = None, draft_min: int | None = None):
+                 draft_max: int | None = None, draft_min: int | None = None,
+                 chat_template=None, embedding: bool = False):
         t0 = time.perf_counter()
+        if chat_template is not None and not isinstance(chat_template, (str, os.PathLike)):
+            raise ArgumentTypeError(f"chat_template must be a built-in name or a Jinja file, "
+                                    f"got {type(chat_template).__name__} {chat_template!r:.60}")
+        check_flag("embedding", embedding)
         validate_options(model_path, config, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                          n_threads=n_threads, n_threads_batch=n_threads_batch, n_seq_max=n_seq_max,
                          type_k=type_k, type_v=type_v, logits_all=logits_all,
@@ -109,6 +114,10 @@ class LLM:
         self.verbose = verbose
         self.last_finish_reason: str | None = None    # of the last generate that ended
         self._chat_templates: dict = {}
+        # chat completions' template when a call names none (None: the model's own)
+        self.chat_template = None if chat_template is None else os.fspath(chat_template)
+        self.embedding = embedding              # llama-cpp-python's flag: embed() works anyway
+        self.cache = None                       # a prompt cache (set_cache; pyggml/llm/state.py)
         self.speculator: Speculator | None = None
         # speculators of draft models by DraftModel.key (file, options): a draft named again
         # (generate(draft=path), create_completion) is the one already open, not reopened
@@ -122,6 +131,12 @@ class LLM:
                 raise
             if isinstance(draft, DraftModel) and draft.key() is not None:
                 self._speculators[draft.key()] = self.speculator
+        if self.chat_template is not None:      # a bad name or file: now, not at the first chat
+            try:
+                self.get_chat_template()
+            except BaseException:
+                self.close()
+                raise
         self.stats.t_load_s = time.perf_counter() - t0
 
     # the run's parts (pyggml.llm.setup.Run) and the context's, under the names users know
@@ -223,11 +238,32 @@ class LLM:
         Context.reuse_prefix); returns the tokens kept: evaluate ids[n:] next."""
         return self.context.reuse_prefix(ids, seq_id)
 
+    # ---- saved states and prompt caches (pyggml/llm/state.py) -------------------------------
+    def save_state(self, seq_id: int = 0):
+        """A LlamaState of sequence seq_id: its tokens, KV cells (and recurrent state), to
+        load_state into this model later, into any sequence."""
+        from pyggml.llm.state import save_state
+        return save_state(self, seq_id)
+
+    def load_state(self, state, seq_id: int = 0) -> None:
+        """Make seq_id hold a saved state (StateError when it is another model's); what it held
+        goes and its generators are invalidated."""
+        from pyggml.llm.state import load_state
+        load_state(self, state, seq_id)
+
+    def set_cache(self, cache) -> None:
+        """A prompt cache (pyggml.llm.state.LlamaRAMCache / LlamaDiskCache, None: none) that
+        create_completion and create_chat_completion restore states from and save them to."""
+        self.cache = cache
+
     # ---- completions (llama-cpp-python's API; pyggml/llm/completion.py) --------------------
     def get_chat_template(self, spec=None):
         """The chat template: `spec` (a built-in name such as 'chatml' or 'gemma', or a Jinja
-        file), else the model's tokenizer.chat_template; ChatTemplateError when there is none."""
+        file), else LLM(chat_template=), else the model's tokenizer.chat_template;
+        ChatTemplateError when there is none."""
         from pyggml.llm.chat import load_chat_template
+        if spec is None:
+            spec = self.chat_template
         key = None if spec is None else os.fspath(spec)
         if key not in self._chat_templates:
             tok = self.tokenizer
