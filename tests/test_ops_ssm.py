@@ -1,10 +1,11 @@
 """The recurrent-layer ops (SSM_CONV, GATED_DELTA_NET; native/src/ops_ssm.c) against numpy float64
-references, with ubatches that mix sequences; 1 and 2 threads give the same bits, and a batch
-of tokens gives the bits of the same tokens evaluated one at a time (state carried over)."""
+references, with ubatches that mix sequences, on every kernel path (ops_ssm_avx2.c, _avx512.c,
+_neon.c); 1 and 2 threads give the same bits, and a batch of tokens gives the bits of the same
+tokens evaluated one at a time (state carried over)."""
 import numpy as np
 import pytest
 
-from pyggml import Context, Graph, ops
+from pyggml import Context, Graph, _native, ops
 from pyggml.backend.cpu import CpuBackend, host_array, set_host_data
 from pyggml.errors import ShapeError
 
@@ -14,6 +15,14 @@ RNG = np.random.default_rng(33)
 @pytest.fixture(scope="module")
 def cpus():
     return CpuBackend(n_threads=1), CpuBackend(n_threads=2)
+
+
+@pytest.fixture(params=_native.available_paths())
+def path(request):
+    before = _native.cpu_path()
+    _native.set_cpu_path(request.param)
+    yield request.param
+    _native.set_cpu_path(before)
 
 
 def _t(ctx, data, type_="f32"):
@@ -77,7 +86,7 @@ def _conv(ctx, x, kernel, state, seq):
 
 
 @pytest.mark.parametrize("C,K,T,S", [(1, 2, 1, 1), (37, 4, 13, 3), (256, 3, 64, 2)])
-def test_ssm_conv(C, K, T, S, cpus):
+def test_ssm_conv(C, K, T, S, cpus, path):
     ctx = Context(mem_size=64 << 20, no_alloc=False)
     x = RNG.standard_normal((T, C)).astype(np.float32)
     kernel = RNG.standard_normal((C, K)).astype(np.float32)
@@ -89,7 +98,7 @@ def test_ssm_conv(C, K, T, S, cpus):
     np.testing.assert_allclose(got[T * C:].reshape(S, C, K - 1), st, rtol=0, atol=0)
 
 
-def test_ssm_conv_batch_equals_token_by_token(cpus):
+def test_ssm_conv_batch_equals_token_by_token(cpus, path):
     C, K, T = 40, 4, 9
     x = RNG.standard_normal((T, C)).astype(np.float32)
     kernel = RNG.standard_normal((C, K)).astype(np.float32)
@@ -124,9 +133,10 @@ def _delta_inputs(T, H, Hk, Dk, Dv, S):
     return q, k, v, g, beta, state, seq
 
 
+# (.., 128, 40, ..): several blocks of state rows per head, the last one short
 @pytest.mark.parametrize("T,H,Hk,Dk,Dv,S", [(1, 1, 1, 4, 4, 1), (11, 4, 2, 16, 8, 3),
-                                           (33, 3, 3, 32, 32, 1)])
-def test_gated_delta(T, H, Hk, Dk, Dv, S, cpus):
+                                           (33, 3, 3, 32, 32, 1), (9, 2, 1, 128, 40, 2)])
+def test_gated_delta(T, H, Hk, Dk, Dv, S, cpus, path):
     ctx = Context(mem_size=64 << 20, no_alloc=False)
     q, k, v, g, beta, state, seq = _delta_inputs(T, H, Hk, Dk, Dv, S)
     scale = 1 / np.sqrt(Dk)
@@ -137,8 +147,9 @@ def test_gated_delta(T, H, Hk, Dk, Dv, S, cpus):
     np.testing.assert_allclose(got[n:].reshape(S, H, Dv, Dk), st, rtol=1e-4, atol=1e-4)
 
 
-def test_gated_delta_batch_equals_token_by_token(cpus):
-    T, H, Hk, Dk, Dv = 7, 2, 1, 16, 16
+@pytest.mark.parametrize("Dk,Dv", [(16, 16), (37, 35)])
+def test_gated_delta_batch_equals_token_by_token(Dk, Dv, cpus, path):
+    T, H, Hk = 7, 2, 1
     q, k, v, g, beta, state, _ = _delta_inputs(T, H, Hk, Dk, Dv, 1)
     seq = np.zeros(T, np.int32)
     ctx = Context(mem_size=16 << 20, no_alloc=False)

@@ -4,6 +4,7 @@
 
 #include "amx.h"
 #include "attn.h"
+#include "ops_ssm.h"
 #include "pg_internal.h"
 #include "quants.h"
 
@@ -11,9 +12,11 @@
 
 static pg_type_traits g_tables[PG_N_PATHS][PG_TYPE_COUNT];
 static pg_attn_kernels g_attn[PG_N_PATHS];
+static pg_ssm_kernels g_ssm[PG_N_PATHS];
 static int g_built = 0;
 static const pg_type_traits *g_current = g_tables[PG_PATH_SCALAR];
 static const pg_attn_kernels *g_attn_current = &g_attn[PG_PATH_SCALAR];
+static const pg_ssm_kernels *g_ssm_current = &g_ssm[PG_PATH_SCALAR];
 
 /* Sizes of every type GGUF files may hold, computable or not (values as pyggml/types.py). */
 static const struct { int32_t type, block_size, type_size; } k_sizes[] = {
@@ -45,6 +48,7 @@ static void build_tables(void) {
     pg_fill_tq_scalar(scalar);
     pg_fill_gemm_scalar(scalar);
     for (int i = 0; i < PG_N_PATHS; i++) pg_fill_attn_scalar(&g_attn[i]);
+    for (int i = 0; i < PG_N_PATHS; i++) pg_fill_ssm_scalar(&g_ssm[i]);
 #if defined(__x86_64__)
     pg_type_traits *avx2 = g_tables[PG_PATH_AVX2], *avx512 = g_tables[PG_PATH_AVX512];
     memcpy(avx2, scalar, sizeof(g_tables[0]));
@@ -54,16 +58,19 @@ static void build_tables(void) {
     pg_fill_iquants_avx2(avx2);
     pg_fill_iq_grid_avx2(avx2);
     pg_fill_attn_avx2(&g_attn[PG_PATH_AVX2]);
+    pg_fill_ssm_avx2(&g_ssm[PG_PATH_AVX2]);
     memcpy(avx512, avx2, sizeof(g_tables[0]));
     pg_fill_legacy_avx512(avx512);
     pg_fill_kquants_avx512(avx512);
     pg_fill_gemm_avx512(avx512);
     pg_fill_iquants_avx512(avx512);
     pg_fill_attn_avx512(&g_attn[PG_PATH_AVX512]);
+    pg_fill_ssm_avx512(&g_ssm[PG_PATH_AVX512]);
     pg_type_traits *amx = g_tables[PG_PATH_AMX];
     memcpy(amx, avx512, sizeof(g_tables[0]));
     pg_fill_gemm_amx(amx);
     g_attn[PG_PATH_AMX] = g_attn[PG_PATH_AVX512];
+    g_ssm[PG_PATH_AMX] = g_ssm[PG_PATH_AVX512];
 #endif
 #if defined(__aarch64__)
     pg_type_traits *neon = g_tables[PG_PATH_NEON];
@@ -72,6 +79,7 @@ static void build_tables(void) {
     pg_fill_kquants_neon(neon, pg_g_cpu_features);
     pg_fill_gemm_neon(neon, pg_g_cpu_features);
     pg_fill_iquants_neon(neon, pg_g_cpu_features);
+    pg_fill_ssm_neon(&g_ssm[PG_PATH_NEON]);
 #endif
     g_built = 1;
 }
@@ -81,6 +89,7 @@ void pg_dispatch_select(int32_t path) {
     if (path >= 0 && path < PG_N_PATHS) {
         g_current = g_tables[path];
         g_attn_current = &g_attn[path];
+        g_ssm_current = &g_ssm[path];
     }
 }
 
@@ -101,4 +110,12 @@ const pg_attn_kernels *pg_get_attn_kernels_for_path(int32_t path) {
     if (path < 0 || path >= PG_N_PATHS || !pg_path_compiled(path)) return NULL;
     if (!g_built) build_tables();
     return &g_attn[path];
+}
+
+const pg_ssm_kernels *pg_get_ssm_kernels(void) { return g_ssm_current; }
+
+const pg_ssm_kernels *pg_get_ssm_kernels_for_path(int32_t path) {
+    if (path < 0 || path >= PG_N_PATHS || !pg_path_compiled(path)) return NULL;
+    if (!g_built) build_tables();
+    return &g_ssm[path];
 }

@@ -265,7 +265,7 @@ static size_t node_work_size(const pg_tensor *all, const pg_tensor *t, int nth) 
     case PG_OP_FLASH_ATTN_EXT: return pg_flash_attn_work_size(all, t, nth);
     case PG_OP_MUL_MAT_ID:     return pg_mul_mat_id_work_size(all, t, nth);
     case PG_OP_ROPE:           return (size_t)(t->ne[0] + 16) * sizeof(float) * (size_t)nth;
-    case PG_OP_GATED_DELTA_NET:    return pg_ssm_work_size(all, t, nth);
+    case PG_OP_SSM_CONV: case PG_OP_GATED_DELTA_NET: return pg_ssm_work_size(all, t, nth);
     default:                   return 0;
     }
 }

@@ -3,7 +3,15 @@
  * (token t continues the state of sequence seq[t]) and writes the new states after the outputs,
  * so the graph stores them with SET_ROWS like KV rows. The recurrence is the same arithmetic
  * whatever the ubatch: a prompt evaluated in one batch gives the bits of token-by-token
- * evaluation. Threads split channels (conv) or heads (delta rule), never time.
+ * evaluation. Threads split channels (conv) or heads × blocks of state rows (delta rule), never
+ * time. The inner loops are per-path kernels (pg_ssm_kernels, ops_ssm.h); their arithmetic per
+ * row or channel is fixed, so each path is batch-invariant bit for bit.
+ *
+ * Why no chunked (WY) form of the delta rule: at Dk = Dv = 128 it costs about the flops of the
+ * token-by-token recurrence (~6·Dk·Dv a token and head), and its rounding would depend on where
+ * the ubatch boundaries fall (a checkpoint resumed, or a prompt split, would not give the bits
+ * of a cold run). What makes the recurrence slow is moving the 64 KiB state per token; here a
+ * block of rows stays in L1 for all of a sequence's tokens in the ubatch.
  *
  * PG_OP_SSM_CONV: src0 x F32 [C, T] (dense rows), src1 kernel F32 [K, C] (contiguous), src2 state
  *   F32 [(K-1)·C, S] (dense rows; per channel the K-1 previous inputs, oldest first), src3 seq I32
@@ -23,6 +31,7 @@
  *   x itself above 20 (ggml's op_softplus; Qwen 3.5's decay rate). Threads split rows. */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ops.h"
 #include "ops_ssm.h"
@@ -56,8 +65,8 @@ int32_t pg_ssm_supported(const pg_tensor *t, const pg_tensor *const *s, char *re
         if (!x || !w || !st || !seq) BAD("needs x, kernel, state and seq");
         if (!f32_dense(x) || !f32_dense(st) || !f32_dense(w)) FAIL("x, kernel and state must be F32 with dense rows");
         const int64_t C = x->ne[0], T = x->ne[1], K = w->ne[0], S = st->ne[1];
-        if (x->ne[2] != 1 || x->ne[3] != 1 || w->ne[1] != C || w->nb[1] != 4 * K || K < 2)
-            BAD("x must be [C, T] and kernel [K >= 2, C] contiguous");
+        if (x->ne[2] != 1 || x->ne[3] != 1 || w->ne[1] != C || w->nb[1] != 4 * K || K < 2 || K > 64)
+            BAD("x must be [C, T] and kernel [2 <= K <= 64, C] contiguous");
         if (st->ne[0] != (K - 1) * C || st->ne[2] != 1 || st->ne[3] != 1 || S < 1)
             BAD("state must be [(K-1)*C, S]");
         if (!contiguous_1d(seq, PG_TYPE_I32, T)) BAD("seq must be contiguous I32 [T]");
@@ -83,10 +92,37 @@ int32_t pg_ssm_supported(const pg_tensor *t, const pg_tensor *const *s, char *re
     return PG_OK;
 }
 
+/* Both recurrent ops visit each sequence's tokens in order: order[] lists the ubatch's token
+ * indices grouped by sequence (stable), sequence s at order[off[s] .. off[s + 1]). Each thread
+ * builds its own copy in its work area (T + S + 1 ints: cheaper than a barrier). */
+static size_t order_bytes(int64_t T, int64_t S) {
+    return ((size_t)(T + S + 1) * sizeof(int32_t) + 63) & ~(size_t)63;
+}
+
+static void group_by_seq(const int32_t *seq, int64_t T, int64_t S, int32_t *order, int32_t *off) {
+    for (int64_t s = 0; s <= S; s++) off[s] = 0;
+    for (int64_t i = 0; i < T; i++) off[seq[i] + 1]++;
+    for (int64_t s = 0; s < S; s++) off[s + 1] += off[s];
+    for (int64_t i = 0; i < T; i++) order[off[seq[i]]++] = (int32_t)i;
+    for (int64_t s = S; s > 0; s--) off[s] = off[s - 1];
+    off[0] = 0;
+}
+
+/* Conv: per thread, the kernel transposed to channel-inner rows [K][C] and each sequence's
+ * history transposed to [S][K-1][C] (ops_ssm.h: conv_rows reads channel-inner rows). */
+static size_t conv_floats(int64_t C, int64_t K, int64_t S) {
+    return (((size_t)(K * C + S * (K - 1) * C)) + 15) & ~(size_t)15;
+}
+
 size_t pg_ssm_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
-    if (t->op != PG_OP_GATED_DELTA_NET) return 0;
-    const pg_tensor *v = PG_SRC(all, t, 2);
-    return (size_t)(v->ne[0] + 16) * sizeof(float) * (size_t)nth;
+    if (t->op == PG_OP_SOFTPLUS) return 0;
+    if (t->op == PG_OP_SSM_CONV) {
+        const pg_tensor *x = PG_SRC(all, t, 0), *w = PG_SRC(all, t, 1), *st = PG_SRC(all, t, 2);
+        const int64_t C = x->ne[0], T = x->ne[1], K = w->ne[0], S = st->ne[1];
+        return (conv_floats(C, K, S) * sizeof(float) + order_bytes(T, S)) * (size_t)nth;
+    }
+    const pg_tensor *v = PG_SRC(all, t, 2), *st = PG_SRC(all, t, 5);
+    return order_bytes(v->ne[2], st->ne[1]) * (size_t)nth;
 }
 
 static int seqs_ok(const pg_cparams *p, const int32_t *seq, int64_t T, int64_t S) {
@@ -98,6 +134,10 @@ static int seqs_ok(const pg_cparams *p, const int32_t *seq, int64_t T, int64_t S
     return 1;
 }
 
+/* The convolution needs no state carried through arithmetic: token p of a sequence reads the
+ * window [history, x_0 .. x_{p-1}] at items p .. p+K-2, each a channel-inner row (of the
+ * transposed history or of x). Threads split channels; every channel's sums are the same
+ * operations whatever the ubatch. */
 static void fwd_ssm_conv(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const pg_tensor *x = PG_SRC(all, t, 0), *w = PG_SRC(all, t, 1), *st = PG_SRC(all, t, 2);
     const int32_t *seq = PG_SRC(all, t, 3)->data;
@@ -107,24 +147,46 @@ static void fwd_ssm_conv(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const float *kw = w->data;
     int64_t c0, c1;
     pg_split(C, p->ith, p->nth, &c0, &c1);
-    for (int64_t s = 0; s < S; s++)
-        memcpy(ns + s * n * C + c0 * n, (const char *)st->data + s * st->nb[1] + c0 * n * 4,
-               (size_t)((c1 - c0) * n) * 4);
-    for (int64_t i = 0; i < T; i++) {
-        const float *xi = (const float *)((const char *)x->data + i * x->nb[1]);
-        float *state = ns + seq[i] * n * C, *yi = y + i * C;
-        for (int64_t c = c0; c < c1; c++) {
-            float *sc = state + c * n;
-            const float *kc = kw + c * K;
-            float sum = 0.0f;
-            for (int64_t j = 0; j < n; j++) sum += sc[j] * kc[j];
-            sum += xi[c] * kc[n];
-            yi[c] = sum;
-            for (int64_t j = 0; j + 1 < n; j++) sc[j] = sc[j + 1];
-            sc[n - 1] = xi[c];
+    if (c0 >= c1) return;
+    const int64_t nc = c1 - c0;
+    const size_t per_thread = conv_floats(C, K, S) * sizeof(float) + order_bytes(T, S);
+    float *wt = (float *)(p->work + (size_t)p->ith * per_thread);      /* [K][nc] */
+    float *hist = wt + K * nc;                                         /* [S][n][nc] */
+    int32_t *order = (int32_t *)((char *)wt + conv_floats(C, K, S) * sizeof(float));
+    int32_t *off = order + T;
+    group_by_seq(seq, T, S, order, off);
+    for (int64_t c = 0; c < nc; c++)
+        for (int64_t j = 0; j < K; j++) wt[j * nc + c] = kw[(c0 + c) * K + j];
+    const pg_ssm_kernels *kn = pg_get_ssm_kernels();
+    const float *items[64];                       /* graph.c bounds K (pg_ssm_supported) */
+    for (int64_t s = 0; s < S; s++) {
+        const float *st_s = (const float *)((const char *)st->data + s * st->nb[1]);
+        float *h = hist + s * n * nc;
+        for (int64_t c = 0; c < nc; c++)
+            for (int64_t j = 0; j < n; j++) h[j * nc + c] = st_s[(c0 + c) * n + j];
+        const int32_t *tok = order + off[s];
+        const int64_t P = off[s + 1] - off[s];
+        /* item g of the sequence's window list: history row g, then x of its token g - n */
+#define ITEM(g) ((g) < n ? h + (g) * nc \
+                         : (const float *)((const char *)x->data + tok[(g) - n] * x->nb[1]) + c0)
+        for (int64_t m = 0; m < P; m++) {
+            for (int64_t j = 0; j < n; j++) items[j] = ITEM(m + j);
+            kn->conv_rows(nc, n, items, ITEM(m + n), wt, nc, y + tok[m] * C + c0);
         }
+        float *ns_s = ns + s * n * C;
+        for (int64_t j = 0; j < n; j++) {
+            const float *src = ITEM(P + j);
+            for (int64_t c = 0; c < nc; c++) ns_s[(c0 + c) * n + j] = src[c];
+        }
+#undef ITEM
     }
 }
+
+/* Work items are (head, block of DELTA_ROWS state rows): rows evolve independently (row j of a
+ * head depends only on v[j] and the head's q, k, g, beta), so a block stays in L1 while it runs
+ * through all of its sequence's tokens, and threads split items without changing any row's
+ * arithmetic. */
+enum { DELTA_ROWS = 16 };
 
 static void fwd_gated_delta(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const pg_tensor *q = PG_SRC(all, t, 0), *k = PG_SRC(all, t, 1), *v = PG_SRC(all, t, 2);
@@ -136,39 +198,62 @@ static void fwd_gated_delta(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     if (!seqs_ok(p, seq, T, S)) return;
     const float scale = pg_op_f32(t, 0);
     float *o = t->data, *ns = o + Dv * H * T;
-    float *d = (float *)(p->work + (size_t)p->ith * (size_t)(Dv + 16) * sizeof(float));
-    int64_t h0, h1;
-    pg_split(H, p->ith, p->nth, &h0, &h1);
-    for (int64_t s = 0; s < S; s++)
-        memcpy(ns + s * hs * H + h0 * hs, (const char *)st->data + s * st->nb[1] + h0 * hs * 4,
-               (size_t)((h1 - h0) * hs) * 4);
-    for (int64_t i = 0; i < T; i++) {
-        for (int64_t h = h0; h < h1; h++) {
-            float *M = ns + (seq[i] * H + h) * hs;
-            const float *qd = (const float *)((const char *)q->data + i * q->nb[2] + (h % Hk) * q->nb[1]);
-            const float *kd = (const float *)((const char *)k->data + i * k->nb[2] + (h % Hk) * k->nb[1]);
-            const float *vd = (const float *)((const char *)v->data + i * v->nb[2] + h * v->nb[1]);
-            const float decay = expf(g[i * H + h]), b = beta[i * H + h];
-            for (int64_t e = 0; e < hs; e++) M[e] *= decay;
-            for (int64_t j = 0; j < Dv; j++) {
-                const float *row = M + j * Dk;
-                float sum = 0.0f;
-                for (int64_t e = 0; e < Dk; e++) sum += row[e] * kd[e];
-                d[j] = (vd[j] - sum) * b;
-            }
-            for (int64_t j = 0; j < Dv; j++) {
-                float *row = M + j * Dk;
-                for (int64_t e = 0; e < Dk; e++) row[e] += kd[e] * d[j];
-            }
-            float *od = o + (i * H + h) * Dv;
-            for (int64_t j = 0; j < Dv; j++) {
-                const float *row = M + j * Dk;
-                float sum = 0.0f;
-                for (int64_t e = 0; e < Dk; e++) sum += row[e] * qd[e];
-                od[j] = sum * scale;
+    int32_t *order = (int32_t *)(p->work + (size_t)p->ith * order_bytes(T, S));
+    int32_t *off = order + T;
+    group_by_seq(seq, T, S, order, off);
+    const pg_ssm_kernels *kn = pg_get_ssm_kernels();
+    const int64_t nblk = (Dv + DELTA_ROWS - 1) / DELTA_ROWS;
+    int64_t w0, w1;
+    pg_split(H * nblk, p->ith, p->nth, &w0, &w1);
+    for (int64_t wi = w0; wi < w1; wi++) {
+        const int64_t h = wi / nblk, j0 = (wi % nblk) * DELTA_ROWS;
+        const int64_t nr = Dv - j0 < DELTA_ROWS ? Dv - j0 : DELTA_ROWS;
+        for (int64_t s = 0; s < S; s++) {
+            float *rows = ns + (s * H + h) * hs + j0 * Dk;
+            memcpy(rows, (const char *)st->data + s * st->nb[1] + ((h * hs + j0 * Dk) * 4),
+                   (size_t)(nr * Dk) * 4);
+            for (int32_t m = off[s]; m < off[s + 1]; m++) {
+                const int64_t i = order[m];
+                const float *qd = (const float *)((const char *)q->data + i * q->nb[2] + (h % Hk) * q->nb[1]);
+                const float *kd = (const float *)((const char *)k->data + i * k->nb[2] + (h % Hk) * k->nb[1]);
+                const float *vd = (const float *)((const char *)v->data + i * v->nb[2] + h * v->nb[1]);
+                kn->delta_rows(Dk, nr, rows, kd, qd, vd + j0, expf(g[i * H + h]), beta[i * H + h],
+                               scale, o + (i * H + h) * Dv + j0);
             }
         }
     }
+}
+
+/* ---- the scalar kernels: the reference every path is tested against ------------------------ */
+
+static void delta_rows_scalar(int64_t Dk, int64_t n, float *rows, const float *k, const float *q,
+                              const float *v, float decay, float beta, float scale, float *o) {
+    for (int64_t r = 0; r < n; r++) {
+        float *row = rows + r * Dk;
+        for (int64_t e = 0; e < Dk; e++) row[e] *= decay;
+        float sum = 0.0f;
+        for (int64_t e = 0; e < Dk; e++) sum += row[e] * k[e];
+        const float d = (v[r] - sum) * beta;
+        for (int64_t e = 0; e < Dk; e++) row[e] += k[e] * d;
+        sum = 0.0f;
+        for (int64_t e = 0; e < Dk; e++) sum += row[e] * q[e];
+        o[r] = sum * scale;
+    }
+}
+
+static void conv_rows_scalar(int64_t n, int64_t nk, const float *const *hist, const float *x,
+                             const float *w, int64_t ldw, float *y) {
+    for (int64_t c = 0; c < n; c++) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < nk; j++) sum += hist[j][c] * w[j * ldw + c];
+        sum += x[c] * w[nk * ldw + c];
+        y[c] = sum;
+    }
+}
+
+void pg_fill_ssm_scalar(pg_ssm_kernels *k) {
+    k->delta_rows = delta_rows_scalar;
+    k->conv_rows = conv_rows_scalar;
 }
 
 static void fwd_softplus(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
