@@ -165,6 +165,9 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{% elif m.role == 'user' %}{{ 'User: ' + m.content + '<end_of_utterance>\n' }}"
         "{% else %}{{ 'Assistant: ' + m.content + '<end_of_utterance>\n' }}{% endif %}",
         "Assistant:"),
+    # gpt-oss (llama.cpp's OpenAI MoE formatter): harmony messages without channels
+    "gpt-oss": _each("{{ '<|start|>' + m.role + '<|message|>' + m.content + ('<|return|>' "
+                     "if m.role == 'assistant' else '<|end|>') }}", "<|start|>assistant"),
 }
 
 
