@@ -89,6 +89,8 @@ def test_shared_kv_in_own_sliding_window_space(models):
 
 @pytest.mark.parametrize("kw, match", [
     ({"g4": {"shared_kv": 3}}, r"shared_kv_layers = 3 leaves 1 layers with a KV cache"),
+    ({"g4": {"n_rot_swa": 96}}, r"gemma4.rope.dimension_count_swa = 96 must be > 0, even and "
+                                r"at most the head size 64"),
     ({"g4": {"swa": [True, True, False, False]}},
      r"layer 2 \(global\) would share the KV cache of layer 1 \(sliding-window; "),
 ])

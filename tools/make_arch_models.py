@@ -413,7 +413,8 @@ def write_variant(name: str, path) -> Path:
         w.add_array(f"{a}.attention.sliding_window_pattern", s.g4["swa"])
         w.add_uint32(f"{a}.attention.key_length_swa", s.g4["head_dim_swa"])
         w.add_uint32(f"{a}.attention.value_length_swa", s.g4["head_dim_swa"])
-        w.add_uint32(f"{a}.rope.dimension_count_swa", s.g4["head_dim_swa"])
+        w.add_uint32(f"{a}.rope.dimension_count_swa",
+                     s.g4.get("n_rot_swa", s.g4["head_dim_swa"]))
         w.add_uint32(f"{a}.embedding_length_per_layer_input", s.g4.get("per_layer", 0))
         if s.g4.get("shared_kv"):
             w.add_uint32(f"{a}.attention.shared_kv_layers", s.g4["shared_kv"])

@@ -49,6 +49,12 @@ def _read(model, hp) -> None:
     hp.head_dim_k_swa = model.get_u32(k("attention.key_length_swa"))
     hp.head_dim_v_swa = model.get_u32(k("attention.value_length_swa"))
     hp.n_rot_swa = model.get_u32(k("rope.dimension_count_swa"), hp.n_rot)
+    for key, v, head in (("attention.key_length_swa", hp.head_dim_k_swa, None),
+                         ("rope.dimension_count", hp.n_rot, hp.head_dim_k),
+                         ("rope.dimension_count_swa", hp.n_rot_swa, hp.head_dim_k_swa)):
+        if v <= 0 or (head is not None and (v > head or v % 2)):
+            raise ModelError(f"{path}: {k(key)} = {v} must be > 0"
+                             + (f", even and at most the head size {head}" if head else ""))
     if hp.head_dim_k != hp.head_dim_v or hp.head_dim_k_swa != hp.head_dim_v_swa:
         raise ModelError(f"{path}: gemma4 needs equal K and V head sizes (key_length "
                          f"{hp.head_dim_k} / value_length {hp.head_dim_v}, _swa "
