@@ -18,9 +18,15 @@ def __getattr__(name):
     if name == "LLM":
         from pyggml.llm.runtime import LLM
         return LLM
+    if name == "Llama":                 # llama-cpp-python's class (pyggml/llm/compat.py)
+        from pyggml.llm.compat import Llama
+        return Llama
+    if name in ("LlamaState", "LlamaRAMCache", "LlamaDiskCache"):
+        from pyggml.llm import state
+        return getattr(state, name)
     raise AttributeError(f"module 'pyggml' has no attribute {name!r}")
 
 __all__ = [
-    "LLM", "Context", "EvalOrder", "GGMLType", "Graph", "Op", "PyggmlError", "Tensor", "TensorFlag",
+    "LLM", "Llama", "LlamaDiskCache", "LlamaRAMCache", "LlamaState", "Context", "EvalOrder", "GGMLType", "Graph", "Op", "PyggmlError", "Tensor", "TensorFlag",
     "ops", "row_size", "__version__",
 ]
