@@ -1,0 +1,212 @@
+"""Random-weight GGUFs with the exact tensor shapes and Q4_K_M type mix of two laptop-sized
+models, so their speed (which depends on shapes and types, not on values) can be measured
+without downloading them (issue 36 item 5). Not for tests.
+
+    .venv/bin/python tools/make_laptop_models.py [llama8b|moe30b ...] [--out DIR]
+        (default both, into ~/.cache/pyggml/bench/; a present file is kept)
+
+- llama8b: Llama-3.1-8B (32 layers, n_embd 4096, 32 heads / 8 K/V heads of 128, FFN 14336,
+  vocab 128256, rope base 500000 with rope_freqs), 4.58 GiB like the real Q4_K_M (4.92 GB).
+- moe30b: Qwen3-30B-A3B (arch qwen3moe: 48 layers, n_embd 2048, 32 heads / 4 K/V heads of 128
+  with per-head q/k RMS norms, 128 experts of width 768, top-8, vocab 151936), ~17 GiB like the
+  real Q4_K_M (18.6 GB).
+Types as llama.cpp's quantizer picks them for Q4_K_M (llama_tensor_get_type): Q4_K, with Q6_K
+for output.weight and for attn_v / ffn_down(_exps) in the layers use_more_bits selects; F32
+norms, router and rope factors. Weights as tools/make_moe_bench_model.py draws them: rows from
+a seeded pool quantized by pyggml's own quantizer, small residual writers so random routers
+spread tokens over the experts. Written one tensor at a time (the files are never in memory);
+check `df -h` first: both need ~22 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import gguf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_moe_bench_model import _QT, POOL_ROWS, use_more_bits  # noqa: E402
+
+from pyggml import quants  # noqa: E402
+
+OUT_DIR = Path.home() / ".cache/pyggml/bench"
+
+
+@dataclass(frozen=True)
+class Shape:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int                 # dense FFN width, or each expert's
+    n_vocab: int
+    rope_base: float
+    n_expert: int = 0
+    n_expert_used: int = 0
+    qk_norm: bool = False     # per-head q/k RMS norms (Qwen3)
+    rope_freqs: bool = False  # Llama 3's rope_freqs.weight
+
+
+MODELS = {
+    "llama8b": ("llama-3.1-8b-shape-q4_k_m.gguf",
+                Shape("llama", 32, 4096, 32, 8, 128, 14336, 128256, 500000.0, rope_freqs=True)),
+    "moe30b": ("qwen3-30b-a3b-shape-q4_k_m.gguf",
+               Shape("qwen3moe", 48, 2048, 32, 4, 128, 768, 151936, 1000000.0, n_expert=128,
+                     n_expert_used=8, qk_norm=True)),
+}
+
+
+def tensor_plan(s: Shape) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, ne (ggml order), type) of every tensor, in file order."""
+    E, QD, KD, F, X = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim, s.n_ff, s.n_expert
+    out = [("token_embd.weight", (E, s.n_vocab), "q4_k"),
+           ("output_norm.weight", (E,), "f32"),
+           ("output.weight", (E, s.n_vocab), "q6_k")]
+    if s.rope_freqs:
+        out.append(("rope_freqs.weight", (s.head_dim // 2,), "f32"))
+    for il in range(s.n_layer):
+        p = f"blk.{il}."
+        hi = "q6_k" if use_more_bits(il, s.n_layer) else "q4_k"
+        out += [(p + "attn_norm.weight", (E,), "f32"),
+                (p + "attn_q.weight", (E, QD), "q4_k"),
+                (p + "attn_k.weight", (E, KD), "q4_k"),
+                (p + "attn_v.weight", (E, KD), hi)]
+        if s.qk_norm:
+            out += [(p + "attn_q_norm.weight", (s.head_dim,), "f32"),
+                    (p + "attn_k_norm.weight", (s.head_dim,), "f32")]
+        out += [(p + "attn_output.weight", (QD, E), "q4_k"),
+                (p + "ffn_norm.weight", (E,), "f32")]
+        if X:
+            out += [(p + "ffn_gate_inp.weight", (E, X), "f32"),
+                    (p + "ffn_gate_exps.weight", (E, F, X), "q4_k"),
+                    (p + "ffn_up_exps.weight", (E, F, X), "q4_k"),
+                    (p + "ffn_down_exps.weight", (F, E, X), hi)]
+        else:
+            out += [(p + "ffn_gate.weight", (E, F), "q4_k"),
+                    (p + "ffn_up.weight", (E, F), "q4_k"),
+                    (p + "ffn_down.weight", (F, E), hi)]
+    return out
+
+
+def row_scale(name: str, s: Shape) -> float:
+    """As tools/make_moe_bench_model.row_scale: embeddings of rms 1, small residual writers."""
+    if name == "token_embd.weight":
+        return math.sqrt(s.n_embd)
+    return 0.05 if name.endswith(("attn_output.weight", "ffn_down_exps.weight",
+                                  "ffn_down.weight")) else 1.0
+
+
+def n_bytes(s: Shape) -> int:
+    """The file's tensor bytes (without header and alignment)."""
+    size = {"f32": (1, 4), "q4_k": (256, 144), "q6_k": (256, 210)}
+    total = 0
+    for _, ne, t in tensor_plan(s):
+        blk, b = size[t]
+        total += int(np.prod(ne)) // blk * b
+    return total
+
+
+def write(path: Path, s: Shape, seed: int = 17) -> Path:
+    rng = np.random.default_rng(seed)
+    plan = tensor_plan(s)
+    pools = {}
+    for name, ne, t in plan:
+        key = (t, ne[0], row_scale(name, s))
+        if t != "f32" and key not in pools:
+            x = rng.standard_normal((POOL_ROWS, ne[0])).astype(np.float32)
+            pools[key] = quants.quantize(x * (key[2] / math.sqrt(ne[0])), t)
+    tmp = path.with_suffix(".gguf.tmp")
+    w = gguf.GGUFWriter(str(tmp), s.arch)
+    a = s.arch
+    w.add_name(f"pyggml-random-{path.stem}")
+    w.add_uint32(f"{a}.context_length", 32768)
+    w.add_uint32(f"{a}.embedding_length", s.n_embd)
+    w.add_uint32(f"{a}.block_count", s.n_layer)
+    w.add_uint32(f"{a}.feed_forward_length", s.n_ff if not s.n_expert else 6144)
+    w.add_uint32(f"{a}.attention.head_count", s.n_head)
+    w.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
+    w.add_uint32(f"{a}.attention.key_length", s.head_dim)
+    w.add_uint32(f"{a}.attention.value_length", s.head_dim)
+    w.add_uint32(f"{a}.rope.dimension_count", s.head_dim)
+    w.add_float32(f"{a}.rope.freq_base", s.rope_base)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6 if s.qk_norm else 1e-5)
+    w.add_uint32(f"{a}.vocab_size", s.n_vocab)
+    if s.n_expert:
+        w.add_uint32(f"{a}.expert_count", s.n_expert)
+        w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
+        w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff)
+    w.add_file_type(15)                                     # MOSTLY_Q4_K_M
+    tokens = (["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+              + ["<|endoftext|>"])
+    types = [2, 3, 3] + [6] * 256 + [3]
+    tokens += [f"\u2581w{i}" for i in range(s.n_vocab - len(tokens))]
+    types += [1] * (s.n_vocab - len(types))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 260 + [-float(j) for j in range(s.n_vocab - 260)])
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+    for name, ne, t in plan:
+        n_rows = int(np.prod(ne[1:])) if len(ne) > 1 else 1
+        if t == "f32":
+            w.add_tensor_info(name, ne[::-1], np.dtype(np.float32), 4 * n_rows * ne[0])
+        else:
+            rb = pools[(t, ne[0], row_scale(name, s))].shape[1]
+            w.add_tensor_info(name, (*ne[:0:-1], rb), np.dtype(np.uint8), n_rows * rb,
+                              raw_dtype=_QT[t])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, ne, t in plan:
+        if t == "f32":
+            if name.endswith("ffn_gate_inp.weight"):
+                arr = rng.standard_normal(ne[::-1]).astype(np.float32) * (2.0 / math.sqrt(ne[0]))
+            elif name == "rope_freqs.weight":
+                arr = np.ones(ne, np.float32)
+            else:                                           # norms
+                arr = (1.0 + 0.1 * rng.standard_normal(ne[::-1])).astype(np.float32)
+            w.write_tensor_data(arr)
+            continue
+        pool = pools[(t, ne[0], row_scale(name, s))]
+        n_rows = int(np.prod(ne[1:]))
+        # one expert (or the whole matrix) at a time: a 128-expert tensor is never in memory
+        per = n_rows // (ne[2] if len(ne) > 2 else 1)
+        parts = [pool[rng.integers(0, POOL_ROWS, per)] for _ in range(n_rows // per)]
+        w.write_tensor_data(parts[0] if len(parts) == 1 else np.concatenate(parts))
+        del parts
+    w.close()
+    tmp.rename(path)
+    return path
+
+
+def main(argv) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--out", type=Path, default=OUT_DIR)
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    for m in a.models:
+        fname, shape = MODELS[m]
+        path = a.out / fname
+        if path.exists():
+            print(f"{path}: present ({path.stat().st_size} bytes)")
+            continue
+        print(f"{path}: writing {n_bytes(shape) / 2**30:.2f} GiB", flush=True)
+        write(path, shape)
+        print(f"{path} ({path.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
