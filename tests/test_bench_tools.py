@@ -1,6 +1,7 @@
 """The benchmark tools' own logic (no benchmark is run): the OLMoE-shaped MoE model's tensor plan
-(tools/make_moe_bench_model.py), the byte-counting TCP proxy of tools/bench_rpc.py and what
-`pyggml bench` times (pyggml/llm/bench.py)."""
+(tools/make_moe_bench_model.py) and the laptop-sized ones (tools/make_laptop_models.py), the
+byte-counting TCP proxy of tools/bench_rpc.py and what `pyggml bench` times
+(pyggml/llm/bench.py)."""
 
 from __future__ import annotations
 
@@ -161,3 +162,24 @@ def test_graph_proxy_reads_the_graph_a_client_sends(tiny_models):
         rpc.unregister_endpoints([proxy.endpoint])
         proxy.close()
         srv.stop()
+
+
+def test_laptop_models_have_the_real_shapes_and_q4_k_m_mix():
+    import make_laptop_models as lap
+    for key, n_params, n_tensors in (("llama8b", 8.030e9, 3 + 1 + 9 * 32),
+                                     ("moe30b", 30.532e9, 3 + 12 * 48)):
+        shape = lap.MODELS[key][1]
+        plan = {name: (ne, t) for name, ne, t in lap.tensor_plan(shape)}
+        assert len(plan) == n_tensors
+        total = sum(int(np.prod(ne)) for ne, _ in plan.values())
+        # llama-bench reports the real files as 8.03 B and 30.53 B parameters
+        assert abs(total - n_params) < 0.001e9, (key, total)
+        assert plan["output.weight"][1] == "q6_k" and plan["token_embd.weight"][1] == "q4_k"
+        more = [il for il in range(shape.n_layer) if plan[f"blk.{il}.attn_v.weight"][1] == "q6_k"]
+        assert more == [il for il in range(shape.n_layer) if moe.use_more_bits(il, shape.n_layer)]
+    moe_plan = {n: (ne, t) for n, ne, t in lap.tensor_plan(lap.MODELS["moe30b"][1])}
+    assert moe_plan["blk.7.ffn_gate_exps.weight"] == ((2048, 768, 128), "q4_k")
+    assert moe_plan["blk.7.attn_k.weight"] == ((2048, 512), "q4_k")
+    # the real Q4_K_M files: 4.92 GB and 18.6 GB (tensor bytes here, header aside)
+    assert 4.90e9 < lap.n_bytes(lap.MODELS["llama8b"][1]) < 4.93e9
+    assert 18.5e9 < lap.n_bytes(lap.MODELS["moe30b"][1]) < 18.6e9
