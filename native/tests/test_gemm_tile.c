@@ -1,7 +1,7 @@
 /* The repacked 16-row tiles of prompt-sized K-quant MUL_MATs (pg_type_traits.tile_pack /
  * tile_gemm, gemm_tile_avx512.c), on every path this CPU runs that has them:
- *   - every result has the scalar vec_dot's bits (memcmp), for every K-quant, rows of 1, 2 and
- *     7 super-blocks, 1..16 weight rows, 1..19 activation rows
+ *   - every result has the scalar vec_dot's bits (memcmp), for every type with a tile (the
+ *     K-quants, Q4_0, Q5_0, Q8_0), rows of 1, 2 and 7 super-blocks (legacy: 1, 2, 7, 33 blocks), 1..16 weight rows, 1..19 activation rows
  *     (the kernel's 8-row passes and their tails), padded row strides;
  *   - all-ones scales with small integer levels: every term exact, which pins the integer sums
  *     (the −128 activations and the largest levels included);
@@ -23,27 +23,27 @@ static uint64_t rnd(void) { return pg_test_splitmix(&g_rng); }
 static float rndf(void) { return pg_test_unit(rnd()); }
 
 static const int32_t k_types[] = {PG_TYPE_Q2_K, PG_TYPE_Q3_K, PG_TYPE_Q4_K, PG_TYPE_Q5_K,
-                                  PG_TYPE_Q6_K};
+                                  PG_TYPE_Q6_K, PG_TYPE_Q4_0, PG_TYPE_Q5_0, PG_TYPE_Q8_0};
 #define N_TYPES ((int)(sizeof(k_types) / sizeof(k_types[0])))
 
 static const pg_type_traits *scalar_tr(int32_t type) {
     return pg_get_type_traits_for_path(type, PG_PATH_SCALAR);
 }
 
-/* byte offsets of the fp16 fields d and dmin (-1: none) in a super-block */
+/* byte offsets of the fp16 fields d and dmin (-1: none) in a block */
 static void fp16_fields(int32_t type, int *d_off, int *m_off) {
     *d_off = 0;
     *m_off = -1;
     if (type == PG_TYPE_Q2_K) { *d_off = 80; *m_off = 82; }
     else if (type == PG_TYPE_Q3_K) *d_off = 108;
     else if (type == PG_TYPE_Q6_K) *d_off = 208;
-    else *m_off = 2;
+    else if (type == PG_TYPE_Q4_K || type == PG_TYPE_Q5_K) *m_off = 2;
 }
 
 static void set_h(uint8_t *p, float v) { const pg_fp16 h = pg_fp32_to_fp16(v); memcpy(p, &h, 2); }
 
-/* a weight row of nb super-blocks: random bytes (every level and scale pattern), finite fp16
- * fields (exact: all 1) */
+/* a weight row of nb blocks: random bytes (every level and scale pattern), finite fp16 fields
+ * (exact: all 1) */
 static void weight_row(int32_t type, uint8_t *w, int nb, int exact) {
     const int ts = scalar_tr(type)->type_size;
     int d_off, m_off;
@@ -55,27 +55,34 @@ static void weight_row(int32_t type, uint8_t *w, int nb, int exact) {
     }
 }
 
-/* an activation row (Q8_K) of nb super-blocks: the quantizer on random floats, or (exact) d = 1
- * with levels in {−128, −2..2, 127} and their bsums */
-static void act_row(uint8_t *y, int nb, int exact) {
+/* an activation row of n elements in vec_dot_type vt (Q8_K or Q8_0): the quantizer on random
+ * floats, or (exact) d = 1 with levels in {−128, −2..2, 127} (and their bsums) */
+static void act_row(int32_t vt, uint8_t *y, int64_t n, int exact) {
     if (!exact) {
         float x[7 * PG_QK_K];
         const float scale = (float)(1 << (rnd() % 6));
-        for (int i = 0; i < nb * PG_QK_K; i++) x[i] = rnd() % 16 == 0 ? 0.0f : rndf() * scale;
-        scalar_tr(PG_TYPE_Q8_K)->from_float_ref(x, y, nb * PG_QK_K);
+        for (int64_t i = 0; i < n; i++) x[i] = rnd() % 16 == 0 ? 0.0f : rndf() * scale;
+        scalar_tr(vt)->from_float_ref(x, y, n);
         return;
     }
-    pg_block_q8_K *a = (pg_block_q8_K *)y;
-    for (int b = 0; b < nb; b++) {
-        a[b].d = 1.0f;
-        for (int e = 0; e < PG_QK_K; e++) {
+    const int bs = scalar_tr(vt)->block_size, ts = scalar_tr(vt)->type_size;
+    for (int64_t b = 0; b < n / bs; b++) {
+        uint8_t *blk = y + b * ts;
+        int8_t *qs = (int8_t *)(blk + (vt == PG_TYPE_Q8_K ? 4 : 2));
+        for (int e = 0; e < bs; e++) {
             const int r = (int)(rnd() % 16);
-            a[b].qs[e] = (int8_t)(r == 0 ? -128 : r == 1 ? 127 : (int)(rnd() % 5) - 2);
+            qs[e] = (int8_t)(r == 0 ? -128 : r == 1 ? 127 : (int)(rnd() % 5) - 2);
         }
+        if (vt != PG_TYPE_Q8_K) {
+            set_h(blk, 1.0f);
+            continue;
+        }
+        pg_block_q8_K *a = (pg_block_q8_K *)blk;
+        a->d = 1.0f;
         for (int g = 0; g < 16; g++) {
-            int s = 0;
-            for (int e = 0; e < 16; e++) s += a[b].qs[16 * g + e];
-            a[b].bsums[g] = (int16_t)s;
+            int sum = 0;
+            for (int e = 0; e < 16; e++) sum += a->qs[16 * g + e];
+            a->bsums[g] = (int16_t)sum;
         }
     }
 }
@@ -83,7 +90,7 @@ static void act_row(uint8_t *y, int nb, int exact) {
 enum { MAXN = 16, MAXM = 19, OUTS = 19 /* output row stride (floats): 16 dots and 3 guards */ };
 
 PG_TEST(test_tile_gemm_bits_and_bounds) {
-    static const int counts[] = {1, 2, 7};
+    static const int counts[] = {1, 2, 7, 33};
     static const int nrs[] = {1, 5, 15, 16};
     static const int ncs[] = {1, 3, 4, 5, 8, 9, 16, 19};
     const float guard = -12345.678f;
@@ -96,17 +103,19 @@ PG_TEST(test_tile_gemm_bits_and_bounds) {
             if (!tr->tile_pack) continue;
             CHECK(tr->tile_gemm != NULL, "path %d type %d: tile_pack without tile_gemm",
                   (int)path, (int)type);
-            const int ts = tr->type_size;
-            for (int ic = 0; ic < 3; ic++)
+            const int ts = tr->type_size, bsz = tr->block_size;
+            const int32_t vt = tr->vec_dot_type;
+            for (int ic = 0; ic < (bsz == PG_QK_K ? 3 : 4); ic++)
                 for (int exact = 0; exact < 2; exact++) {
                     const int nb = counts[ic];
-                    const int64_t n = (int64_t)nb * PG_QK_K;
-                    const size_t bx = (size_t)nb * ts + 12, by = (size_t)nb * 292 + 8;
+                    const int64_t n = (int64_t)nb * bsz;
+                    const size_t bx = (size_t)nb * ts + 12;
+                    const size_t by = pg_type_row_size(vt, n) + 8;
                     uint8_t *w = malloc(bx * MAXN), *y = malloc(by * MAXM);
-                    void *tile = aligned_alloc(64, (size_t)nb * PG_TILE_SB_BYTES);
+                    void *tile = malloc((size_t)(n / 256 + 1) * PG_TILE_SB_BYTES);
                     float out[MAXM * OUTS], want[MAXM][MAXN];
                     for (int i = 0; i < MAXN; i++) weight_row(type, w + i * bx, nb, exact);
-                    for (int j = 0; j < MAXM; j++) act_row(y + j * by, nb, exact);
+                    for (int j = 0; j < MAXM; j++) act_row(vt, y + j * by, n, exact);
                     for (int j = 0; j < MAXM; j++)
                         for (int i = 0; i < MAXN; i++)
                             scalar_tr(type)->vec_dot(n, &want[j][i], w + i * bx, y + j * by);
@@ -176,19 +185,20 @@ static int mul_mat(pg_threadpool *tp, int nth, int32_t type, int64_t K, int64_t 
 /* a batch large enough for the tiles, N = 37 (two full tiles and a tail of 5; uneven split
  * between 2 threads): each row equals the row alone, on every path */
 PG_TEST(test_tile_mul_mat_row_independent_of_batch) {
-    enum { K = 512, N = 37, M = 45 };
+    enum { K = 512, N = 37, M = 45 };   /* K: whole blocks of every type */
     pg_threadpool *tp = pg_threadpool_new(2);
     CHECK(tp != NULL, "thread pool");
     const int32_t cur = pg_cpu_path();
     float *x = malloc(sizeof(float) * K * M), *batch = malloc(sizeof(float) * N * M);
     float alone[N];
-    uint8_t *w = malloc((size_t)N * 210 * (K / 256));
+    uint8_t *w = malloc((size_t)N * 34 * (K / 32));   /* the largest row: Q8_0 */
     for (int32_t path = PG_PATH_SCALAR; path < PG_PATH_COUNT; path++) {
         if (!pg_path_compiled(path) || pg_set_cpu_path(path) != PG_OK) continue;
         for (int it = 0; it < N_TYPES; it++) {
             const int32_t type = k_types[it];
             const size_t rb = pg_type_row_size(type, K);
-            for (int i = 0; i < N; i++) weight_row(type, w + i * rb, K / 256, 0);
+            for (int i = 0; i < N; i++)
+                weight_row(type, w + i * rb, K / scalar_tr(type)->block_size, 0);
             for (int i = 0; i < K * M; i++) x[i] = rnd() % 16 == 0 ? 0.0f : rndf() * 3.0f;
             for (int nth = 1; nth <= 2; nth++) {
                 CHECK(mul_mat(tp, nth, type, K, N, M, w, x, batch), "mul_mat");

@@ -1,0 +1,45 @@
+/* The layout of the repacked 16-row tiles (pg_type_traits.tile_pack / tile_gemm; quants.h),
+ * shared by the pack (gemm_tile.c, portable) and the kernels (gemm_tile_avx512.c). Every field
+ * is a 64-byte vector of 16 lanes, lane r = weight row r (rows past nr repeat row 0 and are
+ * never stored).
+ *
+ * K-quants, per super-block of 256 elements (PG_TILE_SB_BYTES):
+ *   lv[64]:  uint8 levels, offset removed (0..15 Q4_K, 0..31 Q5_K, 0..63 Q6_K, 0..3 Q2_K,
+ *            0..7 Q3_K); chunk e = elements 4e..4e+3 of each row
+ *   sc[16]:  int32 scale of group g (16 elements; Q4_K / Q5_K: g < 8, groups of 32)
+ *   bw[8]:   int16 pairs (W[2k], W[2k+1]) per row, W the weight of the activations' bsums[g]:
+ *            the min (Q2_K, Q4_K, Q5_K; scaled by dmin apart) or the levels' offset times the
+ *            scale (Q3_K: 4·sc, Q6_K: 32·sc; subtracted from the level sum)
+ *   d, dmin: float (the fp16 fields; dmin 0 where there is none)
+ * Legacy formats without a min (Q4_0, Q5_0, Q8_0), per block of 32 (PG_TILE_LEG_BYTES):
+ *   lv[8]:   int8 levels q (−8..7, −16..15, −128..127); chunk e = elements 4e..4e+3
+ *   corr:    int32 128·Σq (the kernels dot the levels with the activations + 128, unsigned)
+ *   d:       float */
+#ifndef PG_GEMM_TILE_H
+#define PG_GEMM_TILE_H
+
+#include <stdint.h>
+
+#include "quants.h"
+
+enum {
+    PG_TILE_LV = 0,
+    PG_TILE_SC = 64 * 64,
+    PG_TILE_BW = PG_TILE_SC + 16 * 64,
+    PG_TILE_D = PG_TILE_BW + 8 * 64,
+    PG_TILE_DMIN = PG_TILE_D + 64,
+    PG_TILE_LEG_CORR = 8 * 64,
+    PG_TILE_LEG_D = PG_TILE_LEG_CORR + 64,
+    PG_TILE_LEG_BYTES = PG_TILE_LEG_D + 64,
+};
+_Static_assert(PG_TILE_DMIN + 64 == PG_TILE_SB_BYTES, "K-quant tile layout");
+_Static_assert(PG_TILE_LEG_BYTES * 8 <= PG_TILE_SB_BYTES, "a legacy tile fits the K-quants'");
+
+/* gemm_tile.c: the K-quant packs (pg_tile_pack_fn) */
+void pg_tile_pack_q2_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
+void pg_tile_pack_q3_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
+void pg_tile_pack_q4_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
+void pg_tile_pack_q5_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
+void pg_tile_pack_q6_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
+
+#endif
