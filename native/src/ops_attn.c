@@ -7,7 +7,9 @@
  * once per tile and block, and the per-path kernels (attn.h) compute the block's scores
  * S = Q·Kᵀ (rows × keys), the online-softmax weights P = exp(S - running max) and
  * acc = acc·rescale + P·V as small matrix products. q is converted to K's vec_dot_type and back
- * (e.g. rounded to fp16 for F16 K), so the scores see q as ggml's K dots do.
+ * (e.g. rounded to fp16 for F16 K), so the scores see q as ggml's K dots do; a block-quantized K
+ * (a quantized KV cache) is not converted at all: its scores are the type's own dots of the
+ * quantized rows with q in its vec_dot_type (gemm / vec_dot), ggml's kq_vec_dot bit for bit.
  *
  * Tiles are dealt to threads round-robin (tile i to thread i % nth): with a causal mask the
  * later query tiles see more keys, and a contiguous split left one thread three quarters of the
@@ -57,15 +59,15 @@ static fa_dims dims_of(const pg_tensor *all, const pg_tensor *t) {
 }
 
 /* Per-thread scratch, in floats: acc[rows·Dv], qf[rows·D], s[rows·KB], kf[KB·D], vf[KB·Dv],
- * vmax[rows], sum[rows], ms[rows], mblk[KB], the tile starts (n_q + 1 int32); then one q row in
- * K's vec_dot_type. */
+ * vmax[rows], sum[rows], ms[rows], mblk[KB], the tile starts (n_q + 1 int32); then the tile's q
+ * rows in K's vec_dot_type. */
 static size_t float_count(const fa_dims *d) {
     return (size_t)(d->rows * d->Dv + d->rows * d->D + d->rows * PG_FA_KB + PG_FA_KB * d->D +
                     PG_FA_KB * d->Dv + 3 * d->rows + PG_FA_KB + d->n_q + 1);
 }
 
 static size_t per_thread_bytes(const fa_dims *d) {
-    return (float_count(d) * sizeof(float) + 63) / 64 * 64 + d->qrow_bytes;
+    return (float_count(d) * sizeof(float) + 63) / 64 * 64 + d->qrow_bytes * (size_t)d->rows;
 }
 
 size_t pg_flash_attn_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
@@ -109,6 +111,34 @@ static int64_t tile_groups(const pg_tensor *m, const fa_dims *d, int64_t ib, int
     return n;
 }
 
+/* s[r·KB + c] = K's own dot (the type's gemm / vec_dot, as ggml's kq_vec_dot) of kept key
+ * keys[c] with q row r in K's vec_dot_type (qconv, rows qb bytes apart), for a block-quantized K:
+ * no fp32 copy of K, and the scores are ggml's bits. Runs of consecutive cells go through gemm
+ * (up to 8 keys × 8 rows a call), others through vec_dot: the same bits either way. */
+static void qk_quantized(const pg_type_traits *tk, const pg_tensor *k, int64_t ik2, int64_t ib,
+                         int64_t D, const int64_t *keys, int64_t nk, const uint8_t *qconv,
+                         size_t qb, int64_t nr, float *s) {
+    const size_t bx = (size_t)k->nb[1];
+    for (int64_t c = 0; c < nk;) {
+        int64_t run = 1;
+        while (c + run < nk && run < PG_GEMM_MAX_NR && keys[c + run] == keys[c] + run) run++;
+        const uint8_t *x = pg_ptr(k, 0, keys[c], ik2, ib);
+        if (tk->gemm) {
+            for (int64_t r = 0; r < nr; r += PG_GEMM_MAX_NC) {
+                const int nc = (int)(nr - r < PG_GEMM_MAX_NC ? nr - r : PG_GEMM_MAX_NC);
+                tk->gemm(D, s + r * PG_FA_KB + c, PG_FA_KB * sizeof(float), x, bx,
+                         qconv + (size_t)r * qb, qb, (int)run, nc);
+            }
+        } else {
+            for (int64_t i = 0; i < run; i++)
+                for (int64_t r = 0; r < nr; r++)
+                    tk->vec_dot(D, s + r * PG_FA_KB + c + i, x + (size_t)i * bx,
+                                qconv + (size_t)r * qb);
+        }
+        c += run;
+    }
+}
+
 /* one row of K or V as fp32 */
 static void row_to_f32(const pg_attn_kernels *kern, const pg_type_traits *tt, int32_t type,
                        const void *x, float *y, int64_t n) {
@@ -126,6 +156,7 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const pg_type_traits *tv = pg_get_type_traits(v->type);
     const pg_attn_kernels *kern = pg_get_attn_kernels();
     const fa_dims d = dims_of(all, t);
+    const int k_blocks = tk->block_size > 1;     /* scores by K's own dot (qk_quantized) */
     float scale = pg_op_f32(t, 0);
     const float max_bias = pg_op_f32(t, 1), softcap = pg_op_f32(t, 2);
     if (softcap != 0.0f) scale /= softcap;
@@ -169,6 +200,8 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
                     memcpy(qd, qr, (size_t)d.D * sizeof(float));
                 } else if (tk->vec_dot_type == PG_TYPE_F16) {
                     kern->round_f16(qr, qd, d.D);
+                } else if (k_blocks) {
+                    tq->from_float(qr, qconv + (size_t)r * d.qrow_bytes, d.D);
                 } else {
                     tq->from_float(qr, qconv, d.D);
                     tq->to_float(qconv, qd, d.D);
@@ -199,12 +232,16 @@ void pg_fwd_flash_attn(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
                 }
                 if (!nk) break;
                 for (int64_t c = 0; c < nk; c++) {
-                    row_to_f32(kern, tk, k->type, pg_ptr(k, 0, keys[c], ik2, ib), kf + c * d.D,
-                               d.D);
+                    if (!k_blocks)
+                        row_to_f32(kern, tk, k->type, pg_ptr(k, 0, keys[c], ik2, ib),
+                                   kf + c * d.D, d.D);
                     row_to_f32(kern, tv, v->type, pg_ptr(v, 0, keys[c], ik2, ib), vf + c * d.Dv,
                                d.Dv);
                 }
-                kern->qk(d.D, nr, nk, qf, d.D, kf, d.D, s, PG_FA_KB);
+                if (k_blocks)
+                    qk_quantized(tk, k, ik2, ib, d.D, keys, nk, qconv, d.qrow_bytes, nr, s);
+                else
+                    kern->qk(d.D, nr, nk, qf, d.D, kf, d.D, s, PG_FA_KB);
                 const uint8_t *mlast = NULL;
                 for (int64_t r = 0; r < nr; r++) {
                     float *sr = s + r * PG_FA_KB;
