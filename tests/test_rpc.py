@@ -522,10 +522,66 @@ class FakeServer:
 def test_protocol_version_mismatch_is_refused(version, msg):
     fake = FakeServer(bytes(version) + bytes(1 + 24))
     try:
-        with pytest.raises(rpc.RpcError, match=re.escape(fake.endpoint) + ".*" + msg):
+        with pytest.raises(rpc.RpcError, match=re.escape(fake.endpoint) + ".*cannot connect"
+                           ) as ei:
             rpc.Connection(fake.endpoint, timeout_s=5)
+        assert msg in ei.value.detail
     finally:
         fake.close()
+
+
+def test_every_failed_connect_reads_the_same_no_port_scanner_oracle():
+    """Refused, no answer in time, closed at HELLO, another protocol (an HTTP server), another
+    version: one message (the endpoint swapped for a placeholder), the cause in `detail` only."""
+    from support.rpc_server import free_port
+
+    class Raw:                      # answers HELLO with raw bytes (None: never answers)
+        def __init__(self, reply: bytes | None):
+            self.sock = socket.socket()
+            self.sock.bind(("127.0.0.1", 0))
+            self.sock.listen(1)
+            self.endpoint = f"127.0.0.1:{self.sock.getsockname()[1]}"
+            self.reply, self.conns = reply, []
+            self.thread = threading.Thread(target=self._serve, daemon=True)
+            self.thread.start()
+
+        def _serve(self):
+            self.sock.settimeout(5)
+            try:
+                c, _ = self.sock.accept()
+                self.conns.append(c)
+                c.settimeout(5)
+                c.recv(33)
+                if self.reply is not None:
+                    c.sendall(self.reply)
+            except OSError:
+                pass
+
+        def close(self):
+            self.sock.close()
+            self.thread.join(5)
+            for c in self.conns:
+                c.close()
+
+    http = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n"
+    servers = {"refused": None, "timeout": Raw(None), "closed": FakeServer(None),
+               "http": Raw(http), "version": FakeServer(bytes((6, 0, 0, 0)) + bytes(24))}
+    texts, details = {}, {}
+    try:
+        for kind, srv in servers.items():
+            ep = srv.endpoint if srv is not None else f"127.0.0.1:{free_port()}"
+            with pytest.raises(rpc.RpcError) as ei:
+                rpc.Connection(ep, timeout_s=0.5)
+            texts[kind] = str(ei.value).replace(ep, "EP").replace(ep.split(":")[1], "PORT")
+            details[kind] = ei.value.detail
+    finally:
+        for srv in servers.values():
+            if srv is not None:
+                srv.close()
+    assert len(set(texts.values())) == 1, texts
+    assert "cannot connect" in texts["refused"] and "EP" in texts["refused"]
+    assert len(set(details.values())) == len(details), details    # each cause kept apart
+    assert "0.5 s" in details["timeout"] and "7.0.0" not in details["refused"]
 
 
 def test_answer_of_the_wrong_size_breaks_the_connection():
@@ -548,8 +604,9 @@ def test_answer_of_the_wrong_size_breaks_the_connection():
 def test_server_that_closes_on_hello_is_refused():
     fake = FakeServer(None)
     try:
-        with pytest.raises(rpc.RpcError, match="closed the connection.*HELLO"):
+        with pytest.raises(rpc.RpcError, match="cannot connect") as ei:
             rpc.Connection(fake.endpoint, timeout_s=5)
+        assert re.search("closed the connection.*HELLO", ei.value.detail)
     finally:
         fake.close()
 

@@ -23,6 +23,7 @@ dead server shows at the write that flushes the queue, at the latest the next re
 from __future__ import annotations
 
 import ctypes
+import logging
 import socket
 import struct
 import threading
@@ -34,13 +35,20 @@ import numpy as np
 from pyggml import _native
 from pyggml.errors import BackendError
 
+_log = logging.getLogger("pyggml.rpc")
+
 PROTO_VERSION = (7, 0, 0)
 DEFAULT_PORT = 50052
 
 
 class RpcError(BackendError):
     """An rpc-server cannot be reached, rejected us, went away or stopped answering. The message
-    names the endpoint and the command."""
+    names the endpoint and the command. `detail`: what exactly went wrong where the message does
+    not say it (connecting: see Connection)."""
+
+    def __init__(self, message: str, detail: str | None = None):
+        super().__init__(message)
+        self.detail = detail
 
 
 class Cmd(IntEnum):
@@ -180,22 +188,33 @@ class Connection:
         self._recv_buf = bytearray()     # answers are received here (see _recv_exact)
         self._pending_frees: list[int] = []
         self.on_free = None              # called after FREE_BUFFERs go out (stored graphs die)
+        # Whatever fails before the server has answered HELLO as one of protocol PROTO_VERSION
+        # (refused, no answer in time, closed, another protocol or version) gives one message:
+        # an endpoint a request names must not tell a port scanner which of them it was. What
+        # it was goes to `detail` (and the debug log) for the one who runs the servers.
         try:
-            self._sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
-        except socket.timeout:
-            raise RpcError(f"RPC server {self.endpoint}: no connection within {self.timeout_s:g} s"
-                           f" (is rpc-server running there, and is no other client using it?)"
-                           ) from None
-        except OSError as e:
-            raise RpcError(f"RPC server {self.endpoint}: cannot connect: {e.strerror or e} "
-                           f"(start it with: rpc-server -H <host> -p {self.port})") from None
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.settimeout(self.timeout_s)
-        try:
-            self.server_version = self._hello()
-        except BaseException:
-            self.close()
-            raise
+            try:
+                self._sock = socket.create_connection((self.host, self.port),
+                                                      timeout=self.timeout_s)
+            except socket.timeout:
+                raise RpcError("", f"no connection within {self.timeout_s:g} s") from None
+            except OSError as e:
+                raise RpcError("", f"connect: {e.strerror or e}") from None
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock.settimeout(self.timeout_s)
+            try:
+                self.server_version = self._hello()
+            except BaseException:
+                self.close()
+                raise
+        except RpcError as e:
+            detail = e.detail or str(e)
+            _log.debug("RPC server %s: %s", self.endpoint, detail)
+            raise RpcError(f"RPC server {self.endpoint}: cannot connect: no rpc-server of "
+                           f"protocol {_ver(PROTO_VERSION)} (llama.cpp 0c1e570, llama-cpp-python "
+                           f"0.3.36) answered there within {self.timeout_s:g} s (start one with: "
+                           f"rpc-server -H <host> -p {self.port}; one client at a time)",
+                           detail) from None
 
     # ---- framing -----------------------------------------------------------------------------
     def _fail(self, what: str) -> RpcError:
