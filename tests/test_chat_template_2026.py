@@ -1,5 +1,5 @@
 """The chat templates of issue 32's architectures (gpt-oss harmony, SmolLM3, Ministral 3 /
-Mistral Small 3.2, Gemma 4) render in pyggml exactly as llama-cpp-python 0.3.36's
+Mistral Small 3.2, Gemma 4) and issue 33's hybrids (Qwen 3.5, LFM2 / LFM2.5) render in pyggml exactly as llama-cpp-python 0.3.36's
 Jinja2ChatFormatter renders them: tests/data/template_refs_2026.json, made by
 tools/make_template_refs.py (plain turns, system, tools, a tool call with its result, earlier
 reasoning; with and without the generation prompt; each template's switches), the date pinned
@@ -28,7 +28,8 @@ def test_every_new_architecture_has_its_template_covered():
     names = set(REFS["templates"])
     for must in ("openai-gpt-oss-120b.jinja", "HuggingFaceTB-SmolLM3-3B.jinja",
                  "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
-                 "google-gemma-4-31B-it.jinja"):
+                 "google-gemma-4-31B-it.jinja", "Qwen3.5-4B.jinja", "LFM2-8B-A1B.jinja",
+                 "LFM2.5-Instruct.jinja"):
         assert must in names
 
 

@@ -37,6 +37,9 @@ TEMPLATES = {
     "google-gemma-2-2b-it.jinja": "google/gemma-2-2b-it",
     "microsoft-Phi-3.5-mini-instruct.jinja": "microsoft/Phi-3.5-mini-instruct",
     "google-gemma-4-31B-it.jinja": "google/gemma-4-31B-it",
+    "Qwen3.5-4B.jinja": "Qwen/Qwen3.5-4B",
+    "LFM2-8B-A1B.jinja": "LiquidAI/LFM2-8B-A1B",
+    "LFM2.5-Instruct.jinja": "LiquidAI/LFM2.5-1.2B-Instruct",
 }
 
 

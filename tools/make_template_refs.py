@@ -65,6 +65,10 @@ CASES = {
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": ("<s>", "</s>", [{}]),
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": ("<s>", "</s>", [{}]),
     "google-gemma-4-31B-it.jinja": ("<bos>", "<eos>", [{}, {"enable_thinking": True}]),
+    # issue 33's hybrids: Qwen 3.5 (qwen35, qwen35moe) and LFM2 / LFM2.5 (lfm2, lfm2moe)
+    "Qwen3.5-4B.jinja": ("", "<|im_end|>", [{}, {"enable_thinking": False}]),
+    "LFM2-8B-A1B.jinja": ("<|startoftext|>", "<|im_end|>", [{}]),
+    "LFM2.5-Instruct.jinja": ("<|startoftext|>", "<|im_end|>", [{}, {"keep_past_thinking": True}]),
 }
 
 
