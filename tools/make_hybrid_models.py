@@ -34,13 +34,35 @@ TOKENS = [int(t) for t in np.random.default_rng(4321).integers(260, M.N_VOCAB, 4
 
 
 @dataclass(frozen=True)
+class Shapes:
+    """Layer shapes. The defaults are the test models'; tools/bench_hybrid.py writes a laptop
+    model's. Qwen 3.5's linear attention: h_k key heads and h_v value heads of dk
+    (ssm.state_size), conv channels 2·h_k·dk + h_v·dk; partial multi-section rope (n_rot of d,
+    sections)."""
+    e: int = 256                     # embedding
+    d: int = 64                      # attention head size
+    h: int = 4                       # attention query heads
+    hkv: int = 2                     # attention K/V heads
+    f: int = 768                     # feed-forward
+    h_k: int = 2
+    h_v: int = 4
+    dk: int = 32
+    n_rot: int = 16
+    sections: tuple = (3, 3, 2, 0)
+    f_exp: int = 128
+
+
+@dataclass(frozen=True)
 class Hybrid:
     arch: str
     layers: str                      # per layer: "r" recurrent, "a" attention
-    types: tuple
+    types: tuple                     # quantized matrices take these in turn
     l_cache: int = 3
     seed: int = 0
     experts: int = 0                 # qwen35moe: routed experts (2 used) and a shared one
+    shapes: Shapes = Shapes()
+    # instead of `types` in turn: the type of each matrix by its tensor name
+    type_of: object = None
 
 
 VARIANTS = {
@@ -50,14 +72,11 @@ VARIANTS = {
     "qwen35moe": Hybrid("qwen35moe", "rara", ("q8_0", "q4_k", "q6_k"), l_cache=4, seed=42,
                         experts=4),
 }
-# Qwen 3.5's linear attention: H_K key heads and H_V value heads of DK (ssm.state_size);
-# conv channels 2·H_K·DK + H_V·DK; partial multi-section rope (N_ROT of D, SECTIONS)
-H_K, H_V, DK, N_ROT, SECTIONS, F_EXP = 2, 4, 32, 16, [3, 3, 2, 0], 128
-E, D, H, HKV, F = 256, 64, 4, 2, 768
 
 
 def tensors_of(s: Hybrid, rng) -> list[tuple[str, np.ndarray]]:
     out = []
+    E, D, H, HKV, F = s.shapes.e, s.shapes.d, s.shapes.h, s.shapes.hkv, s.shapes.f
 
     def mat(name, rows, cols, std=None):
         std = std if std is not None else 1.0 / math.sqrt(cols)
@@ -96,6 +115,8 @@ def tensors_of(s: Hybrid, rng) -> list[tuple[str, np.ndarray]]:
 
 
 def qwen35_tensors(s: Hybrid, rng, mat, vec, out):
+    E, D, H, HKV, F = s.shapes.e, s.shapes.d, s.shapes.h, s.shapes.hkv, s.shapes.f
+    H_K, H_V, DK, F_EXP = s.shapes.h_k, s.shapes.h_v, s.shapes.dk, s.shapes.f_exp
     mat("token_embd.weight", M.N_VOCAB, E, std=1.0)
     vec("output_norm.weight", E)
     mat("output.weight", M.N_VOCAB, E, std=2.0 / math.sqrt(E))
@@ -144,7 +165,12 @@ def qwen35_tensors(s: Hybrid, rng, mat, vec, out):
 
 
 def write_variant(name: str, path) -> Path:
-    s = VARIANTS[name]
+    return write_model(VARIANTS[name], path, name)
+
+
+def write_model(s: Hybrid, path, name: str) -> Path:
+    E, D, H, HKV, F = s.shapes.e, s.shapes.d, s.shapes.h, s.shapes.hkv, s.shapes.f
+    H_K, H_V, DK = s.shapes.h_k, s.shapes.h_v, s.shapes.dk
     rng = np.random.default_rng(1000 + s.seed)
     path = Path(path)
     w = gguf.GGUFWriter(str(path), s.arch)
@@ -159,8 +185,8 @@ def write_variant(name: str, path) -> Path:
         w.add_uint32(f"{a}.attention.head_count_kv", HKV)
         w.add_uint32(f"{a}.attention.key_length", D)
         w.add_uint32(f"{a}.attention.value_length", D)
-        w.add_uint32(f"{a}.rope.dimension_count", N_ROT)
-        w.add_array(f"{a}.rope.dimension_sections", SECTIONS)
+        w.add_uint32(f"{a}.rope.dimension_count", s.shapes.n_rot)
+        w.add_array(f"{a}.rope.dimension_sections", list(s.shapes.sections))
         w.add_uint32(f"{a}.full_attention_interval", s.layers.index("a") + 1)
         w.add_uint32(f"{a}.ssm.conv_kernel", s.l_cache)
         w.add_uint32(f"{a}.ssm.inner_size", H_V * DK)
@@ -170,7 +196,7 @@ def write_variant(name: str, path) -> Path:
         if s.experts:
             w.add_uint32(f"{a}.expert_count", s.experts)
             w.add_uint32(f"{a}.expert_used_count", 2)
-            w.add_uint32(f"{a}.expert_feed_forward_length", F_EXP)
+            w.add_uint32(f"{a}.expert_feed_forward_length", s.shapes.f_exp)
             w.add_uint32(f"{a}.expert_shared_feed_forward_length", F)
     else:
         w.add_array(f"{a}.attention.head_count_kv", [HKV if k == "a" else 0 for k in s.layers])
@@ -195,8 +221,11 @@ def write_variant(name: str, path) -> Path:
         if arr.ndim == 1 or arr.shape[-1] % 256:
             w.add_tensor(tname, arr)
             continue
-        t = s.types[k % len(s.types)]
-        k += 1
+        if s.type_of is not None:
+            t = s.type_of(tname)
+        else:
+            t = s.types[k % len(s.types)]
+            k += 1
         data = M._encode(arr, t)
         w.add_tensor(tname, data, raw_shape=data.shape, raw_dtype=M._QT[t])
     w.write_header_to_file()
