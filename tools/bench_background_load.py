@@ -32,8 +32,8 @@ def busy() -> subprocess.Popen:
 
 
 def tg_pyggml(model, n, t) -> float:
-    out = subprocess.run([sys.executable, "-m", "pyggml", "bench", "-m", str(model), "-p", "0",
-                          "-n", str(n), "-t", str(t), "-r", "1", "-o", "json"],
+    out = subprocess.run([sys.executable, "-m", "pyggml.cli", "bench", "-m", str(model),
+                          "-p", "0", "-n", str(n), "-t", str(t), "-r", "1", "-o", "json"],
                          capture_output=True, text=True, check=True, timeout=1800)
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
