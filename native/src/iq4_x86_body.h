@@ -154,6 +154,6 @@ static void vec_dot_iq4_xs_q8_K(int64_t n, float *restrict s, const void *restri
     *s = sum;
 }
 
-#define IQ4_XS_DX8(x, bx, b) iqx_rows8_fp16(x, bx, b, sizeof(pg_block_iq4_xs))
+#define IQ4_XS_DX8(x, bx, b, size) iqx_rows8_fp16(x, bx, b, size)
 IQX_ROWS8_Q8K(vec_dot8_iq4_xs_q8_K, pg_block_iq4_xs, iq4_xs_row, IQ4_XS_DX8, 1.0f)
 IQX_GEMM(gemm_iq4_xs_q8_K, vec_dot8_iq4_xs_q8_K, vec_dot_iq4_xs_q8_K)

@@ -77,7 +77,7 @@ static inline __attribute__((always_inline)) void iq4xs_rows8_512_c(int64_t n, f
                 is[j][r] = _mm256_sub_epi32(half_sum512(t), corr);
             }
         }
-        const __m256 dx = IQ4_XS_DX8(x, bx, b);
+        const __m256 dx = iqx_rows8_fp16(x, bx, b, sizeof(pg_block_iq4_xs));
         IQX_UNROLL for (int j = 0; j < C; j++) {
             const __m256 f = _mm256_cvtepi32_ps(iqx_fold8(is[j]));
             acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(

@@ -1,19 +1,19 @@
-/* IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S · Q8_K: AVX2 dots with the scalar kernel's bits
- * (quants_iq_grid.c). Per 32 elements: the four codebook entries (8 unsigned magnitudes each)
- * in one vector, their 32 sign bits as a byte mask, one scale per group of 8. With g the
- * magnitudes and a the activations,
- *     Σ ±g·a = Σ g·a − 2·Σ_(sign set) g·a,
- * two maddubs (g ≤ 62, so pairs fit int16 even for a = −128, which Q8_K may hold) — no sign
- * trick on the activations. The int32 lanes (4 elements each, two per group of 8) are scaled
- * by 2s + 1 and summed exactly; the super-block term (d·d_y)·T and the final power of two are
- * the scalar kernel's. IQ1_S / IQ1_M: levels g in {-1, 0, 1} plus a delta of ±1/8 per group of
- * 8; Σ g·a = Σ (g+1)·a − Σ a (maddubs with g + 1 in 0..2: exact for a = −128), and the
- * scalar kernel's (2s+1)·(8·Σ g·a ± Σ a) per lane. (TQ1_0, TQ2_0 keep the scalar kernels.) */
+/* IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M · Q8_K: AVX2 dots with the scalar
+ * kernel's bits (quants_iq_grid.c), and for the IQ2/IQ3 types vec_dot8 and the gemm
+ * (iq_x86.h: eight weight rows, each group of 32 decoded once for up to four activation rows).
+ * Per 32 elements: the four codebook entries (8 unsigned magnitudes each) in one vector, their
+ * 32 sign bits as a byte mask, the scale 2s+1 per pair of elements (see GRID_ROW). The
+ * codebook entries come by scalar loads (vpgatherdd / vpgatherdq were 1.5-2x slower on Zen 4);
+ * the super-block term (d·d_y)·T and the final power of two are the scalar kernel's. IQ1_S /
+ * IQ1_M: levels g in {-1, 0, 1} plus a delta of ±1/8 per group of 8; Σ g·a = Σ (g+1)·a − Σ a
+ * (maddubs with g + 1 in 0..2: exact for a = −128), and the scalar kernel's
+ * (2s+1)·(8·Σ g·a ± Σ a) per lane. (TQ1_0, TQ2_0 keep the scalar kernels.) */
 #include <immintrin.h>
 #include <string.h>
 
 #include "iq_blocks.h"
 #include "iq_grids.h"
+#include "iq_x86.h"
 #include "kquants.h"
 #include "quants.h"
 
@@ -33,7 +33,7 @@ static inline __m256i sign_mask(uint32_t s4) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, pick), bit), bit);
 }
 
-/* int32 lanes Σ_(4 elements) ±g·a */
+/* int32 lanes Σ_(4 elements) ±g·a (the IQ1 kernels) */
 static inline __m256i signed_dot(__m256i g, __m256i m, __m256i a) {
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i all = _mm256_madd_epi16(_mm256_maddubs_epi16(g, a), ones);
@@ -51,107 +51,153 @@ static inline __m256i grid4(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3) 
     return _mm256_setr_epi64x((long long)g0, (long long)g1, (long long)g2, (long long)g3);
 }
 
-static inline uint64_t pair3(uint32_t a, uint32_t b) { return (uint64_t)a | (uint64_t)b << 32; }
+/* ---- IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: one group of 32 at a time -------------------------
+ * SUB(x, ib, &g, &m, &sc) decodes group ib (elements 32ib .. 32ib + 31) of a super-block: the
+ * codebook magnitudes g (bytes <= 62), the sign mask m (0xFF where the element is negative) and
+ * the int16 multipliers sc = 2s+1 per pair of elements. Then, with a the activations,
+ *     Σ ±g·a = Σ_(sign clear) g·a − Σ_(sign set) g·a
+ * as two maddubs on the masked magnitudes (pairs <= 2·62·128, their difference fits int16),
+ * and one madd by sc: exact int32 lanes whose total is the scalar kernel's T. */
 
-static inline int32_t isum_iq2_xxs(const pg_block_iq2_xxs *x, const int8_t *q8) {
-    __m256i acc = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ib++) {
-        uint32_t aux[2];
-        memcpy(aux, x->qs + 4 * ib, 8);
-        const uint8_t *idx = (const uint8_t *)aux;
-        const __m256i g = grid4(pg_iq2xxs_grid[idx[0]], pg_iq2xxs_grid[idx[1]],
-                                pg_iq2xxs_grid[idx[2]], pg_iq2xxs_grid[idx[3]]);
-        const uint32_t s4 = (uint32_t)pg_ksigns_iq2xs[aux[1] & 127] |
-                            (uint32_t)pg_ksigns_iq2xs[(aux[1] >> 7) & 127] << 8 |
-                            (uint32_t)pg_ksigns_iq2xs[(aux[1] >> 14) & 127] << 16 |
-                            (uint32_t)pg_ksigns_iq2xs[(aux[1] >> 21) & 127] << 24;
-        const int s = (int)(aux[1] >> 28);
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(q8 + 32 * ib));
-        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(signed_dot(g, sign_mask(s4), a),
-                                                       lane_scales(s, s, s, s)));
+/* k_sign_mask[f]: the 8 byte masks (0xFF: negative) of ksigns_iq2xs[f], filled once by the fill
+ * function (one 8-byte load per group of 8 instead of a byte lookup and its expansion) */
+static uint64_t k_sign_mask[128];
+
+static void fill_sign_masks(void) {
+    for (int f = 0; f < 128; f++) {
+        uint64_t m = 0;
+        for (int j = 0; j < 8; j++)
+            if (pg_ksigns_iq2xs[f] >> j & 1) m |= 0xFFull << (8 * j);
+        k_sign_mask[f] = m;
     }
-    return hsum_i32(acc);
 }
 
-static inline int32_t isum_iq2_xs(const pg_block_iq2_xs *x, const int8_t *q8) {
-    __m256i acc = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ib++) {
-        const uint16_t *v = x->qs + 4 * ib;
-        const __m256i g = grid4(pg_iq2xs_grid[v[0] & 511], pg_iq2xs_grid[v[1] & 511],
-                                pg_iq2xs_grid[v[2] & 511], pg_iq2xs_grid[v[3] & 511]);
-        const uint32_t s4 = (uint32_t)pg_ksigns_iq2xs[v[0] >> 9] |
-                            (uint32_t)pg_ksigns_iq2xs[v[1] >> 9] << 8 |
-                            (uint32_t)pg_ksigns_iq2xs[v[2] >> 9] << 16 |
-                            (uint32_t)pg_ksigns_iq2xs[v[3] >> 9] << 24;
-        const int lo = x->scales[ib] & 0xf, hi = x->scales[ib] >> 4;
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(q8 + 32 * ib));
-        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(signed_dot(g, sign_mask(s4), a),
-                                                       lane_scales(lo, lo, hi, hi)));
-    }
-    return hsum_i32(acc);
+/* the sign masks of the four groups of 8 whose 7-bit sign fields are at bits 0, 7, 14, 21 */
+static inline __m256i sign_mask_fields(uint32_t aux) {
+    return grid4(k_sign_mask[aux & 127], k_sign_mask[(aux >> 7) & 127],
+                 k_sign_mask[(aux >> 14) & 127], k_sign_mask[(aux >> 21) & 127]);
 }
 
-static inline int32_t isum_iq2_s(const pg_block_iq2_s *x, const int8_t *q8) {
-    __m256i acc = _mm256_setzero_si256();
-    const uint8_t *signs = x->qs + 32;
-    for (int ib = 0; ib < 8; ib++) {
-        const uint8_t *qs = x->qs + 4 * ib;
-        const int qh = x->qh[ib];
-        const __m256i g = grid4(pg_iq2s_grid[qs[0] | ((qh << 8) & 0x300)],
-                                pg_iq2s_grid[qs[1] | ((qh << 6) & 0x300)],
-                                pg_iq2s_grid[qs[2] | ((qh << 4) & 0x300)],
-                                pg_iq2s_grid[qs[3] | ((qh << 2) & 0x300)]);
-        uint32_t s4;
-        memcpy(&s4, signs + 4 * ib, 4);
-        const int lo = x->scales[ib] & 0xf, hi = x->scales[ib] >> 4;
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(q8 + 32 * ib));
-        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(signed_dot(g, sign_mask(s4), a),
-                                                       lane_scales(lo, lo, hi, hi)));
-    }
-    return hsum_i32(acc);
+static inline uint32_t ksigns4(uint32_t aux) {
+    return (uint32_t)pg_ksigns_iq2xs[aux & 127] | (uint32_t)pg_ksigns_iq2xs[(aux >> 7) & 127] << 8 |
+           (uint32_t)pg_ksigns_iq2xs[(aux >> 14) & 127] << 16 |
+           (uint32_t)pg_ksigns_iq2xs[(aux >> 21) & 127] << 24;
 }
 
-static inline int32_t isum_iq3_xxs(const pg_block_iq3_xxs *x, const int8_t *q8) {
-    __m256i acc = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ib++) {
-        uint32_t aux;
-        memcpy(&aux, x->qs + 64 + 4 * ib, 4);
-        const uint8_t *qs = x->qs + 8 * ib;
-        const __m256i g = grid4(pair3(pg_iq3xxs_grid[qs[0]], pg_iq3xxs_grid[qs[1]]),
-                                pair3(pg_iq3xxs_grid[qs[2]], pg_iq3xxs_grid[qs[3]]),
-                                pair3(pg_iq3xxs_grid[qs[4]], pg_iq3xxs_grid[qs[5]]),
-                                pair3(pg_iq3xxs_grid[qs[6]], pg_iq3xxs_grid[qs[7]]));
-        const uint32_t s4 = (uint32_t)pg_ksigns_iq2xs[aux & 127] |
-                            (uint32_t)pg_ksigns_iq2xs[(aux >> 7) & 127] << 8 |
-                            (uint32_t)pg_ksigns_iq2xs[(aux >> 14) & 127] << 16 |
-                            (uint32_t)pg_ksigns_iq2xs[(aux >> 21) & 127] << 24;
-        const int s = (int)(aux >> 28);
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(q8 + 32 * ib));
-        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(signed_dot(g, sign_mask(s4), a),
-                                                       lane_scales(s, s, s, s)));
-    }
-    return hsum_i32(acc);
+/* [lo × 8 | hi × 8] as int16 2s+1 (IQ2_XS, IQ2_S: a scale per 16 elements) */
+static inline __m256i scales_lo_hi(int sb) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * (sb >> 4) + 1)),
+                            _mm_set1_epi16((short)(2 * (sb & 0xf) + 1)));
 }
 
-static inline int32_t isum_iq3_s(const pg_block_iq3_s *x, const int8_t *q8) {
-    __m256i acc = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ib++) {
-        const uint8_t *qs = x->qs + 8 * ib;
-        const int qh = x->qh[ib];
-        uint64_t e[4];
-        for (int l = 0; l < 4; l++)
-            e[l] = pair3(pg_iq3s_grid[qs[2 * l] | ((qh << (8 - 2 * l)) & 256)],
-                         pg_iq3s_grid[qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256)]);
-        uint32_t s4;
-        memcpy(&s4, x->signs + 4 * ib, 4);
-        const int s = ib % 2 ? x->scales[ib / 2] >> 4 : x->scales[ib / 2] & 0xf;
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(q8 + 32 * ib));
-        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(
-                                        signed_dot(grid4(e[0], e[1], e[2], e[3]), sign_mask(s4), a),
-                                        lane_scales(s, s, s, s)));
-    }
-    return hsum_i32(acc);
+static inline __attribute__((always_inline)) void sub_iq2_xxs(const pg_block_iq2_xxs *x, int ib,
+        __m256i *g, __m256i *m, __m256i *sc) {
+    uint32_t aux[2];
+    memcpy(aux, x->qs + 4 * ib, 8);
+    *g = grid4(pg_iq2xxs_grid[aux[0] & 0xff], pg_iq2xxs_grid[(aux[0] >> 8) & 0xff],
+               pg_iq2xxs_grid[(aux[0] >> 16) & 0xff], pg_iq2xxs_grid[aux[0] >> 24]);
+    *m = sign_mask_fields(aux[1]);
+    *sc = _mm256_set1_epi16((short)(2 * (aux[1] >> 28) + 1));
 }
+
+static inline __attribute__((always_inline)) void sub_iq2_xs(const pg_block_iq2_xs *x, int ib,
+        __m256i *g, __m256i *m, __m256i *sc) {
+    const uint16_t *v = x->qs + 4 * ib;
+    *g = grid4(pg_iq2xs_grid[v[0] & 511], pg_iq2xs_grid[v[1] & 511], pg_iq2xs_grid[v[2] & 511],
+               pg_iq2xs_grid[v[3] & 511]);
+    *m = grid4(k_sign_mask[v[0] >> 9], k_sign_mask[v[1] >> 9], k_sign_mask[v[2] >> 9],
+               k_sign_mask[v[3] >> 9]);
+    *sc = scales_lo_hi(x->scales[ib]);
+}
+
+static inline __attribute__((always_inline)) void sub_iq2_s(const pg_block_iq2_s *x, int ib,
+        __m256i *g, __m256i *m, __m256i *sc) {
+    const uint8_t *qs = x->qs + 4 * ib;
+    const int qh = x->qh[ib];
+    *g = grid4(pg_iq2s_grid[qs[0] | ((qh << 8) & 0x300)], pg_iq2s_grid[qs[1] | ((qh << 6) & 0x300)],
+               pg_iq2s_grid[qs[2] | ((qh << 4) & 0x300)], pg_iq2s_grid[qs[3] | ((qh << 2) & 0x300)]);
+    uint32_t s4;
+    memcpy(&s4, x->qs + 32 + 4 * ib, 4);
+    *m = sign_mask(s4);
+    *sc = scales_lo_hi(x->scales[ib]);
+}
+
+static inline __attribute__((always_inline)) void sub_iq3_xxs(const pg_block_iq3_xxs *x, int ib,
+        __m256i *g, __m256i *m, __m256i *sc) {
+    uint32_t aux;
+    memcpy(&aux, x->qs + 64 + 4 * ib, 4);
+    const uint8_t *q = x->qs + 8 * ib;
+    *g = _mm256_setr_epi32((int)pg_iq3xxs_grid[q[0]], (int)pg_iq3xxs_grid[q[1]],
+                           (int)pg_iq3xxs_grid[q[2]], (int)pg_iq3xxs_grid[q[3]],
+                           (int)pg_iq3xxs_grid[q[4]], (int)pg_iq3xxs_grid[q[5]],
+                           (int)pg_iq3xxs_grid[q[6]], (int)pg_iq3xxs_grid[q[7]]);
+    *m = sign_mask_fields(aux);
+    *sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
+}
+
+static inline __attribute__((always_inline)) void sub_iq3_s(const pg_block_iq3_s *x, int ib,
+        __m256i *g, __m256i *m, __m256i *sc) {
+    /* index k = qs[k] | bit k of qh at bit 8 (scalar loads: faster than vpgatherdd on Zen 4) */
+    const uint8_t *q = x->qs + 8 * ib;
+    const uint32_t h = x->qh[ib];
+    *g = _mm256_setr_epi32((int)pg_iq3s_grid[q[0] | ((h << 8) & 256)],
+                           (int)pg_iq3s_grid[q[1] | ((h << 7) & 256)],
+                           (int)pg_iq3s_grid[q[2] | ((h << 6) & 256)],
+                           (int)pg_iq3s_grid[q[3] | ((h << 5) & 256)],
+                           (int)pg_iq3s_grid[q[4] | ((h << 4) & 256)],
+                           (int)pg_iq3s_grid[q[5] | ((h << 3) & 256)],
+                           (int)pg_iq3s_grid[q[6] | ((h << 2) & 256)],
+                           (int)pg_iq3s_grid[q[7] | ((h << 1) & 256)]);
+    uint32_t s4;
+    memcpy(&s4, x->signs + 4 * ib, 4);
+    *m = sign_mask(s4);
+    const int sb = ib % 2 ? x->scales[ib / 2] >> 4 : x->scales[ib / 2] & 0xf;
+    *sc = _mm256_set1_epi16((short)(2 * sb + 1));
+}
+
+/* ROW for iq_x86.h: is[j] = the 8 partial lanes of T for activation block y[j] */
+#define GRID_ROW(name, BT, SUB)                                                                 \
+    static inline __attribute__((always_inline)) void name(const BT *x,                        \
+            const pg_block_q8_K *const *y, const int C, __m256i *is) {                          \
+        IQX_UNROLL for (int j = 0; j < C; j++) is[j] = _mm256_setzero_si256();                  \
+        IQX_UNROLL for (int ib = 0; ib < 8; ib++) {                                             \
+            __m256i g, m, sc;                                                                   \
+            SUB(x, ib, &g, &m, &sc);                                                            \
+            const __m256i gp = _mm256_andnot_si256(m, g), gn = _mm256_and_si256(m, g);          \
+            IQX_UNROLL for (int j = 0; j < C; j++) {                                            \
+                const __m256i a = _mm256_loadu_si256((const __m256i *)(y[j]->qs + 32 * ib));    \
+                is[j] = _mm256_add_epi32(is[j], _mm256_madd_epi16(_mm256_sub_epi16(              \
+                    _mm256_maddubs_epi16(gp, a), _mm256_maddubs_epi16(gn, a)), sc));            \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+GRID_ROW(row_iq2_xxs, pg_block_iq2_xxs, sub_iq2_xxs)
+GRID_ROW(row_iq2_xs, pg_block_iq2_xs, sub_iq2_xs)
+GRID_ROW(row_iq2_s, pg_block_iq2_s, sub_iq2_s)
+GRID_ROW(row_iq3_xxs, pg_block_iq3_xxs, sub_iq3_xxs)
+GRID_ROW(row_iq3_s, pg_block_iq3_s, sub_iq3_s)
+
+/* vec_dot (one row), vec_dot8 and the gemm of a codebook type; FINAL: the type's power of two */
+#define GRID_KERNELS(name, BT, ROW, FINAL)                                                      \
+    static void vec_dot_##name##_q8_K(int64_t n, float *restrict s, const void *restrict vx,   \
+                                      const void *restrict vy) {                               \
+        const BT *x = vx;                                                                      \
+        const pg_block_q8_K *y = vy;                                                           \
+        float sum = 0;                                                                         \
+        for (int64_t i = 0; i < n / PG_QK_K; i++) {                                            \
+            const pg_block_q8_K *yi = &y[i];                                                   \
+            __m256i is;                                                                        \
+            ROW(&x[i], &yi, 1, &is);                                                           \
+            sum += (pg_fp16_to_fp32(x[i].d) * y[i].d) * (float)hsum_i32(is);                   \
+        }                                                                                      \
+        *s = (FINAL) * sum;                                                                    \
+    }                                                                                          \
+    IQX_ROWS8_Q8K(vec_dot8_##name##_q8_K, BT, ROW, GRID_DX8, FINAL)                            \
+    IQX_GEMM(gemm_##name##_q8_K, vec_dot8_##name##_q8_K, vec_dot_##name##_q8_K)
+
+/* the fp16 d at byte 0 of every one of these blocks */
+#define GRID_DX8(x, bx, b, size) iqx_rows8_fp16(x, bx, b, size)
 
 /* IQ1: lanes of (2s+1)·(8·Σ g·a + dsign·Σ a) for one 32-element group */
 static inline __m256i iq1_lanes(__m256i g, const int8_t *q8, __m256i sc, __m256i dsign) {
@@ -223,11 +269,11 @@ static inline float iq1m_d(const pg_block_iq1_m *x) {
         *s = (FINAL) * sum;                                                                    \
     }
 
-PG_IQ_GRID_DOT(vec_dot_iq2_xxs_q8_K, pg_block_iq2_xxs, isum_iq2_xxs, 0.125f)
-PG_IQ_GRID_DOT(vec_dot_iq2_xs_q8_K, pg_block_iq2_xs, isum_iq2_xs, 0.125f)
-PG_IQ_GRID_DOT(vec_dot_iq2_s_q8_K, pg_block_iq2_s, isum_iq2_s, 0.125f)
-PG_IQ_GRID_DOT(vec_dot_iq3_xxs_q8_K, pg_block_iq3_xxs, isum_iq3_xxs, 0.25f)
-PG_IQ_GRID_DOT(vec_dot_iq3_s_q8_K, pg_block_iq3_s, isum_iq3_s, 1.0f)
+GRID_KERNELS(iq2_xxs, pg_block_iq2_xxs, row_iq2_xxs, 0.125f)
+GRID_KERNELS(iq2_xs, pg_block_iq2_xs, row_iq2_xs, 0.125f)
+GRID_KERNELS(iq2_s, pg_block_iq2_s, row_iq2_s, 0.125f)
+GRID_KERNELS(iq3_xxs, pg_block_iq3_xxs, row_iq3_xxs, 0.25f)
+GRID_KERNELS(iq3_s, pg_block_iq3_s, row_iq3_s, 1.0f)
 PG_IQ_GRID_DOT(vec_dot_iq1_s_q8_K, pg_block_iq1_s, isum_iq1_s, 0.125f)
 
 static void vec_dot_iq1_m_q8_K(int64_t n, float *restrict s, const void *restrict vx,
@@ -241,11 +287,12 @@ static void vec_dot_iq1_m_q8_K(int64_t n, float *restrict s, const void *restric
 }
 
 void pg_fill_iq_grid_avx2(pg_type_traits *tbl) {
-    tbl[PG_TYPE_IQ2_XXS].vec_dot = vec_dot_iq2_xxs_q8_K;
-    tbl[PG_TYPE_IQ2_XS].vec_dot = vec_dot_iq2_xs_q8_K;
-    tbl[PG_TYPE_IQ2_S].vec_dot = vec_dot_iq2_s_q8_K;
-    tbl[PG_TYPE_IQ3_XXS].vec_dot = vec_dot_iq3_xxs_q8_K;
-    tbl[PG_TYPE_IQ3_S].vec_dot = vec_dot_iq3_s_q8_K;
+    fill_sign_masks();
+    IQX_SET(tbl, PG_TYPE_IQ2_XXS, vec_dot_iq2_xxs_q8_K, vec_dot8_iq2_xxs_q8_K, gemm_iq2_xxs_q8_K);
+    IQX_SET(tbl, PG_TYPE_IQ2_XS, vec_dot_iq2_xs_q8_K, vec_dot8_iq2_xs_q8_K, gemm_iq2_xs_q8_K);
+    IQX_SET(tbl, PG_TYPE_IQ2_S, vec_dot_iq2_s_q8_K, vec_dot8_iq2_s_q8_K, gemm_iq2_s_q8_K);
+    IQX_SET(tbl, PG_TYPE_IQ3_XXS, vec_dot_iq3_xxs_q8_K, vec_dot8_iq3_xxs_q8_K, gemm_iq3_xxs_q8_K);
+    IQX_SET(tbl, PG_TYPE_IQ3_S, vec_dot_iq3_s_q8_K, vec_dot8_iq3_s_q8_K, gemm_iq3_s_q8_K);
     tbl[PG_TYPE_IQ1_S].vec_dot = vec_dot_iq1_s_q8_K;
     tbl[PG_TYPE_IQ1_M].vec_dot = vec_dot_iq1_m_q8_K;
 }
