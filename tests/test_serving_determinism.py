@@ -145,3 +145,102 @@ def test_greedy_streams_under_load_equal_alone(llm):
         assert all(_stream(base, p) == alone[p] for p in PROMPTS[:4])
     finally:
         rs.stop()
+
+
+# ---- sliding-window layers (Gemma 3: 5 of 6 layers see the last 512 positions) ---------------
+@pytest.fixture(scope="module")
+def gemma():
+    """Two sequences, ubatches of 64: the sliding-window layers get their own cell space
+    (smaller than n_ctx), so its placement is what these tests see."""
+    from pyggml.models_default import ensure_default_model
+    m = LLM(ensure_default_model(), n_ctx=2048, n_threads=2, n_seq_max=2, n_ubatch=64)
+    assert "swa" in m.kv.spaces and m.kv.spaces["swa"].n_cells < m.n_ctx
+    yield m
+    m.close()
+
+
+def _swa_cells_in_position_order(m, seq_id):
+    sp = m.context.kv.spaces["swa"]
+    cells = np.flatnonzero(sp.seqs & np.uint64(1 << seq_id))
+    return sp.pos[cells]
+
+
+def test_swa_a_sequence_decoded_over_holes_equals_alone(gemma):
+    """As the full space's test above, in the sliding-window space: another sequence's freed
+    cells lie before this one's."""
+    m = gemma
+    ta = m.tokenize("The history of the old harbour town begins with fishermen. " * 3)[:20]
+    tb = m.tokenize(PROMPTS[0] * 20)[:90]
+    want, fed = _alone(m, ta)
+    m.reset()
+    m.decode_batch([(tb, 1)])
+    got = [m.decode_batch([(ta, 0)])[0]]
+    m.context.seq_reset(1)
+    for t in fed:
+        got.append(m.decode_batch([([t], 0)])[0])
+    for step, (w, g) in enumerate(zip(want, got)):
+        assert w.tobytes() == g.tobytes(), (step, float(np.max(np.abs(w - g))))
+
+
+def test_swa_past_the_window_beside_another_sequence_equals_alone(gemma):
+    """A sequence longer than the window (its oldest cells are dropped and reused) decoded
+    beside another one, and after a prefix of it was trimmed and taken up again, gives the
+    logits of the same tokens alone, bit for bit."""
+    m = gemma
+    ta = m.tokenize("The history of the old harbour town begins with fishermen. " * 60)[:600]
+    tb = m.tokenize("Bread is made of flour, water, salt and yeast, kneaded well. " * 60)[:540]
+    assert len(ta) == 600 and len(tb) == 540
+
+    def run(neighbour: bool):
+        m.reset()
+        if neighbour:
+            m.decode_batch([(tb[:100], 1)])
+        out, k = [], 0
+        for n in (64, 64, 128, 200, 144):          # uneven chunks, beside the other's
+            seqs = [(ta[k:k + n], 0)]
+            if neighbour and 100 + k < len(tb):
+                seqs.append((tb[100 + k:100 + k + 37], 1))
+            out.append(m.decode_batch(seqs)[0])
+            k += n
+            if neighbour and k == 256:          # its cells freed: holes among this one's
+                m.context.seq_reset(1)
+        fed = [int(np.argmax(out[-1]))]
+        for i in range(6):
+            seqs = [([fed[-1]], 0)] + ([([7 + i], 1)] if neighbour else [])
+            out.append(m.decode_batch(seqs)[0])
+            fed.append(int(np.argmax(out[-1])))
+        return out, fed
+    want, fed = run(False)
+    got, _ = run(True)
+    for step, (w, g) in enumerate(zip(want, got)):
+        assert w.tobytes() == g.tobytes(), (step, float(np.max(np.abs(w - g))))
+    # the last token dropped (a trimmed prefix cache), the other sequence takes cells, the
+    # token evaluated again: the same logits
+    n = m.context.seq_len(0)
+    assert n == 606 and m.context.kv.can_keep_prefix(0, n - 1)
+    m.context.seq_keep_first(0, n - 1)
+    m.decode_batch([(tb[300:340], 1)])
+    again = m.decode_batch([([fed[-2]], 0)])[0]
+    assert again.tobytes() == want[-1].tobytes()
+
+
+def test_swa_rings_give_the_logits_of_the_full_space_until_they_wrap(gemma):
+    """The second sequence's ring, beside the first, past the window (cells dropped) but before
+    the ring wraps (window + n_ubatch = 576 positions): the logits of --swa-full (every cell
+    kept, in position order, masking alone hides the rest) bit for bit. Once a ring wraps, a
+    query's newest keys sit before its oldest: another order, the same for every sequence."""
+    from pyggml.models_default import ensure_default_model
+    m = gemma
+    assert m.kv.swa_ring == 512 + 64
+    ta = m.tokenize("The history of the old harbour town begins with fishermen. " * 60)[:570]
+    tb = m.tokenize("Bread is made of flour, water, salt and yeast, kneaded well. " * 60)[:300]
+    m.reset()
+    m.decode_batch([(tb[:150], 0)])
+    got = [m.decode_batch([(ta[:320], 1), (tb[150:], 0)])[1], m.decode_batch([(ta[320:], 1)])[1]]
+    assert m.context.kv.seq_pos_min(1, "swa") > 0           # the window dropped cells
+    with LLM(ensure_default_model(), n_ctx=2048, n_threads=2, n_seq_max=2, n_ubatch=64,
+             swa_full=True) as full:
+        assert "swa" not in full.kv.spaces
+        want = [full.decode_batch([(ta[:320], 0)])[0], full.decode_batch([(ta[320:], 0)])[0]]
+    for w, g in zip(want, got):
+        assert w.tobytes() == g.tobytes(), float(np.max(np.abs(w - g)))

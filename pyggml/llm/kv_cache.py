@@ -2,11 +2,20 @@
 and sequence set (llama.cpp's unified cache).
 
 Two cell spaces: "full" (n_ctx cells) for global-attention layers, and, when the model has
-sliding-window layers, "swa" with room for the window only (window·n_seq_max + n_ubatch cells,
-padded, as llama.cpp): before a ubatch is placed, cells that no query of it or of any later ubatch
-can see any more (position at least `window` behind the sequence's first new token) are freed.
-With `swa_full=True` the sliding-window layers use the full space (masking alone hides the rest).
-The full space always exists and bounds the context (n_ctx), even if no layer reads it.
+sliding-window layers, "swa" with room for the window only: before a ubatch is placed, cells that
+no query of it or of any later ubatch can see any more (position at least `window` behind the
+sequence's first new token) are freed. With `swa_full=True` (or when the window space would not
+be smaller) the sliding-window layers use the full space (masking alone hides the rest). The full
+space always exists and bounds the context (n_ctx), even if no layer reads it.
+
+Placement never depends on the other sequences (greedy output must not: the attention adds up a
+row's visible keys in cell-index order, so the order of a sequence's cells is part of its
+result). The full space puts each sequence's new cells after the cells it holds (position
+order). The window space gives each sequence a ring of its own of window + n_ubatch cells, and
+position p of sequence s the cell s·ring + p mod ring: the order of the cells a query sees
+depends on its position alone — not on who else is served, nor on what the sequence held before
+(a trimmed prefix cache). That costs (n_seq_max - 1)·n_ubatch cells more than llama.cpp's
+shared window space (window·n_seq_max + n_ubatch); with one sequence the sizes are equal.
 
 Layout per layer: K and V are [D·Hkv, n_cells] (one row of all KV heads per cell), written by
 set_rows at the ubatch's cell indices and read through 3-D views [D, n_kv, Hkv].
@@ -85,6 +94,19 @@ def hadamard(n: int) -> np.ndarray:
     return np.ascontiguousarray(h, np.float32)
 
 
+def swa_ring_cells(window: int, n_ubatch: int) -> int:
+    """Cells of one sequence's ring in the sliding-window space: the window's cells still
+    visible to a ubatch's first token plus the ubatch's own (a cell is reused only after the
+    window has dropped its position)."""
+    return window + n_ubatch
+
+
+def swa_space_cells(window: int, n_seq_max: int, n_ubatch: int, n_ctx: int) -> int:
+    """Cells of the sliding-window space: a ring per sequence, padded to KV_PAD; n_ctx (no
+    separate space: the layers use the full one) when that is not smaller."""
+    return min(n_ctx, -(-(swa_ring_cells(window, n_ubatch) * n_seq_max) // KV_PAD) * KV_PAD)
+
+
 class CellSpace:
     """n_cells cells: position (-1 = empty) and sequence bit set of each."""
 
@@ -135,6 +157,32 @@ class CellSpace:
             out[a:b] = cand
             free[cand] = False
         return out
+
+    def find_slot_ring(self, n_ctx: int, pos: np.ndarray, seq_ids: np.ndarray,
+                       ring: int) -> np.ndarray:
+        """Cells for new tokens in per-sequence rings: seq_id·ring + pos mod ring (see the
+        module docstring). A token whose ring cell is taken (a cell shared by seq_cp and still
+        held by another sequence, or more tokens of a sequence than its ring holds) gets the
+        lowest free cell instead: correct, only not independent of the others."""
+        cells = np.asarray(seq_ids, np.int64) * ring + np.asarray(pos, np.int64) % ring
+        ok = cells < self.n_cells
+        ok[ok] = self.pos[cells[ok]] < 0
+        if ok.all() and np.unique(cells).size == cells.size:
+            return cells
+        free = self.pos < 0
+        for i in np.flatnonzero(ok):            # the first token for a ring cell keeps it
+            if free[cells[i]]:
+                free[cells[i]] = False
+            else:
+                ok[i] = False
+        bad = np.flatnonzero(~ok)
+        spare = np.flatnonzero(free)
+        if spare.size < bad.size:
+            raise ContextOverflowError(f"context overflow: {len(pos)} new tokens but only "
+                                       f"{len(pos) - bad.size + spare.size} of {self.n_cells} KV "
+                                       f"cells ({self.name}) are free for them (n_ctx={n_ctx})")
+        cells[bad] = spare[:bad.size]
+        return cells
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_ids: np.ndarray) -> None:
         self.pos[cells] = pos
@@ -227,7 +275,8 @@ class KVCache:
         self.arch = hp.arch
         self.window = hp.sliding_window
         swa_layers = [hp.layer_is_swa(il) for il in range(hp.n_layer)]
-        n_swa = min(n_ctx, -(-(self.window * n_seq_max + n_ubatch) // KV_PAD) * KV_PAD)
+        self.swa_ring = swa_ring_cells(self.window, n_ubatch)
+        n_swa = swa_space_cells(self.window, n_seq_max, n_ubatch, n_ctx)
         n_cells = {FULL: n_ctx}
         if any(swa_layers) and not swa_full and n_swa < n_ctx:
             n_cells[SWA] = n_swa
@@ -368,10 +417,10 @@ class KVCache:
         for name, sp in self.spaces.items():
             if name == SWA:
                 sp.forget_outside_window(pos, seq_ids, self.window)
-            # the full space keeps each sequence's cells in position order (find_slot_ordered);
-            # the sliding-window space is a ring that reuses the cells the window left behind
+            # the full space keeps each sequence's cells in position order; the sliding-window
+            # space a ring per sequence, indexed by position (the module docstring)
             cells[name] = (sp.find_slot_ordered(self.n_ctx, seq_ids) if name == FULL
-                           else sp.find_slot(len(pos), self.n_ctx))
+                           else sp.find_slot_ring(self.n_ctx, pos, seq_ids, self.swa_ring))
         for name, sp in self.spaces.items():
             sp.apply(cells[name], pos, seq_ids)
         return cells

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pyggml.alloc import PlanReport
 from pyggml.backend.cpu import default_n_threads
 from pyggml.llm.setup import ModelFile, RunOptions, build_run, resolve_offload
+from pyggml.llm.kv_cache import swa_space_cells
 from pyggml.backend.base import Registry
 from pyggml.backend.catalog import CPU, DeviceCatalog
 from pyggml.offload.config import Config, load_config
@@ -442,10 +443,9 @@ class Planner:
                 compute_lower_bound=c[3], staging=dev.staging_bytes(largest.get(name, 0)),
                 memory=mem, experts=experts[name], virtual=dev.virtual,
                 assumed_memory=dev.assumed_memory, software=dev.is_software()))
-        n_swa = 0           # llama.cpp's SWA cache: window * n_seq_max + n_ubatch, padded
+        n_swa = 0           # the KV cache's window space (pyggml/llm/kv_cache.py)
         if hp.sliding_window and any(x.sliding for x in kv_layers):
-            n_swa = min(opts.n_ctx, -(-(hp.sliding_window * opts.n_seq_max + opts.n_ubatch)
-                                       // 256) * 256)
+            n_swa = swa_space_cells(hp.sliding_window, opts.n_seq_max, opts.n_ubatch, opts.n_ctx)
         flags, missing = llama_flags(cfg, plan, mf.model.tensors, hp.n_layer, plan.settings)
         facts = dict(mf.facts(), n_expert=n_exp, n_expert_used=n_used)
         lookup = next((n for n, t in run.weights.items() if t is run.embd_lookup),
