@@ -167,3 +167,16 @@ def test_plan_keeps_per_layer_embeddings_on_the_cpu_and_out_of_per_token_reads(m
     assert ple > 0 and plan.weight_bytes_per_token <= rest + 4096
     kv = {x.layer: x.bytes for x in plan.kv_layers}
     assert kv[2] == kv[3] == 0 < kv[0] < kv[1]
+
+
+def test_saved_state_skips_shared_layers_and_continues_exactly(models):
+    import test_llm_archs as A
+    with LLM(models["gemma4"], n_ctx=256, n_threads=2, n_seq_max=2) as m:
+        m.eval(A.TOKENS[:16])
+        st = m.save_state()
+        assert set(st.spaces["full"][1]) == {0, 1}           # layers 2 and 3 share 0 and 1
+        want = [m.eval([t]) for t in A.TOKENS[16:20]]
+        m.reset()
+        m.load_state(st, seq_id=1)
+        got = [m.eval([t], seq_id=1) for t in A.TOKENS[16:20]]
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))

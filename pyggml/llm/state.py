@@ -115,8 +115,10 @@ def save_state(llm, seq_id: int = 0) -> LlamaState:
             cells = np.flatnonzero((sp.seqs & bit) != 0)
             order = np.argsort(sp.pos[cells], kind="stable")
             cells = cells[order]
+            # a layer reading another layer's cache (Gemma 4's shared KV) has no rows of its own
             rows = {il: (_read_rows(kv.k[il], cells), _read_rows(kv.v[il], cells))
-                    for il in range(len(kv.k)) if kv.layer_space[il] == name}
+                    for il in range(len(kv.k)) if kv.layer_space[il] == name
+                    and il not in getattr(kv, "shared_from", ())}
             spaces[name] = (sp.pos[cells].copy(), rows)
         recurrent = rs.read_seq(kv, seq_id) if kv.rs_layers else None
         return LlamaState(model_identity(llm),
