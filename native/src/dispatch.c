@@ -57,6 +57,7 @@ static void build_tables(void) {
     pg_fill_gemm_avx2(avx2);
     pg_fill_iquants_avx2(avx2);
     pg_fill_iq_grid_avx2(avx2);
+    pg_fill_tq_avx2(avx2);
     pg_fill_attn_avx2(&g_attn[PG_PATH_AVX2]);
     pg_fill_ssm_avx2(&g_ssm[PG_PATH_AVX2]);
     memcpy(avx512, avx2, sizeof(g_tables[0]));
