@@ -51,3 +51,46 @@ def test_bad_values_name_the_field(served, field, value):
     c, _ = served
     r = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+@pytest.fixture(scope="module")
+def served2(tiny_models):
+    llm = LLM(tiny_models.get("llama").path, n_ctx=512, n_threads=1, n_seq_max=2)
+    server = make_server(llm, 2, "tiny", chat_template="chatml")
+    with TestClient(server.app, base_url="http://127.0.0.1") as c:
+        yield c
+    server.engine.stop()
+    llm.close()
+
+
+def _texts_of_stream(r, key):
+    import json
+    out = {}
+    for line in r.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            for ch in json.loads(line[6:])["choices"]:
+                out[ch["index"]] = out.get(ch["index"], "") + (key(ch) or "")
+    return out
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+def test_n_choices_are_single_requests_with_seed_plus_i(served2, endpoint):
+    c = served2
+    chat = "chat" in endpoint
+    base = ({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "a b c"})
+    base.update(max_tokens=6, ignore_eos=True, **HOT)
+    text = (lambda ch: ch["message"]["content"]) if chat else (lambda ch: ch["text"])
+    singles = [text(c.post(endpoint, json=dict(base, seed=11 + i)).json()["choices"][0])
+               for i in range(2)]
+    r = c.post(endpoint, json=dict(base, n=2))
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [ch["index"] for ch in out["choices"]] == [0, 1]
+    assert [text(ch) for ch in out["choices"]] == singles and singles[0] != singles[1]
+    assert out["usage"]["completion_tokens"] == 12
+    with c.stream("POST", endpoint, json=dict(base, n=2, stream=True)) as r:
+        got = _texts_of_stream(r, (lambda ch: ch["delta"].get("content")) if chat
+                               else (lambda ch: ch["text"]))
+    assert got == {0: singles[0], 1: singles[1]}
+    r = c.post(endpoint, json=dict(base, n=3))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"

@@ -34,7 +34,7 @@ def _complete(c, **kw):
     ("suffix", "tail"), ("best_of", 2), ("top_n_sigma", 1.5), ("tfs_z", 0.9), ("store", True),
     ("dynatemp_range", 0.5), ("samplers", ["top_k"]),
     ("service_tier", "flex"), ("prediction", {"type": "content", "content": "x"}),
-    ("n", 2), ("penalize_nl", True)])
+    ("penalize_nl", True)])
 def test_unimplemented_fields_are_refused_by_name(client, field, value):
     c, _ = client
     r = _complete(c, **{field: value})

@@ -29,7 +29,7 @@ from pyggml.llm.completion import (chat_logprobs, completion_logprobs,
 from pyggml.llm.chatturn import ChatRequestError, ChatTurn
 from pyggml.llm.generate import Generation
 from pyggml.llm.grammar import constraint_for, request_spec
-from pyggml.server import guard, webapi
+from pyggml.server import choices, guard, webapi
 from pyggml.server.http import DEFAULTS, BadRequest, _json_body, error_response  # noqa: F401
 from pyggml.server.engine import Engine, Job, QueueFullError
 
@@ -542,6 +542,13 @@ class Server:
         chat-shaped APIs (/v1/messages, /v1/responses) translate onto this."""
         if "messages" not in body:
             raise BadRequest("'messages' is required", "messages")
+        if choices.wanted(body):            # n > 1: n one-choice requests, merged
+            bodies = choices.choice_bodies(body, len(self.engine.slots))
+            if _bool(body, "stream"):
+                usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return choices.merged_stream([await self.chat_completion(request, b)
+                                              for b in bodies], usage)
+            return await choices.merged([self.chat_completion(request, b) for b in bodies])
         # rendering and compiling a grammar take a while (the first grammar for a model
         # builds its vocabulary table): off the event loop
         turn, token_filter = await asyncio.to_thread(self._chat_turn, body)
@@ -636,6 +643,28 @@ class Server:
     async def completions(self, request):
         self._count("completions")
         body = await _json_body(request)
+        out = await self.text_completion(request, body)
+        if isinstance(out, Response):
+            return out
+        if isinstance(out, dict):
+            return JSONResponse(out)
+
+        async def sse():
+            async for c in out:
+                yield _sse(c)
+        return _event_stream(sse())
+
+    async def text_completion(self, request, body: dict):
+        """One completions request (OpenAI's legacy body, checked here): the text_completion
+        dict, or with "stream" an async iterator of its chunk dicts (an error after the start
+        comes as an {"error": ...} item), or a Response to send instead; as chat_completion."""
+        if choices.wanted(body):            # n > 1: n one-choice requests, merged
+            bodies = choices.choice_bodies(body, len(self.engine.slots))
+            if _bool(body, "stream"):
+                usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return choices.merged_stream([await self.text_completion(request, b)
+                                              for b in bodies], usage)
+            return await choices.merged([self.text_completion(request, b) for b in bodies])
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -667,9 +696,9 @@ class Server:
                     "choices": [{"text": text, "index": 0, "logprobs": lp,
                                  "finish_reason": finish}]}
         if stream:
-            async def sse():
+            async def chunks():
                 if prefix:
-                    yield _sse(chunk(prefix, None))
+                    yield chunk(prefix, None)
                 n_seen, off = 0, len(prefix)
                 async for ev in self._events(request, job, True):
                     if ev[0] == "text":
@@ -679,20 +708,21 @@ class Server:
                             n_seen += len(lps)
                             lp = completion_logprobs(lps, off)
                         off += len(ev[1])
-                        yield _sse(chunk(ev[1], None, lp))
+                        yield chunk(ev[1], None, lp)
                     elif ev[0] == "done":
                         last = chunk("", openai_finish_reason(gen))
                         last["usage"] = self._usage(job)
-                        yield _sse(last)
+                        yield last
                     elif ev[0] == "error":
-                        yield _sse_error(ev)
-            return _event_stream(sse())
+                        yield {"error": {"message": ev[2], "type": "server_error",
+                                         "code": ev[1]}}
+            return chunks()
         text, failed = await self._collect_text(request, job, gen)
         if failed is not None:
             return failed
         lp = completion_logprobs(gen.token_logprobs, len(prefix)) if n_lp is not None else None
-        return JSONResponse({**chunk(prefix + "".join(text), openai_finish_reason(gen), lp),
-                             "usage": self._usage(job)})
+        return {**chunk(prefix + "".join(text), openai_finish_reason(gen), lp),
+                "usage": self._usage(job)}
 
     async def embeddings(self, request):
         self._count("embeddings")
