@@ -24,8 +24,9 @@
 
 #define IQX_MAX_C 4
 #define IQX_UNROLL _Pragma("GCC unroll 8")
-/* the eight rows in a loop: unrolled, the codebook kernels' bodies outgrow the uop cache (IQ2_XS
- * 0.53x) and the others gain nothing measurable */
+/* the eight rows of a 256-element block in a loop: unrolled, the codebook kernels' bodies
+ * outgrow the uop cache (IQ2_XS 0.53x) and IQ4_XS gains nothing measurable (the 32-element
+ * blocks' rows are unrolled: their bodies are a few instructions) */
 #define ROWS_UNROLL _Pragma("GCC unroll 1")
 
 /* lane r = Σ of the 8 lanes of p[r] (exact) */
@@ -113,7 +114,7 @@ static inline __m256i iqx_table(const int8_t *v) {
             IQX_UNROLL for (int j = 0; j < C; j++)                                              \
                 yb[j] = (const pg_block_q8_0 *)((const char *)vy + (size_t)j * by) + b;         \
             __m256i is[IQX_MAX_C][8];                                                           \
-            ROWS_UNROLL for (int r = 0; r < 8; r++) {                                           \
+            IQX_UNROLL for (int r = 0; r < 8; r++) {                                            \
                 __m256i ri[IQX_MAX_C];                                                          \
                 ROW((const BT *)(x + (size_t)r * bx) + b, yb, C, ri);                           \
                 IQX_UNROLL for (int j = 0; j < C; j++) is[j][r] = ri[j];                        \
