@@ -29,15 +29,41 @@ static inline __m256i iq4_nl_block(const pg_block_iq4_nl *x, const pg_block_q8_0
 
 PG_DOT_Q8_0_KERNEL(vec_dot_iq4_nl_q8_0, pg_block_iq4_nl, iq4_nl_block, PG_TERM_XY, PG_STERM_XY)
 
+#ifdef IQ4_OFFSET128
+/* VNNI: the values + 128 (unsigned) straight into VPDPBUSD, no sign handling per row; the
+ * 128·Σa this adds is the same for the eight rows and taken off after the fold (exact) */
+static inline __m256i table128(const int8_t *v) {
+    return _mm256_add_epi8(iqx_table(v), _mm256_set1_epi8(-128));
+}
+
+static inline __attribute__((always_inline)) void iq4_nl_row(const pg_block_iq4_nl *x,
+        const pg_block_q8_0 *const *y, const int C, __m256i *is) {
+    const __m256i u = lut32(x->qs, table128(pg_kv_iq4nl));
+    IQX_UNROLL for (int j = 0; j < C; j++)
+        is[j] = dot_us(u, _mm256_loadu_si256((const __m256i *)y[j]->qs));
+}
+
+/* f − 128·Σa in every lane */
+static inline __m256i minus_128_sum(__m256i f, const pg_block_q8_0 *y) {
+    __m256i sa = dot_us(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)y->qs));
+    sa = _mm256_add_epi32(sa, _mm256_permute2x128_si256(sa, sa, 1));
+    sa = _mm256_add_epi32(sa, _mm256_shuffle_epi32(sa, _MM_SHUFFLE(1, 0, 3, 2)));
+    sa = _mm256_add_epi32(sa, _mm256_shuffle_epi32(sa, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm256_sub_epi32(f, _mm256_slli_epi32(sa, 7));
+}
+#define IQ4_FIX minus_128_sum
+#else
 static inline __attribute__((always_inline)) void iq4_nl_row(const pg_block_iq4_nl *x,
         const pg_block_q8_0 *const *y, const int C, __m256i *is) {
     const __m256i q = lut32(x->qs, iqx_table(pg_kv_iq4nl)), qa = _mm256_sign_epi8(q, q);
     IQX_UNROLL for (int j = 0; j < C; j++)
         is[j] = dot_us(qa, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y[j]->qs), q));
 }
+#define IQ4_FIX IQX_AS_IS
+#endif
 
 #define IQ4_NL_DX8(x, bx, b) iqx_rows8_fp16(x, bx, b, sizeof(pg_block_iq4_nl))
-IQX_ROWS8_Q8_0(vec_dot8_iq4_nl_q8_0, pg_block_iq4_nl, iq4_nl_row, IQ4_NL_DX8)
+IQX_ROWS8_Q8_0(vec_dot8_iq4_nl_q8_0, pg_block_iq4_nl, iq4_nl_row, IQ4_NL_DX8, IQ4_FIX)
 IQX_GEMM(gemm_iq4_nl_q8_0, vec_dot8_iq4_nl_q8_0, vec_dot_iq4_nl_q8_0)
 
 /* ---- MXFP4 · Q8_0 ---------------------------------------------------------------------------- */
@@ -83,9 +109,15 @@ static void vec_dot_mxfp4_q8_0(int64_t n, float *restrict s, const void *restric
 
 static inline __attribute__((always_inline)) void mxfp4_row(const pg_block_mxfp4 *x,
         const pg_block_q8_0 *const *y, const int C, __m256i *is) {
+#ifdef IQ4_OFFSET128
+    const __m256i u = lut32(x->qs, table128(pg_kv_mxfp4));
+    IQX_UNROLL for (int j = 0; j < C; j++)
+        is[j] = dot_us(u, _mm256_loadu_si256((const __m256i *)y[j]->qs));
+#else
     const __m256i q = lut32(x->qs, iqx_table(pg_kv_mxfp4)), qa = _mm256_sign_epi8(q, q);
     IQX_UNROLL for (int j = 0; j < C; j++)
         is[j] = dot_us(qa, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y[j]->qs), q));
+#endif
 }
 
 /* the eight rows' 2^(e − 128) of block b */
@@ -95,7 +127,7 @@ static inline __m256 mxfp4_dx8(const char *x, size_t bx, int64_t b) {
                                           e[5 * bx], e[6 * bx], e[7 * bx]));
 }
 
-IQX_ROWS8_Q8_0(vec_dot8_mxfp4_q8_0, pg_block_mxfp4, mxfp4_row, mxfp4_dx8)
+IQX_ROWS8_Q8_0(vec_dot8_mxfp4_q8_0, pg_block_mxfp4, mxfp4_row, mxfp4_dx8, IQ4_FIX)
 IQX_GEMM(gemm_mxfp4_q8_0, vec_dot8_mxfp4_q8_0, vec_dot_mxfp4_q8_0)
 
 /* ---- IQ4_XS · Q8_K: Σ_ib (ls_ib − 32) · isum_ib exact in int32, one term per super-block ---- */

@@ -98,8 +98,11 @@ static inline __m256i iqx_table(const int8_t *v) {
     IQX_ROWS8_DISPATCH(name)
 
 /* Q8_0-activation types (IQ4_NL, MXFP4; 32-element blocks): block term (d_y·d_x)·isum.
- * ROW(xb, y, C, is) with y the C Q8_0 blocks; DX(x, bx, b) the eight rows' d_x of block b. */
-#define IQX_ROWS8_Q8_0(name, BT, ROW, DX)                                                       \
+ * ROW(xb, y, C, is) with y the C Q8_0 blocks; DX(x, bx, b) the eight rows' d_x of block b;
+ * FIX(f, y) the eight rows' exact sums f made isum (a correction that depends on the
+ * activation block y only, or f itself: IQX_AS_IS). */
+#define IQX_AS_IS(f, y) (f)
+#define IQX_ROWS8_Q8_0(name, BT, ROW, DX, FIX)                                                  \
     static inline __attribute__((always_inline)) void name##_c(                                 \
         int64_t n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,   \
         const int C) {                                                                          \
@@ -121,7 +124,7 @@ static inline __m256i iqx_table(const int8_t *v) {
             }                                                                                   \
             const __m256 dx = DX(x, bx, b);                                                     \
             IQX_UNROLL for (int j = 0; j < C; j++) {                                            \
-                const __m256 f = _mm256_cvtepi32_ps(iqx_fold8(is[j]));                          \
+                const __m256 f = _mm256_cvtepi32_ps(FIX(iqx_fold8(is[j]), yb[j]));             \
                 const __m256 dy = _mm256_set1_ps(_cvtsh_ss(yb[j]->d));                          \
                 acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_mul_ps(dy, dx), f));        \
             }                                                                                   \

@@ -1,6 +1,7 @@
 /* IQ4_NL, IQ4_XS and MXFP4: the AVX-512 VNNI variants of the x86 kernels (iq4_x86_body.h):
- * integer dots of 32 bytes through 256-bit VPDPBUSD, IQ4_XS's scaled pair sums through
- * VPDPWSSD. Installed on the avx512 path only with AVX512-VNNI (without it the path keeps the
+ * integer dots of 32 bytes through 256-bit VPDPBUSD (IQ4_NL's and MXFP4's eight-row kernels
+ * with the values + 128, IQ4_OFFSET128: 12.9 -> 15.1 and 11.5 -> 13.0 GB/s in cache), IQ4_XS's
+ * scaled pair sums through VPDPWSSD and its eight-row kernel on 512-bit rows (below). Installed on the avx512 path only with AVX512-VNNI (without it the path keeps the
  * AVX2 kernels). The scalar kernels' bits, as on every path. */
 #include "pg_internal.h"
 
@@ -9,6 +10,7 @@
     _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a),                         \
                      _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), a))
 #define IQ4_DOT_SCALED(acc, u, s, sc) _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), sc)
+#define IQ4_OFFSET128 1
 #include "iq4_x86_body.h"
 
 /* ---- IQ4_XS · Q8_K on 512-bit rows ------------------------------------------------------------
