@@ -71,7 +71,11 @@ VARIANTS = {
     "qwen35": Hybrid("qwen35", "rrra", ("q4_k", "q6_k", "q8_0", "q5_k"), l_cache=4, seed=41),
     "qwen35moe": Hybrid("qwen35moe", "rara", ("q8_0", "q4_k", "q6_k"), l_cache=4, seed=42,
                         experts=4),
+    # LFM2-8B-A1B's shape: the first layer's FFN dense, experts after it (sigmoid gating with a
+    # selection bias, the k weights renormalized)
+    "lfm2moe": Hybrid("lfm2moe", "rrar", ("q4_k", "q8_0", "q6_k"), seed=43, experts=4),
 }
+LFM2MOE_DENSE_LEAD = 1
 
 
 def tensors_of(s: Hybrid, rng) -> list[tuple[str, np.ndarray]]:
@@ -108,6 +112,15 @@ def tensors_of(s: Hybrid, rng) -> list[tuple[str, np.ndarray]]:
             vec(p + "attn_k_norm.weight", D)
             mat(p + "attn_output.weight", E, H * D)
         vec(p + "ffn_norm.weight", E)
+        if s.experts and il >= LFM2MOE_DENSE_LEAD:
+            X, F_EXP = s.experts, s.shapes.f_exp
+            mat(p + "ffn_gate_inp.weight", X, E)
+            for n, rows, cols in (("ffn_gate_exps", F_EXP, E), ("ffn_up_exps", F_EXP, E),
+                                  ("ffn_down_exps", E, F_EXP)):
+                out.append((p + n + ".weight", (rng.standard_normal((X, rows, cols))
+                                                / math.sqrt(cols)).astype(np.float32)))
+            vec(p + "exp_probs_b.bias", X, mean=0.0, std=0.5)
+            continue
         mat(p + "ffn_gate.weight", F, E)
         mat(p + "ffn_up.weight", F, E)
         mat(p + "ffn_down.weight", E, F)
@@ -201,10 +214,16 @@ def write_model(s: Hybrid, path, name: str) -> Path:
     else:
         w.add_array(f"{a}.attention.head_count_kv", [HKV if k == "a" else 0 for k in s.layers])
         w.add_uint32(f"{a}.rope.dimension_count", D)
+    if a == "lfm2moe":
+        w.add_uint32(f"{a}.expert_count", s.experts)
+        w.add_uint32(f"{a}.expert_used_count", 2)
+        w.add_uint32(f"{a}.expert_feed_forward_length", s.shapes.f_exp)
+        w.add_uint32(f"{a}.leading_dense_block_count", LFM2MOE_DENSE_LEAD)
+        w.add_uint32(f"{a}.expert_gating_func", 2)                  # sigmoid
     w.add_float32(f"{a}.rope.freq_base", 1000000.0)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_uint32(f"{a}.vocab_size", M.N_VOCAB)
-    if a == "lfm2":
+    if a.startswith("lfm2"):
         w.add_uint32(f"{a}.shortconv.l_cache", s.l_cache)
     w.add_file_type(15)
     tokens, scores, types = M._vocab()

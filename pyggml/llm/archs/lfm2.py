@@ -6,6 +6,11 @@ Short-convolution block of cur [E, T]: in_proj → b, c, x [E, T] each (rows b |
 y = c · conv(b · x) with a causal convolution of kernel size K = shortconv.l_cache over time,
 per channel (shortconv.conv [K, E]), continuing each sequence's state (its K-1 last b·x, see
 pyggml/llm/recurrent.py); out_proj. The final norm is `token_embd_norm` (the converter's name).
+
+lfm2moe (LFM2-8B-A1B; llama.cpp's src/models/lfm2moe.cpp): the same layers, the FFN of every
+layer from leading_dense_block_count on a mixture of experts — expert_gating_func's gating
+(sigmoid in the released models), a per-expert selection bias exp_probs_b.bias [X] added for
+choosing only, the k selected weights renormalized.
 """
 
 from __future__ import annotations
@@ -13,6 +18,10 @@ from __future__ import annotations
 from pyggml import ops
 from pyggml.errors import ModelError
 from pyggml.llm.archs.common import Arch, attn_shapes, ffn_shapes
+from pyggml.llm.moe import moe_ffn
+
+# llama.cpp's llama_expert_gating_func_type
+_GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 
 
 def _read(model, hp) -> None:
@@ -27,13 +36,37 @@ def _read(model, hp) -> None:
                          f"is not supported yet")
 
 
+def _read_moe(model, hp) -> None:
+    _read(model, hp)
+    k = model.arch_key
+    lead = model.get_u32(k("leading_dense_block_count"), 0)
+    hp.expert_layers = [il >= lead for il in range(hp.n_layer)]
+    func = model.get_u32(k("expert_gating_func"), 0)
+    if func not in _GATING:
+        raise ModelError(f"{k('expert_gating_func')} = {func}: expected one of "
+                         f"{sorted(_GATING)} (softmax, sigmoid, softmax_weight)")
+    hp.expert_gating, hp.expert_norm_w = _GATING[func], True
+
+
+def _is_moe(hp, il) -> bool:
+    return bool(hp.expert_layers) and hp.expert_layers[il]
+
+
+def _ffn_shapes(hp, il) -> dict:
+    E = hp.n_embd
+    if _is_moe(hp, il):
+        return {**ffn_shapes(hp, il), "exp_probs_b.bias": [hp.n_expert]}
+    F = hp.n_ff[il]
+    return {"ffn_norm": [E], "ffn_gate": [E, F], "ffn_up": [E, F], "ffn_down": [F, E]}
+
+
 def layer_tensors(hp, il):
     E, D = hp.n_embd, hp.head_dim_k
     if hp.recurrent_layers[il]:
         return {"attn_norm": [E], "shortconv.conv": [hp.ssm_conv_kernel, E],
                 "shortconv.in_proj": [E, 3 * E], "shortconv.out_proj": [E, E],
-                **ffn_shapes(hp, il)}
-    return {**attn_shapes(hp, il), "attn_q_norm": [D], "attn_k_norm": [D], **ffn_shapes(hp, il)}
+                **_ffn_shapes(hp, il)}
+    return {**attn_shapes(hp, il), "attn_q_norm": [D], "attn_k_norm": [D], **_ffn_shapes(hp, il)}
 
 
 def conv_state(b, il, x, kernel, name):
@@ -77,11 +110,24 @@ def build_layer(b, il, x):
     cur = _shortconv(b, il, cur) if b.hp.recurrent_layers[il] else _attn(b, il, cur)
     cur, x = b.last_rows(il, cur, x)
     x = ops.add(ctx, x, cur, name=f"ffn_inp-{il}")
-    cur = b.ffn(il, b.norm(x, b.w(il, "ffn_norm"), f"ffn_norm-{il}"))
+    cur = b.norm(x, b.w(il, "ffn_norm"), f"ffn_norm-{il}")
+    cur = _moe(b, il, cur) if _is_moe(b.hp, il) else b.ffn(il, cur)
     return ops.add(ctx, x, cur, name=f"l_out-{il}")
+
+
+def _moe(b, il, cur):
+    hp = b.hp
+    return moe_ffn(b.ctx, cur, b.w(il, "ffn_gate_inp"), b.w(il, "ffn_up_exps"),
+                   b.w(il, "ffn_gate_exps"), b.w(il, "ffn_down_exps"), hp.n_expert_used,
+                   gating=hp.expert_gating, norm_w=hp.expert_norm_w,
+                   w_scale=hp.expert_weights_scale,
+                   exp_probs_b=b.weights[f"blk.{il}.exp_probs_b.bias"], act="silu",
+                   name=f"ffn_moe-{il}")
 
 
 ARCHS = (
     Arch(name="lfm2", rope_neox=True, read_hparams=_read, layer_tensors=layer_tensors,
          build_layer=build_layer, output_norm="token_embd_norm"),
+    Arch(name="lfm2moe", rope_neox=True, read_hparams=_read_moe, layer_tensors=layer_tensors,
+         build_layer=build_layer, output_norm="token_embd_norm", moe=True, moe_only=True),
 )
