@@ -178,8 +178,9 @@ GRID_ROW(row_iq2_s, pg_block_iq2_s, sub_iq2_s)
 GRID_ROW(row_iq3_xxs, pg_block_iq3_xxs, sub_iq3_xxs)
 GRID_ROW(row_iq3_s, pg_block_iq3_s, sub_iq3_s)
 
-/* vec_dot (one row), vec_dot8 and the gemm of a codebook type; FINAL: the type's power of two */
-#define GRID_KERNELS(name, BT, ROW, FINAL)                                                      \
+/* vec_dot (one row), vec_dot8 and the gemm of a codebook type; FINAL: the type's power of two,
+ * D(x) a block's scale d, DX8(x, bx, b, size) the eight rows' d of block b */
+#define GRID_KERNELS_D(name, BT, ROW, FINAL, D, DX8)                                            \
     static void vec_dot_##name##_q8_K(int64_t n, float *restrict s, const void *restrict vx,   \
                                       const void *restrict vy) {                               \
         const BT *x = vx;                                                                      \
@@ -189,12 +190,14 @@ GRID_ROW(row_iq3_s, pg_block_iq3_s, sub_iq3_s)
             const pg_block_q8_K *yi = &y[i];                                                   \
             __m256i is;                                                                        \
             ROW(&x[i], &yi, 1, &is);                                                           \
-            sum += (pg_fp16_to_fp32(x[i].d) * y[i].d) * (float)hsum_i32(is);                   \
+            sum += (D(&x[i]) * y[i].d) * (float)hsum_i32(is);                                  \
         }                                                                                      \
         *s = (FINAL) * sum;                                                                    \
     }                                                                                          \
-    IQX_ROWS8_Q8K(vec_dot8_##name##_q8_K, BT, ROW, GRID_DX8, FINAL)                            \
+    IQX_ROWS8_Q8K(vec_dot8_##name##_q8_K, BT, ROW, DX8, FINAL)                                 \
     IQX_GEMM(gemm_##name##_q8_K, vec_dot8_##name##_q8_K, vec_dot_##name##_q8_K)
+#define GRID_D(x) pg_fp16_to_fp32((x)->d)
+#define GRID_KERNELS(name, BT, ROW, FINAL) GRID_KERNELS_D(name, BT, ROW, FINAL, GRID_D, GRID_DX8)
 
 /* the fp16 d at byte 0 of every one of these blocks */
 #define GRID_DX8(x, bx, b, size) iqx_rows8_fp16(x, bx, b, size)
@@ -207,7 +210,7 @@ static inline __m256i iq1_lanes(__m256i g, const int8_t *q8, __m256i sc, __m256i
     const __m256i gp = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_add_epi8(g, ones8), a),
                                          ones16);
     const __m256i ga = _mm256_sub_epi32(gp, sa);
-    const __m256i t = _mm256_add_epi32(_mm256_slli_epi32(ga, 3), _mm256_mullo_epi32(dsign, sa));
+    const __m256i t = _mm256_add_epi32(_mm256_slli_epi32(ga, 3), _mm256_sign_epi32(sa, dsign));
     return _mm256_mullo_epi32(t, sc);
 }
 
@@ -215,8 +218,9 @@ static inline __m256i lane_signs(int d0, int d1, int d2, int d3) {
     return _mm256_setr_epi32(d0, d0, d1, d1, d2, d2, d3, d3);
 }
 
-static inline int32_t isum_iq1_s(const pg_block_iq1_s *x, const int8_t *q8) {
-    __m256i acc = _mm256_setzero_si256();
+static inline __attribute__((always_inline)) void row_iq1_s(const pg_block_iq1_s *x,
+        const pg_block_q8_K *const *y, const int C, __m256i *is) {
+    IQX_UNROLL for (int j = 0; j < C; j++) is[j] = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ib++) {
         const int qh = x->qh[ib];
         const uint8_t *qs = x->qs + 4 * ib;
@@ -224,17 +228,18 @@ static inline int32_t isum_iq1_s(const pg_block_iq1_s *x, const int8_t *q8) {
                                 pg_iq1s_grid[qs[1] | (((qh >> 3) & 7) << 8)],
                                 pg_iq1s_grid[qs[2] | (((qh >> 6) & 7) << 8)],
                                 pg_iq1s_grid[qs[3] | (((qh >> 9) & 7) << 8)]);
-        const int s = (qh >> 12) & 7, ds = qh & 0x8000 ? -1 : 1;
-        acc = _mm256_add_epi32(acc, iq1_lanes(g, q8 + 32 * ib, lane_scales(s, s, s, s),
-                                              lane_signs(ds, ds, ds, ds)));
+        const int sb = (qh >> 12) & 7, ds = qh & 0x8000 ? -1 : 1;
+        const __m256i sc = lane_scales(sb, sb, sb, sb), dsv = lane_signs(ds, ds, ds, ds);
+        IQX_UNROLL for (int j = 0; j < C; j++)
+            is[j] = _mm256_add_epi32(is[j], iq1_lanes(g, y[j]->qs + 32 * ib, sc, dsv));
     }
-    return hsum_i32(acc);
 }
 
-static inline int32_t isum_iq1_m(const pg_block_iq1_m *x, const int8_t *q8) {
+static inline __attribute__((always_inline)) void row_iq1_m(const pg_block_iq1_m *x,
+        const pg_block_q8_K *const *y, const int C, __m256i *is) {
     uint16_t sc[4];
     memcpy(sc, x->scales, 8);
-    __m256i acc = _mm256_setzero_si256();
+    IQX_UNROLL for (int j = 0; j < C; j++) is[j] = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ib++) {
         const uint8_t *qs = x->qs + 4 * ib, *qh = x->qh + 2 * ib;
         const __m256i g = grid4(pg_iq1s_grid[qs[0] | ((qh[0] << 8) & 0x700)],
@@ -242,13 +247,12 @@ static inline int32_t isum_iq1_m(const pg_block_iq1_m *x, const int8_t *q8) {
                                 pg_iq1s_grid[qs[2] | ((qh[1] << 8) & 0x700)],
                                 pg_iq1s_grid[qs[3] | ((qh[1] << 4) & 0x700)]);
         const int s1 = (sc[ib / 2] >> (6 * (ib % 2))) & 7, s2 = (sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7;
-        acc = _mm256_add_epi32(acc, iq1_lanes(g, q8 + 32 * ib, lane_scales(s1, s1, s2, s2),
-                                              lane_signs(qh[0] & 0x08 ? -1 : 1,
-                                                         qh[0] & 0x80 ? -1 : 1,
-                                                         qh[1] & 0x08 ? -1 : 1,
-                                                         qh[1] & 0x80 ? -1 : 1)));
+        const __m256i scv = lane_scales(s1, s1, s2, s2);
+        const __m256i dsv = lane_signs(qh[0] & 0x08 ? -1 : 1, qh[0] & 0x80 ? -1 : 1,
+                                       qh[1] & 0x08 ? -1 : 1, qh[1] & 0x80 ? -1 : 1);
+        IQX_UNROLL for (int j = 0; j < C; j++)
+            is[j] = _mm256_add_epi32(is[j], iq1_lanes(g, y[j]->qs + 32 * ib, scv, dsv));
     }
-    return hsum_i32(acc);
 }
 
 static inline float iq1m_d(const pg_block_iq1_m *x) {
@@ -258,33 +262,20 @@ static inline float iq1m_d(const pg_block_iq1_m *x) {
                                      ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000)));
 }
 
-#define PG_IQ_GRID_DOT(name, BT, ISUM, FINAL)                                                  \
-    static void name(int64_t n, float *restrict s, const void *restrict vx,                    \
-                     const void *restrict vy) {                                                \
-        const BT *x = vx;                                                                      \
-        const pg_block_q8_K *y = vy;                                                           \
-        float sum = 0;                                                                         \
-        for (int64_t i = 0; i < n / PG_QK_K; i++)                                              \
-            sum += (pg_fp16_to_fp32(x[i].d) * y[i].d) * (float)ISUM(&x[i], y[i].qs);           \
-        *s = (FINAL) * sum;                                                                    \
-    }
-
 GRID_KERNELS(iq2_xxs, pg_block_iq2_xxs, row_iq2_xxs, 0.125f)
 GRID_KERNELS(iq2_xs, pg_block_iq2_xs, row_iq2_xs, 0.125f)
 GRID_KERNELS(iq2_s, pg_block_iq2_s, row_iq2_s, 0.125f)
 GRID_KERNELS(iq3_xxs, pg_block_iq3_xxs, row_iq3_xxs, 0.25f)
 GRID_KERNELS(iq3_s, pg_block_iq3_s, row_iq3_s, 1.0f)
-PG_IQ_GRID_DOT(vec_dot_iq1_s_q8_K, pg_block_iq1_s, isum_iq1_s, 0.125f)
+GRID_KERNELS(iq1_s, pg_block_iq1_s, row_iq1_s, 0.125f)
 
-static void vec_dot_iq1_m_q8_K(int64_t n, float *restrict s, const void *restrict vx,
-                               const void *restrict vy) {
-    const pg_block_iq1_m *x = vx;
-    const pg_block_q8_K *y = vy;
-    float sum = 0;
-    for (int64_t i = 0; i < n / PG_QK_K; i++)
-        sum += (iq1m_d(&x[i]) * y[i].d) * (float)isum_iq1_m(&x[i], y[i].qs);
-    *s = 0.125f * sum;
+/* IQ1_M's d: the top nibbles of its four scale words */
+static inline __m256 iq1m_dx8(const char *x, size_t bx, int64_t b, size_t size) {
+    float d[8];
+    for (int r = 0; r < 8; r++) d[r] = iq1m_d((const pg_block_iq1_m *)(x + (size_t)r * bx + (size_t)b * size));
+    return _mm256_loadu_ps(d);
 }
+GRID_KERNELS_D(iq1_m, pg_block_iq1_m, row_iq1_m, 0.125f, iq1m_d, iq1m_dx8)
 
 void pg_fill_iq_grid_avx2(pg_type_traits *tbl) {
     fill_sign_masks();
@@ -293,6 +284,6 @@ void pg_fill_iq_grid_avx2(pg_type_traits *tbl) {
     IQX_SET(tbl, PG_TYPE_IQ2_S, vec_dot_iq2_s_q8_K, vec_dot8_iq2_s_q8_K, gemm_iq2_s_q8_K);
     IQX_SET(tbl, PG_TYPE_IQ3_XXS, vec_dot_iq3_xxs_q8_K, vec_dot8_iq3_xxs_q8_K, gemm_iq3_xxs_q8_K);
     IQX_SET(tbl, PG_TYPE_IQ3_S, vec_dot_iq3_s_q8_K, vec_dot8_iq3_s_q8_K, gemm_iq3_s_q8_K);
-    tbl[PG_TYPE_IQ1_S].vec_dot = vec_dot_iq1_s_q8_K;
-    tbl[PG_TYPE_IQ1_M].vec_dot = vec_dot_iq1_m_q8_K;
+    IQX_SET(tbl, PG_TYPE_IQ1_S, vec_dot_iq1_s_q8_K, vec_dot8_iq1_s_q8_K, gemm_iq1_s_q8_K);
+    IQX_SET(tbl, PG_TYPE_IQ1_M, vec_dot_iq1_m_q8_K, vec_dot8_iq1_m_q8_K, gemm_iq1_m_q8_K);
 }
