@@ -3,7 +3,8 @@
 // CPY / CONT / DUP between F32 and F16 (flags: 1 source F16, 2 destination F16), any strides (in
 // elements of each type). Shapes may differ with equal element counts (flags & 4): element i of
 // the source in ne order goes to element i of the destination; else the indices are the same.
-// F16 -> F16 copies bits. Row grid over the source (common.glsl).
+// F16 -> F16 and F32 -> F32 copy bits (so I32 -> I32 runs as F32 -> F32: MoE expert ids).
+// Row grid over the source (common.glsl).
 #define ROW_GRID
 #include "common.glsl"
 

@@ -2,7 +2,8 @@
 // Layouts: docs/FORMATS.md §2.2-2.3 (byte-identical to GGUF).
 //
 // One of TYPE_Q4_0, TYPE_Q4_1, TYPE_Q5_0, TYPE_Q5_1, TYPE_Q8_0, TYPE_Q4_K, TYPE_Q5_K, TYPE_Q6_K,
-// TYPE_IQ4_NL, TYPE_IQ4_XS, TYPE_MXFP4
+// TYPE_IQ4_NL, TYPE_IQ4_XS, TYPE_MXFP4, TYPE_IQ2_XXS, TYPE_IQ2_XS, TYPE_IQ2_S, TYPE_IQ3_XXS,
+// TYPE_IQ3_S, TYPE_IQ1_S, TYPE_IQ1_M, TYPE_TQ1_0, TYPE_TQ2_0
 // (quantized: QK elements in QBYTES bytes; dequant4(b, j) returns elements j..j+3 of the block
 // at byte offset b, j % 4 == 0), or TYPE_F32 / TYPE_F16 (plain: load_a(i) reads element i of the
 // array, i in elements).
@@ -171,6 +172,144 @@ vec4 dequant4(uint b, uint j) {
     const uvec4 n = (uvec4(q, q >> 8, q >> 16, q >> 24) >> (j < 16u ? 0u : 4u)) & 0xfu;
     return vec4(KV_MXFP4[n.x], KV_MXFP4[n.y], KV_MXFP4[n.z], KV_MXFP4[n.w]) * d;
 }
+
+#elif defined(TYPE_IQ2_XXS) || defined(TYPE_IQ2_XS) || defined(TYPE_IQ2_S) \
+    || defined(TYPE_IQ3_XXS) || defined(TYPE_IQ3_S) || defined(TYPE_IQ1_S) || defined(TYPE_IQ1_M)
+// The codebook i-quants (native/src/quants_iq_grid.c): per group of 8 elements a codebook entry
+// (8 levels, or two entries of 4 for IQ3_*), 8 sign bits (IQ1: a delta sign) and a scale nibble s;
+// x = db * level with ggml's scale expression per type, the sign flipped after the multiply.
+// The codebooks are one table the backend binds at binding 5 (iq_grids.glsl).
+#define QK 256u
+#include "iq_grids.glsl"
+#if defined(TYPE_IQ2_XXS) || defined(TYPE_IQ2_XS) || defined(TYPE_IQ3_XXS)
+uint ksigns(uint i) { return (KSIGNS_IQ2XS(i >> 2) >> (8u * (i & 3u))) & 0xffu; }
+#endif
+// levels (unsigned bytes of `w`) times db, negated where bit k of `sg` (4 bits) is set
+vec4 signed_levels(uint w, uint sg, float db) {
+    const vec4 v = vec4(float(w & 0xffu), float((w >> 8) & 0xffu), float((w >> 16) & 0xffu),
+                        float(w >> 24)) * db;
+    return vec4((sg & 1u) != 0u ? -v.x : v.x, (sg & 2u) != 0u ? -v.y : v.y,
+                (sg & 4u) != 0u ? -v.z : v.z, (sg & 8u) != 0u ? -v.w : v.w);
+}
+#if defined(TYPE_IQ2_XXS)
+#define QBYTES 66u
+vec4 dequant4(uint b, uint j) {
+    const uint ib = j >> 5, l = (j >> 3) & 3u, h = (j >> 2) & 1u;
+    const uint a0 = RD_U32A2(data_a, b + 2u + 8u * ib), a1 = RD_U32A2(data_a, b + 6u + 8u * ib);
+    const uint idx = (a0 >> (8u * l)) & 0xffu;
+    const float db = RD_F16(data_a, b) * (0.5 + float(a1 >> 28)) * 0.25;
+    const uint sg = ksigns((a1 >> (7u * l)) & 127u) >> (4u * h);
+    return signed_levels(IQ2XXS_GRID(2u * idx + h), sg, db);
+}
+#elif defined(TYPE_IQ2_XS)
+#define QBYTES 74u
+vec4 dequant4(uint b, uint j) {
+    const uint ib = j >> 5, l = (j >> 3) & 3u, h = (j >> 2) & 1u;
+    const uint v = RD_U16(data_a, b + 2u + 2u * (4u * ib + l));
+    const uint sc = RD_U8(data_a, b + 66u + ib);
+    const float db = RD_F16(data_a, b) * (0.5 + float(l < 2u ? sc & 0xfu : sc >> 4)) * 0.25;
+    return signed_levels(IQ2XS_GRID(2u * (v & 511u) + h), ksigns(v >> 9) >> (4u * h), db);
+}
+#elif defined(TYPE_IQ2_S)
+#define QBYTES 82u
+vec4 dequant4(uint b, uint j) {
+    const uint ib = j >> 5, l = (j >> 3) & 3u, h = (j >> 2) & 1u;
+    const uint idx = RD_U8(data_a, b + 2u + 4u * ib + l)
+                   | ((RD_U8(data_a, b + 66u + ib) << (8u - 2u * l)) & 0x300u);
+    const uint sg = RD_U8(data_a, b + 34u + 4u * ib + l) >> (4u * h);
+    const uint sc = RD_U8(data_a, b + 74u + ib);
+    const float db = RD_F16(data_a, b) * (0.5 + float(l < 2u ? sc & 0xfu : sc >> 4)) * 0.25;
+    return signed_levels(IQ2S_GRID(2u * idx + h), sg, db);
+}
+#elif defined(TYPE_IQ3_XXS)
+#define QBYTES 98u
+vec4 dequant4(uint b, uint j) {
+    const uint ib = j >> 5, l = (j >> 3) & 3u, h = (j >> 2) & 1u;
+    const uint aux = RD_U32A2(data_a, b + 66u + 4u * ib);
+    const uint idx = RD_U8(data_a, b + 2u + 8u * ib + 2u * l + h);
+    const float db = RD_F16(data_a, b) * (0.5 + float(aux >> 28)) * 0.5;
+    const uint sg = ksigns((aux >> (7u * l)) & 127u) >> (4u * h);
+    return signed_levels(IQ3XXS_GRID(idx), sg, db);
+}
+#elif defined(TYPE_IQ3_S)
+#define QBYTES 110u
+vec4 dequant4(uint b, uint j) {
+    const uint ib = j >> 5, l = (j >> 3) & 3u, h = (j >> 2) & 1u;
+    const uint qh = RD_U8(data_a, b + 66u + ib);
+    const uint idx = RD_U8(data_a, b + 2u + 8u * ib + 2u * l + h)
+                   | ((qh << (8u - 2u * l - h)) & 256u);
+    const uint sg = RD_U8(data_a, b + 74u + 4u * ib + l) >> (4u * h);
+    const uint sc = RD_U8(data_a, b + 106u + (ib >> 1));
+    const float db = RD_F16(data_a, b) * float(1u + 2u * ((ib & 1u) != 0u ? sc >> 4 : sc & 0xfu));
+    return signed_levels(IQ3S_GRID(idx), sg, db);
+}
+#else
+// IQ1_*: signed levels -1, 0, 1; x = (d * (2s + 1)) * (level +- 1/8)
+vec4 iq1_levels(uint idx, uint h, float dl, float delta) {
+    const uint w = IQ1S_GRID(2u * idx + h);
+    return dl * (vec4(float(sbyte(w, 0u)), float(sbyte(w, 1u)), float(sbyte(w, 2u)),
+                      float(sbyte(w, 3u))) + delta);
+}
+#if defined(TYPE_IQ1_S)
+#define QBYTES 50u
+vec4 dequant4(uint b, uint j) {
+    const uint ib = j >> 5, l = (j >> 3) & 3u, h = (j >> 2) & 1u;
+    const uint qh = RD_U16(data_a, b + 34u + 2u * ib);
+    const uint idx = RD_U8(data_a, b + 2u + 4u * ib + l) | (((qh >> (3u * l)) & 7u) << 8);
+    const float dl = RD_F16(data_a, b) * float(2u * ((qh >> 12) & 7u) + 1u);
+    return iq1_levels(idx, h, dl, (qh & 0x8000u) != 0u ? -0.125 : 0.125);
+}
+#else
+#define QBYTES 56u
+vec4 dequant4(uint b, uint j) {
+    const uint ib = j >> 5, l = (j >> 3) & 3u, h = (j >> 2) & 1u;
+    const uint d16 = (RD_U16(data_a, b + 48u) >> 12) | ((RD_U16(data_a, b + 50u) >> 8) & 0xf0u)
+                   | ((RD_U16(data_a, b + 52u) >> 4) & 0xf00u) | (RD_U16(data_a, b + 54u) & 0xf000u);
+    const uint qh = RD_U8(data_a, b + 32u + 2u * ib + (l >> 1));
+    const uint idx = RD_U8(data_a, b + 4u * ib + l) | ((qh << ((l & 1u) != 0u ? 4u : 8u)) & 0x700u);
+    const bool neg = (qh & ((l & 1u) != 0u ? 0x80u : 0x08u)) != 0u;
+    const uint sc = RD_U16(data_a, b + 48u + 2u * (ib >> 1));
+    const uint s = (sc >> (6u * (ib & 1u) + (l < 2u ? 0u : 3u))) & 7u;
+    const float dl = f16_to_f32(d16) * float(2u * s + 1u);
+    return iq1_levels(idx, h, dl, neg ? -0.125 : 0.125);
+}
+#endif
+#endif
+
+#elif defined(TYPE_TQ1_0) || defined(TYPE_TQ2_0)
+// ternary levels -1, 0, 1 times d (native/src/quants_tq.c)
+#define QK 256u
+#if defined(TYPE_TQ2_0)
+#define QBYTES 66u
+// element e: byte 32 * (e / 128) + e % 32, bits 2 * ((e / 32) % 4)
+vec4 dequant4(uint b, uint j) {
+    const uint q = RD_U32A2(data_a, b + 32u * (j >> 7) + (j & 31u)) >> (2u * ((j >> 5) & 3u));
+    const uvec4 n = uvec4(q, q >> 8, q >> 16, q >> 24) & 3u;
+    return (vec4(n) - 1.0) * RD_F16(data_a, b + 64u);
+}
+#else
+#define QBYTES 54u
+// the n-th trit (0..2) of a packed byte: ((byte * 3^n mod 256) * 3) >> 8
+float trit(uint byte_, uint n) {
+    const uint p3[5] = uint[5](1u, 3u, 9u, 27u, 81u);
+    return float((((byte_ * p3[n]) & 0xffu) * 3u) >> 8) - 1.0;
+}
+// elements 0..159: 5 trits of bytes 0..31; 160..239: 5 of bytes 32..47; 240..255: 4 of qh[0..3]
+vec4 dequant4(uint b, uint j) {
+    uint off, n;
+    if (j < 160u) {
+        off = j & 31u; n = j >> 5;
+    } else if (j < 240u) {
+        off = 32u + ((j - 160u) & 15u); n = (j - 160u) >> 4;
+    } else {
+        off = 48u; n = (j - 240u) >> 2;
+    }
+    const uint q = RD_U32A2(data_a, b + off);
+    const float d = RD_F16(data_a, b + 52u);
+    return vec4(trit(q & 0xffu, n), trit((q >> 8) & 0xffu, n), trit((q >> 16) & 0xffu, n),
+                trit(q >> 24, n)) * d;
+}
+#endif
 
 #else
 #error "dequant.glsl: define one TYPE_*"

@@ -6,7 +6,8 @@
 # <op>[_<type>][_sg][_s16].
 #   _sg   subgroup-arithmetic reductions (chosen when the device supports them in compute)
 #   _s16  fp16 stores through 16-bit storage (chosen with storageBuffer16BitAccess)
-VK_TYPES := f32 f16 q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k iq4_nl iq4_xs mxfp4
+VK_TYPES := f32 f16 q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k iq4_nl iq4_xs mxfp4 \
+    iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s iq1_s iq1_m tq1_0 tq2_0
 
 VK_SHADERS := \
     binary:binary.comp: unary:unary.comp: rope:rope.comp: \

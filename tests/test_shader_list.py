@@ -3,6 +3,7 @@ backend reads it (pyggml/backend/vulkan/shaders.py) for the modules it needs; a 
 from the build is still named. No Vulkan device needed."""
 
 import shutil
+import sys
 import subprocess
 from pathlib import Path
 
@@ -42,3 +43,11 @@ def test_a_missing_shader_is_named(tmp_path):
     (tmp_path / f"{names[0]}.spv").write_bytes(b"\x03\x02\x23\x07")
     with settings.override(settings.Settings(shader_dir=tmp_path)):
         assert backend._check_shaders() is None
+
+
+def test_the_iq_codebooks_of_the_shaders_are_the_c_tables():
+    """shaders/iq_grids.glsl and pyggml/backend/vulkan/iq_grids.py are generated from
+    native/src/iq_grids.h by tools/make_iq_grids_glsl.py: neither is stale."""
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "make_iq_grids_glsl.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout

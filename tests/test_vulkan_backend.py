@@ -465,7 +465,7 @@ def test_unsupported_ops_and_types_are_refused(vk, cpu):
     ctx = Context(no_alloc=True)
     x256 = ctx.new_tensor("f32", [256, 2], name="x")
     refused = []
-    for wt in ("q2_k", "q3_k", "bf16", "iq1_m", "iq2_xxs"):
+    for wt in ("q2_k", "q3_k", "bf16", "nvfp4"):
         w = ctx.new_tensor(wt, [256, 4], name=f"w_{wt}")
         refused.append(ops.mul_mat(ctx, w, x256, name=f"mm_{wt}"))
         refused.append(ops.get_rows(ctx, w, ctx.new_tensor("i32", [2]), name=f"rows_{wt}"))

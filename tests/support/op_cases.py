@@ -77,9 +77,31 @@ class Inputs:
             return self.f16(*shape, scale=scale, name=name)
         if wtype == "i32":
             return self.i32(self.rng.integers(-1000, 1000, shape), name=name)
-        v = (self.rng.standard_normal(shape) * scale).astype(np.float32)
-        raw = quants.quantize(v.reshape(-1, shape[-1]), wtype).tobytes()
+        if wtype in GRID_TYPES:
+            raw = _grid_blocks(self.rng, wtype, int(np.prod(shape[:-1])), shape[-1] // 256)
+        else:
+            v = (self.rng.standard_normal(shape) * scale).astype(np.float32)
+            raw = quants.quantize(v.reshape(-1, shape[-1]), wtype).tobytes()
         return self._add(self.ctx.new_tensor(wtype, list(reversed(shape)), name=name), raw)
+
+
+# the codebook i-quants: files are read, not written (llama.cpp makes them with an importance
+# matrix), so their weights here are random codes, signs and scales with a small finite fp16 d
+GRID_TYPES = ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m")
+
+
+def _grid_blocks(rng, wtype: str, rows: int, n_blocks: int) -> bytes:
+    size = quants.row_bytes(wtype, 256)
+    b = rng.integers(0, 256, (rows, n_blocks, size), dtype=np.uint8)
+    h = (rng.standard_normal((rows, n_blocks)) * 0.02).astype(np.float16).view(np.uint16)
+    if wtype == "iq1_m":                     # d in the top nibbles of the four scale words
+        sc = b[..., 48:56].copy().view(np.uint16)
+        for k in range(4):
+            sc[..., k] = (sc[..., k] & 0x0FFF) | (((h >> (4 * k)) & 0xF) << 12)
+        b[..., 48:56] = sc.view(np.uint8)
+    else:
+        b[..., 0:2] = h.view(np.uint8).reshape(rows, n_blocks, 2)
+    return b.tobytes()
 
 
 def view_of_raw(t, raw: bytes) -> np.ndarray:
@@ -318,7 +340,7 @@ WTYPES = ["f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", 
 
 
 def _K(wtype, small=64):
-    return 512 if wtype.endswith("_k") or wtype == "iq4_xs" else small
+    return small if wtype in ("f32", "f16", "i32") or quants.block_size(wtype) < 256 else 512
 
 
 for _wt in WTYPES + ["i32"]:
@@ -610,13 +632,22 @@ case("flash_attn-f16-decode", 5e-6)(_single(lambda ctx, I: _fa_causal(ctx, I, nq
 # the types of the files of 2026 (issue 32): dequantized rows bit for bit (NMSE 0), products
 # against the CPU's Q8_0 / Q8_K activations within the quantized bound; MXFP4's 17-byte blocks
 # put rows at odd byte offsets (K 96: 51-byte rows)
-NEW_WTYPES = ["iq4_nl", "iq4_xs", "mxfp4"]
+NEW_WTYPES = ["iq4_nl", "iq4_xs", "mxfp4", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s",
+              "iq1_s", "iq1_m", "tq1_0", "tq2_0"]
 
 
 for _wt in NEW_WTYPES:
     case(f"get_rows-{_wt}", 0.0)(_single(
         lambda ctx, I, wt=_wt: ops.get_rows(ctx, I.weights(wt, 11, _K(wt, 160)),
                                             I.i32([3, 0, 10, 3, 7]))))
+    if _wt not in NEW_WTYPES[:3]:      # the others share the super-block loops of IQ4_XS:
+        for _M, _T in ((1, 1), (17, 9)):   # one matrix-vector and one tiled shape each
+            case(f"mul_mat-{_wt}-M{_M}", 5e-4)(_single(
+                lambda ctx, I, wt=_wt, M=_M: ops.mul_mat(ctx, I.weights(wt, 13, 512),
+                                                         I.f32(M, 512))))
+            case(f"mul_mat_id-{_wt}-T{_T}", 5e-4)(_single(
+                lambda ctx, I, wt=_wt, T=_T: _mul_mat_id(ctx, I, wt, T, 1)))
+        continue
     for _M in (1, 3, 17):
         case(f"mul_mat-{_wt}-M{_M}", 5e-4)(_single(
             lambda ctx, I, wt=_wt, M=_M: ops.mul_mat(ctx, I.weights(wt, 13, _K(wt, 96)),

@@ -235,6 +235,7 @@ class VulkanDevice(Device):
         self._buft = VulkanBufferType(self)
         self._buffers: list[tuple[int, "VulkanBuffer"]] = []     # sorted by base (weak refs)
         self._gelu = None
+        self._iq_grids = None
 
     @property
     def ctx(self) -> VkContext:
@@ -306,6 +307,16 @@ class VulkanDevice(Device):
             self._gelu = (dm, dm.window(0, table.nbytes)[0])
         return self._gelu[1]
 
+    def iq_grids(self):
+        """The codebooks of the IQ types (iq_grids.py), uploaded at first use."""
+        if self._iq_grids is None:
+            from pyggml.backend.vulkan.iq_grids import table
+            words = table()
+            dm = DeviceMemory(self.ctx, words.nbytes)
+            self.ctx.write(dm, 0, words)
+            self._iq_grids = (dm, dm.window(0, words.nbytes)[0])
+        return self._iq_grids[1]
+
 
 def _gelu_table() -> np.ndarray:
     """fp16 bits of gelu(x) for every fp16 x, exactly as the CPU backend computes it."""
@@ -367,6 +378,11 @@ class VulkanBuffer(Buffer):
         self.base = _reserve_space(n_bytes)
         self.device._register(self)
         self._finalizer = weakref.finalize(self, self.dm.release)
+        if usage == BufferUsage.ANY:
+            # as the CPU's host buffers: a fresh buffer reads as zeros (a KV cache's unwritten
+            # cells enter the non-flash attention's K·q product; garbage there may be NaN, which
+            # the -inf mask does not remove). Weights and compute buffers are written before use.
+            self.device.ctx.fill(self.dm, 0)
 
     def set_tensor(self, tensor, data, offset: int = 0) -> None:
         raw = memoryview(data).cast("B") if not isinstance(data, np.ndarray) \

@@ -27,8 +27,12 @@ F32, F16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.I32
 FLOAT_TYPES = (F32, F16)
 QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS,
-               GGMLType.MXFP4)
+               GGMLType.MXFP4, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS,
+               GGMLType.IQ3_S, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.TQ1_0, GGMLType.TQ2_0)
 WEIGHT_TYPES = FLOAT_TYPES + QUANT_TYPES          # MUL_MAT and GET_ROWS sources
+# types whose shaders read the codebook table at binding 5 (env.iq_grids(); iq_grids.glsl)
+GRID_TYPES = frozenset({GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS,
+                        GGMLType.IQ3_S, GGMLType.IQ1_S, GGMLType.IQ1_M})
 ESIZE = {F32: 4, I32: 4, F16: 2}
 BINARY = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}
 UNARY = {Op.SCALE: 0, Op.SILU: 1, Op.GELU: 2, Op.SQR: 3, Op.SQRT: 4, Op.TANH: 5,
@@ -206,8 +210,8 @@ def _rule_set_rows(t, b, c, *_):
 
 
 def _rule_cpy(t, a, *_):
-    if a is None or a.type not in FLOAT_TYPES or t.type not in FLOAT_TYPES:
-        return "F32/F16 copies only"
+    if a is None or not (a.type in FLOAT_TYPES and t.type in FLOAT_TYPES or a.type == t.type == I32):
+        return "F32/F16 copies and I32 -> I32 only"
     if not (_strides_ok(a, ESIZE[a.type]) and _strides_ok(t, ESIZE[t.type])):
         return "misaligned operands"
     return None if a.nelements() == t.nelements() else "element counts differ"
@@ -369,7 +373,8 @@ _RULES.update({op: _rule_unary for op in UNARY})
 class Builder:
     """Turns nodes into dispatches for one device. `env` supplies: cfg (KernelConfig),
     bind(addr, n) -> (window, byte offset in it), the special windows `dummy`, `status` and
-    `gelu_table()`, and the device's max_wg_count."""
+    `gelu_table()`, `iq_grids()` (the codebooks of the IQ types), and the device's
+    max_wg_count."""
 
     def __init__(self, env):
         self.env = env
@@ -411,6 +416,13 @@ class Builder:
         if node.op in VIEW_OPS or node.op == Op.NONE or node.nelements() == 0:
             return []
         return getattr(self, "_" + node.op.name.lower())(node)
+
+    def _weights_wins(self, a: Tensor, wins: tuple) -> tuple:
+        """The bindings of a dispatch reading weights `a`: the codebook table at 5 for the IQ
+        types."""
+        if a.type not in GRID_TYPES:
+            return wins
+        return tuple(wins) + (self.env.dummy,) * (5 - len(wins)) + (self.env.iq_grids(),)
 
     def _mk(self, name, spec, wins, push, grid, reads, writes) -> Dispatch:
         wins = list(wins) + [self.env.dummy] * (N_BINDINGS - len(wins))
@@ -536,7 +548,8 @@ class Builder:
                          od, sd[1], sd[2], sd[3], self.env.tag(t))
             rd = (a.data + r0 * a.nb[1], a.data + r0 * a.nb[1] + n)
             out.append(self._mk("get_rows_" + type_suffix(a.type), self._elem_spec(),
-                                (wa, wb, wd, self.env.status), push, grid, [rd, b], [t]))
+                                self._weights_wins(a, (wa, wb, wd, self.env.status)), push, grid,
+                                [rd, b], [t]))
         return out
 
     def _set_rows(self, t):
@@ -595,7 +608,7 @@ class Builder:
             if M <= cfg.mmv_max_cols:
                 nr = cfg.mmv_rows
                 out.append(self._mk(self._sg("mul_mat_vec_" + sfx), (cfg.wg_reduce, nr, M),
-                                    (wa, wb, wd), push, self.fold(-(-N // nr), B2 * B3),
+                                    self._weights_wins(a, (wa, wb, wd)), push, self.fold(-(-N // nr), B2 * B3),
                                     [rd, b], [t]))
             else:
                 tile = cfg.mm_tile
@@ -604,7 +617,7 @@ class Builder:
                 if any(g > m for g, m in zip(grid, mx)):
                     raise BackendError(f"mul_mat '{t.name}': grid {grid} exceeds the device's {mx}")
                 out.append(self._mk("mul_mat_" + sfx, ((tile // 4) ** 2, tile, tile),
-                                    (wa, wb, wd), push, grid, [rd, b], [t]))
+                                    self._weights_wins(a, (wa, wb, wd)), push, grid, [rd, b], [t]))
         return out
 
     def _mul_mat_id(self, t):
@@ -626,7 +639,7 @@ class Builder:
                          n_ids * n_tok, ob, sb[1], sb[2], oi, si[0], si[1], od, sd[1], sd[2],
                          self.env.tag(t))
             rd = (a.data + e0 * a.nb[2], a.data + e0 * a.nb[2] + n)
-            wins = (wa, wb, wd, wi, self.env.status)
+            wins = self._weights_wins(a, (wa, wb, wd, wi, self.env.status))
             if n_ids * n_tok <= cfg.mmv_max_cols:
                 out.append(self._mk(self._sg("mul_mat_vec_id_" + type_suffix(a.type)),
                                     (cfg.wg_reduce, nr, 1), wins, push,

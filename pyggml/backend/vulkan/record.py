@@ -119,6 +119,9 @@ class Recorder:
     def gelu_table(self):
         return self.device.gelu_table()
 
+    def iq_grids(self):
+        return self.device.iq_grids()
+
     def tag(self, node: Tensor) -> int:
         t = next(self._next_tag)
         self.tags[t] = f"'{node.name}' ({node.op.name})"
