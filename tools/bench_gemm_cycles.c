@@ -20,7 +20,11 @@ static const struct { const char *name; int32_t type; } k_names[] = {
     {"q4_0", PG_TYPE_Q4_0}, {"q4_1", PG_TYPE_Q4_1}, {"q5_0", PG_TYPE_Q5_0},
     {"q5_1", PG_TYPE_Q5_1}, {"q8_0", PG_TYPE_Q8_0}, {"q2_k", PG_TYPE_Q2_K},
     {"q3_k", PG_TYPE_Q3_K}, {"q4_k", PG_TYPE_Q4_K}, {"q5_k", PG_TYPE_Q5_K},
-    {"q6_k", PG_TYPE_Q6_K}, {"f16", PG_TYPE_F16},
+    {"q6_k", PG_TYPE_Q6_K}, {"f16", PG_TYPE_F16}, {"iq4_nl", PG_TYPE_IQ4_NL},
+    {"iq4_xs", PG_TYPE_IQ4_XS}, {"mxfp4", PG_TYPE_MXFP4}, {"tq2_0", PG_TYPE_TQ2_0},
+    /* made only with an importance matrix: random codes, each block's fp16 d 1/16 */
+    {"iq3_s", PG_TYPE_IQ3_S}, {"iq3_xxs", PG_TYPE_IQ3_XXS}, {"iq2_xxs", PG_TYPE_IQ2_XXS},
+    {"iq2_xs", PG_TYPE_IQ2_XS}, {"iq2_s", PG_TYPE_IQ2_S}, {"iq1_s", PG_TYPE_IQ1_S},
 };
 
 static double now(void) {
@@ -61,9 +65,19 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < K * N; i++) wf[i] = (float)rand() / RAND_MAX - 0.5f;
     for (int64_t i = 0; i < K * 512; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;
     for (size_t it = 0; it < sizeof(k_names) / sizeof(k_names[0]); it++) {
-        if (!strstr(types, k_names[it].name)) continue;
+        /* whole names: "q4_k" must not select iq4_k-like names by substring */
+        char want[80];
+        snprintf(want, sizeof want, ",%s,", k_names[it].name);
+        char have[256];
+        snprintf(have, sizeof have, ",%s,", types);
+        if (!strstr(have, want)) continue;
         const int32_t type = k_names[it].type;
+        const size_t row = (size_t)(K / pg_type_block_size(type)) * (size_t)pg_type_size(type);
         if (type == PG_TYPE_F16) pg_quantize_row_act(type, wf, w, K * N);
+        else if (pg_quantize_row(type, wf, w, K) == PG_ERR_UNSUPPORTED)
+            for (size_t b = 0; b < row * (size_t)N; b++)
+                w[b] = b % (size_t)pg_type_size(type) == 0 ? 0x00
+                     : b % (size_t)pg_type_size(type) == 1 ? 0x2C : (uint8_t)rand();
         else
             for (int64_t r = 0; r < N; r++)
                 pg_quantize_row(type, wf + r * K, w + r * (K / pg_type_block_size(type)) *
