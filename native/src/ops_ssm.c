@@ -138,6 +138,31 @@ static int seqs_ok(const pg_cparams *p, const int32_t *seq, int64_t T, int64_t S
  * window [history, x_0 .. x_{p-1}] at items p .. p+K-2, each a channel-inner row (of the
  * transposed history or of x). Threads split channels; every channel's sums are the same
  * operations whatever the ubatch. */
+/* A few tokens (decode): transposing kernel and history would cost more than the sums, so
+ * each channel runs in its own layout (the same operations as conv_rows: the same bits). */
+static void conv_direct(const pg_tensor *x, const float *kw, const pg_tensor *st,
+                        const int32_t *seq, int64_t C, int64_t T, int64_t K, int64_t S,
+                        int64_t c0, int64_t c1, float *y, float *ns) {
+    const int64_t n = K - 1;
+    for (int64_t s = 0; s < S; s++)
+        memcpy(ns + s * n * C + c0 * n, (const char *)st->data + s * st->nb[1] + c0 * n * 4,
+               (size_t)((c1 - c0) * n) * 4);
+    for (int64_t i = 0; i < T; i++) {
+        const float *xi = (const float *)((const char *)x->data + i * x->nb[1]);
+        float *state = ns + seq[i] * n * C, *yi = y + i * C;
+        for (int64_t c = c0; c < c1; c++) {
+            float *sc = state + c * n;
+            const float *kc = kw + c * K;
+            float sum = 0.0f;
+            for (int64_t j = 0; j < n; j++) sum += sc[j] * kc[j];
+            sum += xi[c] * kc[n];
+            yi[c] = sum;
+            for (int64_t j = 0; j + 1 < n; j++) sc[j] = sc[j + 1];
+            sc[n - 1] = xi[c];
+        }
+    }
+}
+
 static void fwd_ssm_conv(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const pg_tensor *x = PG_SRC(all, t, 0), *w = PG_SRC(all, t, 1), *st = PG_SRC(all, t, 2);
     const int32_t *seq = PG_SRC(all, t, 3)->data;
@@ -148,6 +173,10 @@ static void fwd_ssm_conv(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     int64_t c0, c1;
     pg_split(C, p->ith, p->nth, &c0, &c1);
     if (c0 >= c1) return;
+    if (T <= K) {
+        conv_direct(x, kw, st, seq, C, T, K, S, c0, c1, y, ns);
+        return;
+    }
     const int64_t nc = c1 - c0;
     const size_t per_thread = conv_floats(C, K, S) * sizeof(float) + order_bytes(T, S);
     float *wt = (float *)(p->work + (size_t)p->ith * per_thread);      /* [K][nc] */
