@@ -85,7 +85,8 @@ float round_f16(float f) {
     : ((buf[(off) >> 2] >> 16) | (buf[((off) >> 2) + 1u] << 16)))
 // u32 at any byte offset (blocks of odd size: MXFP4's 17 bytes)
 #define RD_U32U(buf, off) ((((off) & 3u) == 0u) ? buf[(off) >> 2] \
-    : ((buf[(off) >> 2] >> (((off) & 3u) << 3)) | (buf[((off) >> 2) + 1u] << (32u - (((off) & 3u) << 3)))))
+    : ((buf[(off) >> 2] >> (((off) & 3u) << 3)) \
+       | (buf[((off) >> 2) + 1u] << (32u - (((off) & 3u) << 3)))))
 #define RD_F16(buf, off) f16_to_f32(RD_U16(buf, off))
 #define RD_F32(buf, word) uintBitsToFloat(buf[word])
 

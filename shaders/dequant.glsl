@@ -264,7 +264,8 @@ vec4 dequant4(uint b, uint j) {
 vec4 dequant4(uint b, uint j) {
     const uint ib = j >> 5, l = (j >> 3) & 3u, h = (j >> 2) & 1u;
     const uint d16 = (RD_U16(data_a, b + 48u) >> 12) | ((RD_U16(data_a, b + 50u) >> 8) & 0xf0u)
-                   | ((RD_U16(data_a, b + 52u) >> 4) & 0xf00u) | (RD_U16(data_a, b + 54u) & 0xf000u);
+                   | ((RD_U16(data_a, b + 52u) >> 4) & 0xf00u)
+                   | (RD_U16(data_a, b + 54u) & 0xf000u);
     const uint qh = RD_U8(data_a, b + 32u + 2u * ib + (l >> 1));
     const uint idx = RD_U8(data_a, b + 4u * ib + l) | ((qh << ((l & 1u) != 0u ? 4u : 8u)) & 0x700u);
     const bool neg = (qh & ((l & 1u) != 0u ? 0x80u : 0x08u)) != 0u;

@@ -3,9 +3,10 @@ and the dispatches that compute a node (`build`). Semantics are those of the CPU
 native/src/ops_*.c; each shader's header comment states its contract.
 
 A dispatch names a SPIR-V module (build/shaders/<name>.spv), its specialization constants,
-N_BINDINGS bindings (whole windows, see device.py; the unused ones bound to a dummy), the push constants (offsets of the operands inside
-their windows, shapes, strides in elements) and a workgroup grid, plus the byte ranges it reads
-and writes (virtual addresses), from which the recorder derives barriers.
+N_BINDINGS bindings (whole windows, see device.py; the unused ones bound to a dummy), the push
+constants (offsets of the operands inside their windows, shapes, strides in elements) and a
+workgroup grid, plus the byte ranges it reads and writes (virtual addresses), from which the
+recorder derives barriers.
 """
 
 from __future__ import annotations
@@ -210,7 +211,8 @@ def _rule_set_rows(t, b, c, *_):
 
 
 def _rule_cpy(t, a, *_):
-    if a is None or not (a.type in FLOAT_TYPES and t.type in FLOAT_TYPES or a.type == t.type == I32):
+    if a is None or not (a.type in FLOAT_TYPES and t.type in FLOAT_TYPES
+                         or a.type == t.type == I32):
         return "F32/F16 copies and I32 -> I32 only"
     if not (_strides_ok(a, ESIZE[a.type]) and _strides_ok(t, ESIZE[t.type])):
         return "misaligned operands"
@@ -608,7 +610,8 @@ class Builder:
             if M <= cfg.mmv_max_cols:
                 nr = cfg.mmv_rows
                 out.append(self._mk(self._sg("mul_mat_vec_" + sfx), (cfg.wg_reduce, nr, M),
-                                    self._weights_wins(a, (wa, wb, wd)), push, self.fold(-(-N // nr), B2 * B3),
+                                    self._weights_wins(a, (wa, wb, wd)), push,
+                                    self.fold(-(-N // nr), B2 * B3),
                                     [rd, b], [t]))
             else:
                 tile = cfg.mm_tile
