@@ -197,3 +197,20 @@ def test_hybrid_on_vulkan_equals_cpu_f16(tmp_path, name):
         m.reset()
         b = np.concatenate([m.eval(tokens[:5]), m.eval(tokens[5:12])])
     assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("name", ["llama-iq4", "llama-iqgrid", "llama-tq", "smollm3", "mistral3"])
+def test_2026_weight_types_run_on_vulkan(tmp_path, name):
+    """The dense variants of tests/test_llm_archs.py whose matrices hold the issue-32 types
+    (IQ4_NL/IQ4_XS/MXFP4, the codebook IQ types, TQ1_0/TQ2_0) and the new dense architectures:
+    fully offloaded, nothing but the token lookup stays on the CPU (their logits against
+    llama.cpp on Vulkan: test_llm_archs.py::test_on_vulkan_matches_llamacpp)."""
+    path = ARCH.write_variant(name, tmp_path / f"{name}.gguf")
+    with LLM(path, n_ctx=256, n_threads=2, n_gpu_layers=99, device="Vulkan0") as m:
+        m.eval([300, 301, 302])
+        dev = m.backends[0].device.name
+        types = {w.type.name.lower() for n, w in m.weights.items()
+                 if n.startswith("blk.") and m.offload.weights[n].device == dev}
+        _assert_all_on_vulkan(m, {"inp_embd"}, {"MUL_MAT"})
+    assert set(ARCH.VARIANTS[name].types) <= types | {"q6_k", "q8_0", "q4_k", "q5_k"}
+    assert types & {"iq4_xs", "iq4_nl", "mxfp4", "iq2_xxs", "tq1_0", "tq2_0"}
