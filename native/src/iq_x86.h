@@ -1,5 +1,6 @@
-/* Multi-row decode and gemm scaffolding of the x86 i-quant kernels (quants_iq_avx2.c,
- * quants_iq_grid_avx2.c, quants_iq_avx512.c; compiled with at least AVX2 + FMA + F16C).
+/* Multi-row decode and gemm scaffolding of the x86 i-quant and ternary kernels
+ * (quants_iq_avx2.c, quants_iq_grid_avx2.c, quants_iq_avx512.c, quants_tq_avx2.c; compiled with
+ * at least AVX2 + FMA + F16C).
  *
  * vec_dot8 (quants.h): eight weight rows · nc activation rows. A type supplies ROW, which
  * decodes one weight row's block once and leaves, for each of C activation blocks, 8 int32
