@@ -173,7 +173,16 @@ NOT_SUPPORTED = {
     "top_n_sigma": (None, -1, -1.0, 0, 0.0), "samplers": (None,), "lora": (None, []),
     "n_keep": (None, 0, -1), "id_slot": (None, -1),
     "penalize_nl": (None, False), "n_indent": (None, 0), "t_max_predict_ms": (None, 0),
+    # OpenAI's newer chat fields with nothing to do here
+    "moderation": (None,), "prompt_cache_options": (None,),
+    "prompt_cache_retention": (None, "in_memory"), "verbosity": (None, "medium"),
 }
+#: OpenAI's request fields that only label a request (its model name — one model is served —,
+#: end user, metadata for stored completions, a cache-routing key: the prompt cache is always
+#: on): type-checked, and they change no token
+LABELS = {"model": str, "user": str, "safety_identifier": str, "prompt_cache_key": str,
+          "metadata": dict}
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 def _refuse_unsupported(body) -> None:
@@ -203,8 +212,41 @@ def _embedding_encoder(body):
                      f"{json.dumps(fmt)[:40]}", "encoding_format")
 
 
+def _check_labels(body) -> None:
+    for name, kind in LABELS.items():
+        v = body.get(name)
+        if v is not None and not isinstance(v, kind):
+            raise BadRequest(f"'{name}' must be {'a string' if kind is str else 'an object'}, "
+                             f"got {json.dumps(v)[:40]}", name)
+    meta = body.get("metadata") or {}
+    if any(not isinstance(v, str) for v in meta.values()):
+        raise BadRequest("'metadata' values must be strings", "metadata")
+
+
+def _template_kwargs(body) -> dict | None:
+    """chat_template_kwargs with OpenAI's reasoning_effort read as llama-server reads it: "none"
+    turns thinking off (enable_thinking false), another level is passed to the template."""
+    kwargs = body.get("chat_template_kwargs")
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return kwargs
+    if effort not in REASONING_EFFORTS:
+        raise BadRequest(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}, "
+                         f"got {json.dumps(effort)[:40]}", "reasoning_effort")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        return kwargs                   # ChatTurn's 400 names chat_template_kwargs
+    kwargs = dict(kwargs or {})
+    if effort == "none":
+        kwargs["enable_thinking"] = False
+        kwargs.pop("reasoning_effort", None)
+    else:
+        kwargs["reasoning_effort"] = effort
+    return kwargs
+
+
 def _common(body, max_default=None):
     _refuse_unsupported(body)
+    _check_labels(body)
     n = body.get("n")
     if n is not None and n != 1:
         _num(body, "n", 1, 1, None, integer=True)           # a bad value: the usual message
@@ -629,7 +671,7 @@ class Server:
                             tool_choice=body.get("tool_choice"),
                             parallel_tool_calls=body.get("parallel_tool_calls"),
                             **self._own_or_default(body),
-                            chat_template_kwargs=body.get("chat_template_kwargs"),
+                            chat_template_kwargs=_template_kwargs(body),
                             reasoning_format=body.get("reasoning_format"),
                             reasoning_budget=body.get("reasoning_budget"))
             return turn, turn.token_filter()
