@@ -435,8 +435,8 @@ def safe_load_bounded(text: str, file: str):
     builder = yaml.SafeLoader("")
     try:
         return builder.construct_document(node)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{file}: YAML error: {e}") from None
+    except (yaml.YAMLError, ValueError) as e:       # ValueError: an integer too long to convert
+        raise ConfigError(f"{file}: YAML error: {str(e)[:200]}") from None
     finally:
         builder.dispose()
 
@@ -491,7 +491,10 @@ def _parse_yaml(text: str, file: str) -> tuple[dict, dict]:
                 where[path + (i,)] = _where(file, item)
                 out.append(convert(item, path + (i,)))
             return out
-        return builder.construct_object(n)
+        try:
+            return builder.construct_object(n)
+        except ValueError as e:         # e.g. an integer of more digits than Python converts
+            raise ConfigError(f"{_where(file, n)}: {key_path(path)}: {str(e)[:100]}") from None
 
     where[()] = Where(file, 1, 1)
     data = convert(node, ())

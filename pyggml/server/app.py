@@ -334,7 +334,9 @@ class Server:
 
     # ---- simple endpoints ------------------------------------------------------------------
     async def health(self, request):
-        return JSONResponse({"status": "ok"})
+        from pyggml.server.health import health_body
+        status, body = health_body(self.llm)
+        return JSONResponse(body, status_code=status)
 
     async def models(self, request):
         return JSONResponse({"object": "list", "data": [

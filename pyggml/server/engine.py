@@ -35,7 +35,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from pyggml.errors import PyggmlError
+from pyggml.backend.rpc.protocol import RpcError
+from pyggml.errors import ContextOverflowError, PyggmlError
 from pyggml.llm.generate import Generation, decode_step
 
 
@@ -388,8 +389,12 @@ class Engine:
         try:
             out = decode_step(llm.context, [s.job.gen for s in batch])
         except PyggmlError as e:
+            # a backend that went away (an rpc-server): 503, as /health says; the context full
+            # (admission by cells should prevent it): 400
+            status = (503 if isinstance(e, RpcError) else
+                      400 if isinstance(e, ContextOverflowError) else 500)
             for s in batch:
-                self._fail(s, 400 if "context" in str(e) else 500, str(e))
+                self._fail(s, status, str(e))
             return
         if draft_chunks:
             try:

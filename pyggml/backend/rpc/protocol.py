@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import select
 import socket
 import struct
 import threading
@@ -400,6 +401,27 @@ class Connection:
                              f"from {_ver(PROTO_VERSION)} (the patch number follows ggml's op "
                              f"count); use an rpc-server built from llama.cpp 0c1e570")
         return ver
+
+    def alive(self) -> bool:
+        """Whether the connection still works as far as can be told without sending anything:
+        not failed, and the server has not closed it (a killed rpc-server's socket reads as
+        closed at once; one that is frozen is found by the next command's timeout). Never
+        blocks; a closed connection is marked broken."""
+        if self.broken is not None:
+            return False
+        try:
+            # a socket with a timeout waits for data inside recv, even with MSG_DONTWAIT: ask
+            # select first (readable: closed, failed or an answer is there; recv returns at once)
+            if not select.select([self._sock], [], [], 0)[0]:
+                return True              # open, nothing to read: the usual state
+            peek = self._sock.recv(1, socket.MSG_PEEK)
+        except (ValueError, OSError) as e:      # ValueError: the socket was closed here
+            self.broken = f"the connection failed: {e.strerror or e}"
+            return False
+        if peek == b"":
+            self.broken = "the server closed the connection"
+            return False
+        return True                      # an answer on its way (a command in flight)
 
     # ---- buffers freed by the garbage collector ----------------------------------------------
     def queue_free(self, remote_ptr: int) -> None:
