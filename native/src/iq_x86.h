@@ -117,15 +117,21 @@ static inline __m256i iqx_table(const int8_t *v) {
             const pg_block_q8_0 *yb[IQX_MAX_C];                                                 \
             IQX_UNROLL for (int j = 0; j < C; j++)                                              \
                 yb[j] = (const pg_block_q8_0 *)((const char *)vy + (size_t)j * by) + b;         \
-            __m256i is[IQX_MAX_C][8];                                                           \
-            IQX_UNROLL for (int r = 0; r < 8; r++) {                                            \
-                __m256i ri[IQX_MAX_C];                                                          \
-                ROW((const BT *)(x + (size_t)r * bx) + b, yb, C, ri);                           \
-                IQX_UNROLL for (int j = 0; j < C; j++) is[j][r] = ri[j];                        \
+            /* iqx_fold8's first hadds as each pair of rows comes (fewer live registers) */    \
+            __m256i h[IQX_MAX_C][4];                                                            \
+            IQX_UNROLL for (int r = 0; r < 8; r += 2) {                                         \
+                __m256i p0[IQX_MAX_C], p1[IQX_MAX_C];                                           \
+                ROW((const BT *)(x + (size_t)r * bx) + b, yb, C, p0);                           \
+                ROW((const BT *)(x + (size_t)(r + 1) * bx) + b, yb, C, p1);                     \
+                IQX_UNROLL for (int j = 0; j < C; j++) h[j][r / 2] = _mm256_hadd_epi32(p0[j], p1[j]); \
             }                                                                                   \
             const __m256 dx = DX(x, bx, b);                                                     \
             IQX_UNROLL for (int j = 0; j < C; j++) {                                            \
-                const __m256 f = _mm256_cvtepi32_ps(FIX(iqx_fold8(is[j]), yb[j]));             \
+                const __m256i a = _mm256_hadd_epi32(h[j][0], h[j][1]);                          \
+                const __m256i c = _mm256_hadd_epi32(h[j][2], h[j][3]);                          \
+                const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20),    \
+                                                      _mm256_permute2x128_si256(a, c, 0x31));   \
+                const __m256 f = _mm256_cvtepi32_ps(FIX(sums, yb[j]));                          \
                 const __m256 dy = _mm256_set1_ps(_cvtsh_ss(yb[j]->d));                          \
                 acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_mul_ps(dy, dx), f));        \
             }                                                                                   \
