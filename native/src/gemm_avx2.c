@@ -324,6 +324,7 @@ void pg_fill_gemm_avx2_for(pg_type_traits *tbl, uint32_t features) {
     for (int t = 0; t < PG_TYPE_COUNT; t++) tbl[t].gemm = NULL;
     if (features & PG_CPU_AVXVNNI) fill_avxvnni(tbl);
     else fill_avx2(tbl);
+    pg_fill_gemm_tile_avx2(tbl);
 }
 
 void pg_fill_gemm_avx2(pg_type_traits *tbl) { pg_fill_gemm_avx2_for(tbl, pg_g_cpu_features); }

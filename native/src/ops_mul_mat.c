@@ -131,8 +131,9 @@ static int tile_possible(const pg_tensor *w, const pg_tensor *x) {
     return 0;
 }
 
-/* each thread's tile, after the converted activations */
-static size_t tile_bytes(int64_t K) { return (size_t)(K / 256) * PG_TILE_SB_BYTES; }
+/* each thread's tile, after the converted activations (K rounded up to whole super-blocks: a
+ * legacy type's tile of K / 32 blocks is smaller than that) */
+static size_t tile_bytes(int64_t K) { return (size_t)((K + 255) / 256) * PG_TILE_SB_BYTES; }
 static size_t tile_offset(size_t act) { return (act + 63) / 64 * 64; }
 
 size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {

@@ -107,6 +107,7 @@ void pg_fill_kquants_avx512(pg_type_traits *tbl);
 void pg_fill_gemm_avx2(pg_type_traits *tbl);
 void pg_fill_gemm_avx512(pg_type_traits *tbl);
 void pg_fill_gemm_tile_avx512(pg_type_traits *tbl);   /* called by pg_fill_gemm_avx512 */
+void pg_fill_gemm_tile_avx2(pg_type_traits *tbl);     /* called by pg_fill_gemm_avx2_for */
 /* quants_iq_avx2.c: vec_dot, vec_dot8 and gemm of the iquants; called after the gemm fills */
 void pg_fill_iquants_avx2(pg_type_traits *tbl);
 void pg_fill_iq_grid_avx2(pg_type_traits *tbl);     /* quants_iq_grid_avx2.c */

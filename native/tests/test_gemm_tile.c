@@ -7,7 +7,8 @@
  *     (the −128 activations and the largest levels included);
  *   - nothing is written outside the nr outputs of each activation row;
  *   - MUL_MAT with enough activation rows to take the tiles, 1 and 2 threads, N not a multiple
- *     of 16: every row equals that row alone (decode's kernel). */
+ *     of 16, K not a multiple of 256 (legacy types): every row equals that row alone (decode's
+ *     kernel), and nothing is written past the planned work buffer. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -176,8 +177,11 @@ static int mul_mat(pg_threadpool *tp, int nth, int32_t type, int64_t K, int64_t 
     size_t ws = 0;
     int32_t bad = 0;
     if (pg_graph_work_size(t, 3, order, 1, nth, &ws) != PG_OK) return 0;
-    void *work = malloc(ws + 64);
+    uint8_t *work = malloc(ws + 64), canary[64];
+    memset(canary, 0xA5, sizeof canary);
+    memcpy(work + ws, canary, sizeof canary);   /* the bytes after the planned work buffer */
     const int ok = pg_graph_compute(t, 3, order, 1, tp, nth, work, ws, NULL, NULL, &bad) == PG_OK;
+    CHECK(memcmp(work + ws, canary, sizeof canary) == 0, "written past the work buffer (%zu B)", ws);
     free(work);
     return ok;
 }
@@ -185,17 +189,20 @@ static int mul_mat(pg_threadpool *tp, int nth, int32_t type, int64_t K, int64_t 
 /* a batch large enough for the tiles, N = 37 (two full tiles and a tail of 5; uneven split
  * between 2 threads): each row equals the row alone, on every path */
 PG_TEST(test_tile_mul_mat_row_independent_of_batch) {
-    enum { K = 512, N = 37, M = 45 };   /* K: whole blocks of every type */
+    /* K: whole super-blocks for the K-quants, 20 blocks of 32 for the legacy types (Gemma's 640:
+     * not a multiple of 256, the tile's size rounds up) */
+    enum { KMAX = 640, N = 37, M = 45 };
     pg_threadpool *tp = pg_threadpool_new(2);
     CHECK(tp != NULL, "thread pool");
     const int32_t cur = pg_cpu_path();
-    float *x = malloc(sizeof(float) * K * M), *batch = malloc(sizeof(float) * N * M);
+    float *x = malloc(sizeof(float) * KMAX * M), *batch = malloc(sizeof(float) * N * M);
     float alone[N];
-    uint8_t *w = malloc((size_t)N * 34 * (K / 32));   /* the largest row: Q8_0 */
+    uint8_t *w = malloc((size_t)N * 34 * (KMAX / 32));   /* the largest row: Q8_0 */
     for (int32_t path = PG_PATH_SCALAR; path < PG_PATH_COUNT; path++) {
         if (!pg_path_compiled(path) || pg_set_cpu_path(path) != PG_OK) continue;
         for (int it = 0; it < N_TYPES; it++) {
             const int32_t type = k_types[it];
+            const int64_t K = scalar_tr(type)->block_size == PG_QK_K ? 512 : KMAX;
             const size_t rb = pg_type_row_size(type, K);
             for (int i = 0; i < N; i++)
                 weight_row(type, w + i * rb, K / scalar_tr(type)->block_size, 0);
