@@ -4,10 +4,10 @@
  *
  * Per chunk of 4 elements and activation row, one maddubs of the 8 rows' levels with the
  * activation's 4 bytes broadcast gives int16 pair sums; the chunks of a scale group add up in
- * int16 as far as they cannot overflow (|q·a| pairs ≤ 2·max·128: 8 chunks for Q4_K's levels
- * ≤ 15, 4 for ≤ 31 (Q5_K) and ≤ 7 (Q3_K), 2 for Q6_K's ≤ 63, 4 for Q2_K's groups of 16), then
- * one madd with the rows' scales (int16 pairs) makes int32: 72 multiplies per 8 rows × 256
- * products for Q4_K where the four-rows-per-register gemm needs 128. Integer sums exact, the
+ * int16 as far as they cannot overflow (|q·a| pairs ≤ 2·max·128: 4 chunks for levels ≤ 31
+ * (Q5_K) and ≤ 7 (Q3_K), 2 for Q6_K's ≤ 63, 4 for Q2_K's groups of 16), then one madd with the
+ * rows' scales (int16 pairs) makes int32. Installed for Q2_K, Q3_K, Q5_K and Q6_K (1.1-1.4x
+ * the avx2 gemm in cache on AMD Zen 4); for Q4_K it was no faster. Integer sums exact, the
  * scalar vec_dot's fp32 super-block term per row in block order: the bits of vec_dot
  * (native/tests/test_gemm_tile.c). */
 #include <immintrin.h>
@@ -108,7 +108,6 @@ AINL void tile_gemm(int64_t n, const void *tile, const void *y, size_t by, int64
     }
 PG_TILE2_GEMM(tile_q2_K, 16, 4, 1)
 PG_TILE2_GEMM(tile_q3_K, 16, 4, 0)
-PG_TILE2_GEMM(tile_q4_K, 32, 8, 1)
 PG_TILE2_GEMM(tile_q5_K, 32, 4, 1)
 PG_TILE2_GEMM(tile_q6_K, 16, 2, 0)
 
@@ -117,8 +116,8 @@ void pg_fill_gemm_tile_avx2(pg_type_traits *tbl) {
     tbl[PG_TYPE_Q2_K].tile_gemm = tile_q2_K;
     tbl[PG_TYPE_Q3_K].tile_pack = pg_tile_pack_q3_K;
     tbl[PG_TYPE_Q3_K].tile_gemm = tile_q3_K;
-    tbl[PG_TYPE_Q4_K].tile_pack = pg_tile_pack_q4_K;
-    tbl[PG_TYPE_Q4_K].tile_gemm = tile_q4_K;
+    /* not Q4_K: measured no faster than the avx2 gemm here (in cache, 1 thread, K 1536, M 512,
+     * AMD Zen 4: 145 GOP/s both, with 8 or 4 chunks per int16 partial) */
     tbl[PG_TYPE_Q5_K].tile_pack = pg_tile_pack_q5_K;
     tbl[PG_TYPE_Q5_K].tile_gemm = tile_q5_K;
     tbl[PG_TYPE_Q6_K].tile_pack = pg_tile_pack_q6_K;
