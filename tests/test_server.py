@@ -180,7 +180,7 @@ def _malformed(rng: random.Random):
         "temperature": [-1, -0.01, "hot", float("nan"), True, [0.5]],
         "top_p": [1.5, -0.1, "x"], "top_k": [-1, 1.5, "x"], "min_p": [2, "x"],
         "repeat_penalty": [0, -1, "x"], "seed": ["x", 1.5], "stream": ["yes", 1],
-        "stop": [1, [1, 2], {"a": "b"}], "n": [2, 0, "x"], "logprobs": [-1, 100, "x"],
+        "stop": [1, [1, 2], {"a": "b"}], "n": [0, "x", -1], "logprobs": [-1, 100, "x"],
         "stream_options": ["x", 3],
     }
     cases = []

@@ -215,6 +215,12 @@ class Engine:
                     self._cv.wait(0.5)
                 if self._stop:
                     break
+                idle_with_requests = bool(self.pending) and self.busy_slots() == 0
+            # a backend gone while idle (an rpc-server restarted): reconnect before admitting
+            # (outside the lock: submit() from the event loop must not wait for the upload)
+            if idle_with_requests and not self._backends_ok():
+                continue
+            with self._cv:
                 self._admit()
             self._drop_cancelled()
             try:
@@ -228,6 +234,24 @@ class Engine:
                 self._fail(s, 503, "the server is shutting down")
         for job in self.pending:
             job.emit("error", 503, "the server is shutting down")
+
+    def _backends_ok(self) -> bool:
+        """The model's backends can compute, reconnected if an rpc-server went away and is
+        back (pyggml/server/health.py); else every waiting request gets a 503 naming it."""
+        from pyggml.server import health
+        if not health.backend_problems(self.llm):
+            return True
+        try:
+            problems = health.reconnect(self.llm)
+        except PyggmlError as e:
+            problems = [str(e)]
+        if not problems:
+            return True
+        with self._cv:
+            jobs, self.pending = list(self.pending), deque()
+        for job in jobs:
+            job.emit("error", 503, "; ".join(problems))
+        return False
 
     def _admit(self) -> None:
         """Give waiting requests free slots: the one holding the longest prefix of the prompt,

@@ -26,3 +26,34 @@ def health_body(llm) -> tuple[int, dict]:
     return 503, {"status": "error",
                  "error": {"message": "; ".join(problems), "type": "unavailable_error",
                            "code": 503}}
+
+
+def reconnect(llm) -> list[str]:
+    """Reconnect the rpc-servers of `llm` that went away (a restarted server listens on the
+    same endpoint again) and rebuild its run on them: the weights uploaded again, a new KV cache
+    (every sequence starts empty). Call it with no generation running (the server's worker does,
+    before admitting a request). Returns the problems left (empty: all well again)."""
+    from pyggml.backend import rpc
+    from pyggml.backend.rpc.backend import RpcBackend
+    from pyggml.llm.context import Context
+    from pyggml.llm.setup import build_run
+    dead = {be.device.conn.endpoint: be.device.conn.timeout_s for be in llm.backends
+            if isinstance(be, RpcBackend) and not be.device.conn.alive()}
+    if not dead:
+        return []
+    if llm.speculator is not None:
+        return backend_problems(llm)        # a draft model's run would need rebuilding too
+    with llm.lock:
+        rpc.unregister_endpoints(list(dead))
+        try:
+            rpc.register_endpoints(list(dead), timeout_s=max(dead.values()))
+        except rpc.RpcError as e:
+            return [str(e)]
+        old = llm.run
+        llm.run = build_run(llm.file, llm.offload, old.opts)
+        llm.context = Context(llm.run, llm.offload, llm.path)
+        try:
+            old.close()
+        except Exception:           # noqa: BLE001 - its connections are gone anyway
+            pass
+    return backend_problems(llm)
