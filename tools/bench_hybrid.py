@@ -15,12 +15,16 @@ llama.cpp on the same file.
    user message, then 32 greedy tokens. pyggml in process (LLM + Generation with prefix reuse:
    resumes from the state checkpoint at the end of the previous prompt); llama-server
    (~/.cache/pyggml/llamacpp-0.3.36/bin/llama-server) through /completion with token ids and
-   cache_prompt, at its defaults (context checkpoints on) and with --ctx-checkpoints 0 (the
-   full re-processing users of older builds report). Per turn: wall seconds and the prompt
-   tokens evaluated.
+   cache_prompt, at its defaults (context checkpoints on), and with --ctx-checkpoints 0 (the
+   full re-processing users of older builds report; only the last turn is run there, on a
+   fresh server: re-processing makes it a cold evaluation of that prompt). Per turn: wall
+   seconds and the prompt tokens evaluated.
 
     flock /tmp/pyggml-cpu.lock .venv/bin/python tools/bench_hybrid.py [--dir /tmp/bench_hybrid]
         [-t 2] [--system 4096] [--turns 5] [--skip-speed] [--skip-chat]
+    .venv/bin/python tools/bench_hybrid.py --ops [-t 1]     (only the two recurrent ops, alone:
+        µs per token and layer at the model's shapes, T = 1 and 512, best of several runs, on
+        the current kernel path; PYGGML_CPU_PATH / PYGGML_LIB choose path and library)
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import make_hybrid_models as H  # noqa: E402
 
 N_LAYER = 24
 LAPTOP = H.Shapes(e=1024, d=256, h=8, hkv=2, f=3584, h_k=16, h_v=16, dk=128, n_rot=64,
-                  sections=(11, 11, 10, 0))
+                  sections=(11, 11, 10, 0), n_ctx_train=262144)
 USER_TOKENS, REPLY_TOKENS = 64, 32
 
 
@@ -62,6 +66,45 @@ def write_laptop_model(path: Path) -> Path:
     spec = H.Hybrid("qwen35", "rrra" * (N_LAYER // 4), ("q4_k",), l_cache=4, seed=77,
                     shapes=LAPTOP, type_of=q4_k_m_type)
     return H.write_model(spec, path, "qwen35-0.8b-shapes")
+
+
+def op_times(threads: int) -> dict[str, float]:
+    """µs per token of GATED_DELTA_NET (16 heads of 128 × 128) and SSM_CONV (6144 channels,
+    kernel 4) at T = 1 and 512 tokens of one sequence."""
+    from pyggml import Context, Graph, ops
+    from pyggml.backend.cpu import CpuBackend, set_host_data
+    rng = np.random.default_rng(1)
+
+    def t_(ctx, a, ty="f32"):
+        t = ctx.new_tensor(ty, list(reversed(a.shape)))
+        set_host_data(t, a.astype(np.float32 if ty == "f32" else np.int32))
+        return t
+    cpu, res = CpuBackend(n_threads=threads), {}
+    H, Dk, C = LAPTOP.h_v, LAPTOP.dk, 2 * LAPTOP.h_k * LAPTOP.dk + LAPTOP.h_v * LAPTOP.dk
+    for T in (1, 512):
+        ctx = Context(mem_size=256 << 20, no_alloc=False)
+        k = rng.standard_normal((T, H, Dk))
+        k /= np.linalg.norm(k, axis=-1, keepdims=True)
+        delta = ops.gated_delta(ctx, t_(ctx, rng.standard_normal((T, H, Dk))), t_(ctx, k),
+                                t_(ctx, rng.standard_normal((T, H, Dk))),
+                                t_(ctx, -np.abs(rng.standard_normal((T, H)))),
+                                t_(ctx, np.full((T, H), 0.5)),
+                                t_(ctx, rng.standard_normal((1, H * Dk * Dk)) * 0.1),
+                                t_(ctx, np.zeros(T), "i32"), Dk ** -0.5)
+        conv = ops.ssm_conv(ctx, t_(ctx, rng.standard_normal((T, C))),
+                            t_(ctx, rng.standard_normal((C, 4))),
+                            t_(ctx, rng.standard_normal((1, 3 * C))), t_(ctx, np.zeros(T), "i32"))
+        for name, out in (("gated_delta", delta), ("ssm_conv", conv)):
+            g = Graph()
+            g.build_forward_expand(out)
+            cpu.graph_compute(g)
+            best = 1e9
+            for _ in range(max(3, 200 // T)):
+                t0 = time.perf_counter()
+                cpu.graph_compute(g)
+                best = min(best, time.perf_counter() - t0)
+            res[f"{name} T={T}"] = best / T * 1e6
+    return res
 
 
 def load_average() -> str:
@@ -150,7 +193,13 @@ def main(argv=None) -> int:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-chat", action="store_true")
+    ap.add_argument("--ops", action="store_true")
     a = ap.parse_args(argv)
+    if a.ops:
+        from pyggml import _native
+        print(f"path {_native.cpu_path()}, {a.threads} threads, load {load_average()}: " +
+              json.dumps({k: round(v, 1) for k, v in op_times(a.threads).items()}))
+        return 0
     a.dir.mkdir(parents=True, exist_ok=True)
     model = a.dir / "qwen35-0.8b-shapes-q4_k_m.gguf"
     if not model.exists():
@@ -173,15 +222,18 @@ def main(argv=None) -> int:
         runs["llama-server"] = chat_llama_server(model, prompts, a.threads, n_ctx, [],
                                                  a.dir / "llama-server.log")
         print(f"llama-server done (load {load_average()})", flush=True)
+        # without checkpoints every turn re-processes its whole prompt: turn N costs a cold
+        # evaluation of prompt N, so only the last turn is run (on a fresh server)
         runs["llama-server --ctx-checkpoints 0"] = chat_llama_server(
-            model, prompts, a.threads, n_ctx, ["--ctx-checkpoints", "0"],
+            model, prompts[-1:], a.threads, n_ctx, ["--ctx-checkpoints", "0"],
             a.dir / "llama-server-nocp.log")
         print(f"llama-server --ctx-checkpoints 0 done (load {load_average()})", flush=True)
         print("| engine | " + " | ".join(f"turn {i + 1} s (tokens evaluated)"
                                          for i in range(a.turns)) + " |")
         print("|---|" + "---|" * a.turns)
         for name, r in runs.items():
-            print(f"| {name} | " + " | ".join(f"{s:.2f} ({n})" for s, n in r) + " |")
+            cells = ["-"] * (a.turns - len(r)) + [f"{s:.2f} ({n})" for s, n in r]
+            print(f"| {name} | " + " | ".join(cells) + " |")
         last = {name: r[-1][0] for name, r in runs.items()}
         for name in list(last)[1:]:
             print(f"turn {a.turns}: {name} {last[name]:.2f} s / pyggml {last['pyggml']:.2f} s "

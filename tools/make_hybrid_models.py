@@ -50,6 +50,7 @@ class Shapes:
     n_rot: int = 16
     sections: tuple = (3, 3, 2, 0)
     f_exp: int = 128
+    n_ctx_train: int = 4096          # context_length
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def write_model(s: Hybrid, path, name: str) -> Path:
     w = gguf.GGUFWriter(str(path), s.arch)
     a = s.arch
     w.add_name(f"pyggml-random-{name}")
-    w.add_uint32(f"{a}.context_length", 4096)
+    w.add_uint32(f"{a}.context_length", s.shapes.n_ctx_train)
     w.add_uint32(f"{a}.embedding_length", E)
     w.add_uint32(f"{a}.block_count", len(s.layers))
     w.add_uint32(f"{a}.feed_forward_length", F)
