@@ -73,7 +73,7 @@ def test_several_prompts_and_a_stream_give_the_single_answers(qwen):
     ("/completion", {"prompt": [1, "x", 10 ** 9]}, "prompt"),
     ("/completion", {"prompt": "x", "n_predict": "8"}, "n_predict"),
     ("/completion", {"prompt": "x", "n_probs": 3}, "n_probs"),
-    ("/completion", {"prompt": "x", "mirostat": 2}, "mirostat"),
+    ("/completion", {"prompt": "x", "top_n_sigma": 1.5}, "top_n_sigma"),
     ("/infill", {"input_prefix": "a"}, "input_suffix"),
     ("/infill", {"input_prefix": "a", "input_suffix": "b", "input_extra": [{"name": 1}]},
      "input_extra"),
