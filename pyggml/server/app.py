@@ -30,7 +30,7 @@ from pyggml.llm.chatturn import ChatRequestError, ChatTurn
 from pyggml.llm.generate import Generation
 from pyggml.llm.grammar import constraint_for, request_spec
 from pyggml.server import choices, guard, webapi
-from pyggml.server.http import DEFAULTS, BadRequest, _json_body, error_response  # noqa: F401
+from pyggml.server.http import DEFAULTS, BadRequest, _json_body, error_response, sse  # noqa: F401
 from pyggml.server.engine import Engine, Job, QueueFullError
 
 # llama-server's sampling defaults
@@ -573,10 +573,10 @@ class Server:
         if isinstance(out, dict):
             return JSONResponse(out)
 
-        async def sse():
+        async def events():
             async for c in out:
-                yield _sse(c)
-        return _event_stream(sse())
+                yield sse(c)
+        return _event_stream(events())
 
     async def chat_completion(self, request, body: dict):
         """One chat completion request (OpenAI's body, checked here): the chat.completion
@@ -693,10 +693,10 @@ class Server:
         if isinstance(out, dict):
             return JSONResponse(out)
 
-        async def sse():
+        async def events():
             async for c in out:
-                yield _sse(c)
-        return _event_stream(sse())
+                yield sse(c)
+        return _event_stream(events())
 
     async def text_completion(self, request, body: dict):
         """One completions request (OpenAI's legacy body, checked here): the text_completion
@@ -831,12 +831,6 @@ def _web_assets() -> dict[str, bytes]:
     return {name: (root / name).read_bytes() for name in WEB_ASSETS}
 
 
-def _sse(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def _sse_error(ev) -> str:
-    return _sse({"error": {"message": ev[2], "type": "server_error", "code": ev[1]}})
 
 
 def _event_stream(events) -> StreamingResponse:

@@ -5,6 +5,8 @@ app.py import it, not each other."""
 
 from __future__ import annotations
 
+import json
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -36,3 +38,9 @@ async def _json_body(request: Request) -> dict:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
+
+
+def sse(obj) -> str:
+    """One server-sent event carrying `obj` as JSON."""
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+

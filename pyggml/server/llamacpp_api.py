@@ -23,7 +23,7 @@ import time
 from starlette.responses import JSONResponse, Response
 
 from pyggml.llm.generate import FINISH_STOP
-from pyggml.server.http import BadRequest, _json_body
+from pyggml.server.http import BadRequest, _json_body, sse
 
 # the chunk separator llama-server puts between extra files when the model has no FIM_SEP token
 SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
@@ -191,8 +191,6 @@ async def _collect(server, request, run: _Run, return_tokens: bool):
 def _event_stream(server, request, runs, return_tokens: bool):
     from starlette.responses import StreamingResponse
 
-    from pyggml.server.app import _sse
-
     async def events():
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -221,7 +219,7 @@ def _event_stream(server, request, runs, return_tokens: bool):
                 if msg is None:
                     n_open -= 1
                     continue
-                yield _sse(msg)
+                yield sse(msg)
         finally:
             for t in tasks:
                 t.cancel()
