@@ -57,7 +57,8 @@ def test_api_keywords_reach_the_sampler(tiny, kw):
 
 
 def test_n_choices_share_the_prompt_and_equal_single_runs(tiny):
-    kw = dict(max_tokens=10, temperature=40.0, top_k=0, top_p=1.0, min_p=0.0, seed=7, stop_at_eog=False)
+    kw = dict(max_tokens=10, temperature=40.0, top_k=0, top_p=1.0, min_p=0.0, seed=7,
+              stop_at_eog=False)
     singles = [tiny.create_completion(PROMPT, **dict(kw, seed=7 + i))["choices"][0]["text"]
                for i in range(3)]
     tiny.reset()
@@ -75,7 +76,8 @@ def test_n_choices_share_the_prompt_and_equal_single_runs(tiny):
 
 
 def test_n_choices_streamed(tiny):
-    kw = dict(max_tokens=6, temperature=40.0, top_k=0, top_p=1.0, min_p=0.0, seed=3, stop_at_eog=False)
+    kw = dict(max_tokens=6, temperature=40.0, top_k=0, top_p=1.0, min_p=0.0, seed=3,
+              stop_at_eog=False)
     whole = tiny.create_completion(PROMPT, n=2, **kw)
     texts, ends = ["", ""], {}
     for ch in tiny.create_completion(PROMPT, n=2, stream=True, **kw):

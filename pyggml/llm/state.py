@@ -134,8 +134,9 @@ def load_state(llm, state: LlamaState, seq_id: int = 0) -> None:
     mine = model_identity(llm)
     diff = [k for k in mine if state.model.get(k) != mine[k]]
     if diff:
+        shown = ", ".join(f"{k} {state.model.get(k)!r} here {mine[k]!r}" for k in diff[:2])
         raise StateError(f"this state was saved from another model: {', '.join(diff)} differ "
-                         f"({', '.join(f'{k} {state.model.get(k)!r} here {mine[k]!r}' for k in diff[:2])})")
+                         f"({shown})")
     ctx, kv = llm.context, llm.kv
     with ctx.lock:
         ctx.check_open()
