@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyggml.llm.chat import ChatTemplate
-from pyggml.llm.reasoning import (HARMONY, MISTRAL_THINK, THINK, ReasoningFormatError,
+from pyggml.llm.reasoning import (GEMMA4, HARMONY, MISTRAL_THINK, THINK, ReasoningFormatError,
                                   ReasoningSplitter, budget_close_text, opens_in_prompt,
                                   reasoning_for_template)
 from pyggml.llm.toolcalls import HarmonyFormat
@@ -26,7 +26,7 @@ def _source(name):
     ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", THINK),
     ("HuggingFaceTB-SmolLM3-3B.jinja", THINK),
     ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", MISTRAL_THINK),
-    ("openai-gpt-oss-120b.jinja", HARMONY),
+    ("openai-gpt-oss-120b.jinja", HARMONY), ("google-gemma-4-31B-it.jinja", GEMMA4),
     ("Qwen-Qwen2.5-7B-Instruct.jinja", None), ("meta-llama-Llama-3.1-8B-Instruct.jinja", None),
 ])
 def test_format_from_template(template, fmt):
@@ -49,6 +49,11 @@ def test_opens_in_prompt_from_rendered_templates():
     off = _prompt("Qwen-Qwen3-0.6B.jinja", enable_thinking=False)
     assert "</think>" in off and not opens_in_prompt(THINK, off)
     assert not opens_in_prompt(HARMONY, _prompt("openai-gpt-oss-120b.jinja"))
+    # Gemma 4: thinking off closes an empty thought in the prompt; on, the model opens it
+    for on in (False, True):
+        p = _prompt("google-gemma-4-31B-it.jinja", enable_thinking=on)
+        assert p.endswith("<|turn>model\n" if on else "<|channel>thought\n<channel|>")
+        assert not opens_in_prompt(GEMMA4, p)
     assert not opens_in_prompt(None, "<think>\n")
 
 
@@ -77,6 +82,14 @@ CASES = [
      "<tool_call>\n{}\n</tool_call>"),
     (MISTRAL_THINK, False, "[THINK]Count the rs.[/THINK]There are 3.", "Count the rs.",
      "There are 3."),
+    (GEMMA4, False, "<|channel>thought\nThe user greets.\n<channel|>Hello!", "The user greets.",
+     "Hello!"),
+    # llama.cpp's parser: an empty channel and a stray end marker in the content are dropped
+    (GEMMA4, False, "<|channel><|channel>thought\nx<channel|>Hi<channel|>", "x", "Hi"),
+    (GEMMA4, False, "Hi.<|channel>thought\n<channel|>", "", "Hi."),
+    (GEMMA4, False, "a <|chan b <channel c", "", "a <|chan b <channel c"),
+    (GEMMA4, False, "<|channel>thought\nstep<channel|><|tool_call>call:f{}<tool_call|>", "step",
+     "<|tool_call>call:f{}<tool_call|>"),
     (HARMONY, False, "<|channel|>analysis<|message|>User says hi.<|end|><|start|>assistant"
                      "<|channel|>final<|message|>Hello!<|return|>", "User says hi.",
      "<|start|>assistant<|channel|>final<|message|>Hello!<|return|>"),
@@ -120,7 +133,7 @@ def test_harmony_content_is_read_by_the_harmony_tool_format():
 
 
 def test_budget_close_text_ends_the_block():
-    for fmt in (THINK, MISTRAL_THINK, HARMONY):
+    for fmt in (THINK, MISTRAL_THINK, HARMONY, GEMMA4):
         close = budget_close_text(fmt)
         reasoning, content = _split(fmt, fmt.start + "thinking on and on" + close + "Answer.")
         assert (reasoning, content.split("<|message|>")[-1]) == ("thinking on and on", "Answer.")

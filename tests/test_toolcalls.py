@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyggml.llm.chat import ChatTemplate, normalize_messages
-from pyggml.llm.toolcalls import (FORMATS, GenericFormat, HarmonyFormat, HermesFormat,
-                                  Llama3Format, MistralFormat, Qwen3CoderFormat, ToolCall,
+from pyggml.llm.toolcalls import (FORMATS, Gemma4Format, GenericFormat, HarmonyFormat,
+                                  HermesFormat, Llama3Format, MistralFormat, Qwen3CoderFormat, ToolCall,
                                   ToolSpecError, format_for_template, prepare_messages,
                                   template_supports_system_role)
 
@@ -68,6 +68,8 @@ FAMILIES = {
     "microsoft-Phi-3.5-mini-instruct.jinja": (
         "generic", '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}, '
                    '"id": "abcDEF123"}}'),
+    "google-gemma-4-31B-it.jinja": (
+        "gemma4", '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
     "google-gemma-2-2b-it.jinja": (
         "generic", '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}, '
                    '"id": "abcDEF123"}}'),
@@ -235,6 +237,23 @@ OUTPUTS = {
          '<|call|>', '<|channel|>commentary to=functions.get_weather <|constrain|>json'
          '<|message|>{oops}<|call|>', []),
     ],
+    "gemma4": [
+        ('<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>', "", [PARIS]),
+        ('Checking both.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+         '<|tool_call>call:get_weather{city:<|"|>Rome<|"|>,days:2}<tool_call|>',
+         "Checking both.", [PARIS, ROME]),
+        # strings may hold anything but the quote token; keys bare, spaces allowed as llama.cpp
+        ('<|tool_call>call:f{q:<|"|>a}b, "c"\n<|"|>, n: {x: [1, -2.5, true, null, <|"|>s<|"|>]'
+         '}, e:{}}<tool_call|>', "",
+         [("f", {"q": 'a}b, "c"\n', "n": {"x": [1, -2.5, True, None, "s"]}, "e": {}})]),
+        ('<|tool_call>call:get_weather{city:Paris}<tool_call|> sorry',
+         '<|tool_call>call:get_weather{city:Paris}<tool_call|> sorry', []),
+        ('<|tool_call>call:get_weather{city:<|"|>Par', '<|tool_call>call:get_weather{city:<|"|>Par',
+         []),
+        ('<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}', '<|tool_call>call:get_weather'
+         '{city:<|"|>Paris<|"|>}', []),
+        ("The <|tool_ tag alone", "The <|tool_ tag alone", []),
+    ],
     "generic": [
         ('{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}', "", [PARIS]),
         ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": '
@@ -292,7 +311,10 @@ def test_parse_never_raises(fmt_name):
     fmt = FORMATS[fmt_name]
     for text in ("", " ", "{", "}", "[", "<", "<tool_call>", "[TOOL_CALLS]", "<|channel|>",
                  "<|start|>", '{"name": 1}', "<tool_call>{}</tool_call>", "\x00\uffff",
-                 '[TOOL_CALLS][{"name": "f"}, 3]', "<|channel|>x to=functions.f<|message|>[]"):
+                 '[TOOL_CALLS][{"name": "f"}, 3]', "<|channel|>x to=functions.f<|message|>[]",
+                 "<|tool_call>", "<|tool_call>call:f{", "<|tool_call>call:f{a:[<|\"|>",
+                 "<|tool_call>call:f{a:1,}<tool_call|>", "<|tool_call>call:{}<tool_call|>",
+                 "<|tool_call>call:f{a:-}<tool_call|>", "<|tool_call>call:f{:1}<tool_call|>"):
         content, calls = fmt.parse(text, TOOLS)
         assert isinstance(content, str) and isinstance(calls, list)
 
@@ -331,7 +353,7 @@ def test_streaming_equals_parsing_over_any_split(fmt_name, text, data):
     assert calls == _calls(want_calls)
 
 
-@pytest.mark.parametrize("fmt_name", ["hermes", "qwen3_coder", "mistral", "harmony"])
+@pytest.mark.parametrize("fmt_name", ["hermes", "qwen3_coder", "mistral", "harmony", "gemma4"])
 def test_no_markup_reaches_content_while_streaming(fmt_name):
     fmt = FORMATS[fmt_name]
     text = OUTPUTS[fmt_name][1][0]          # content, then calls
@@ -350,7 +372,7 @@ class _ByteTokenizer:
     can be driven a byte (or a special token) at a time."""
     SPECIALS = ["<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|start|>",
                 "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>",
-                "<|return|>"]
+                "<|return|>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>"]
 
     def __init__(self):
         self.eos_token_id = 256
@@ -434,6 +456,20 @@ GRAMMAR_CASES = [
     (GenericFormat(), {"required": True, "parallel": True},
      '{"tool_calls": [{"name": "get_time", "arguments": {"zone": "UTC"}}]}',
      '{"response": "Hello!"}'),
+    (Gemma4Format(), {}, '<|tool_call>call:get_weather{city:<|"|>Paris, "TX" {}<|"|>,days:3}'
+                         '<tool_call|>',
+     '<|tool_call>call:get_weather{days:3}<tool_call|>'),
+    (Gemma4Format(), {"parallel": True},
+     '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+     '<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>',
+     '<|tool_call>call:get_time{zone:<|"|>PST<|"|>}<tool_call|>'),
+    # required: a thought may come first (thinking on); days is an integer
+    (Gemma4Format(), {"required": True}, '<|channel>thought\nCall it.<channel|>'
+     '<|tool_call>call:get_weather{city:<|"|>Rome<|"|>}<tool_call|>',
+     '<|tool_call>call:get_weather{city:<|"|>Rome<|"|>,days:2.5}<tool_call|>'),
+    (Gemma4Format(), {"name": "get_time"},
+     '<|tool_call>call:get_time{zone:<|"|>CET<|"|>}<tool_call|>',
+     '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
     (HermesFormat(), {"name": "get_time"},
      '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>',
      '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
@@ -452,9 +488,13 @@ def test_grammar_accepts_the_call_and_rejects_bad_arguments(bytetok, fmt, kwargs
         llguidance.LLMatcher.grammar_from_lark(g), tok) == ""
     assert _accepts(tok, g, good, ids)
     assert not _accepts(tok, g, bad, ids)
-    if fmt.triggers or fmt.start_triggers:     # a lazy start can begin the grammar
+    if (fmt.triggers or fmt.start_triggers) and not (isinstance(fmt, Gemma4Format) and
+                                                     kwargs.get("required")):
+        # a lazy start can begin the grammar
         assert any(good.startswith(t) for t in fmt.triggers + fmt.start_triggers)
     # what the grammar makes reads back as calls
+    if good.startswith("<|channel>"):           # a thought: the reasoning splitter's part
+        good = good.split("<channel|>", 1)[1]
     content, calls = fmt.parse(good, TOOLS)
     assert (content, bool(calls)) in (("", True), ("Hello!", False))
 

@@ -114,6 +114,10 @@ class ChatTurn:
         msgs = tc.prepare_messages(messages, fmt, self.tools) if (
             self.tools or _has_tool_history(messages)) else messages
         self.prompt = chat_prompt(template, msgs, self.tools, kwargs)
+        if isinstance(fmt, tc.Gemma4Format) and self.prompt.endswith("<turn|>\n"):
+            # a history ending in a reply after tool results: Gemma 4's template opens no
+            # model turn there (llama.cpp's init_gemma4 adds it)
+            self.prompt += "<|turn>model\n"
         self.ids = prompt_ids(llm, self.prompt)
         self.thinking_in_prompt = self.markers is not None and \
             rsn.opens_in_prompt(self.markers, self.prompt)

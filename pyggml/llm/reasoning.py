@@ -5,8 +5,9 @@ the rest to `content`, never a marker to either.
 Families: `<think>...</think>` (Qwen3, QwQ, DeepSeek-R1 and its distills, SmolLM3, GLM, MiniMax,
 Kimi, Nemotron and the others of llama.cpp's models/templates that print it), Seed-OSS
 `<seed:think>...</seed:think>`, Mistral reasoning models (Magistral, Ministral 3 Reasoning)
-`[THINK]...[/THINK]`, and gpt-oss harmony, whose `analysis` channel is the reasoning
-(`<|channel|>analysis<|message|>...<|end|>`).
+`[THINK]...[/THINK]`, Gemma 4 `<|channel>thought\n...<channel|>` (llama.cpp's peg-gemma4: a
+stray `<channel|>` or an empty `<|channel>` in the content is dropped), and gpt-oss harmony,
+whose `analysis` channel is the reasoning (`<|channel|>analysis<|message|>...<|end|>`).
 
 For harmony the content that comes out is still harmony messages (headers of the final and
 commentary channels, tool calls): read it with pyggml.llm.toolcalls.HarmonyFormat (with or
@@ -28,11 +29,13 @@ class ReasoningFormatError(ModelError):
 class ReasoningFormat:
     """`start` / `end`: the markers around one reasoning block; `close`: the text to force when
     a reasoning budget is spent (the end marker and what the template writes after it), so the
-    model goes on with its answer."""
+    model goes on with its answer. `stray`: markup that may appear in the content outside a
+    block and is dropped there (never shown as content)."""
     name: str
     start: str
     end: str
     close: str
+    stray: tuple[str, ...] = ()
 
 
 THINK = ReasoningFormat("think", "<think>", "</think>", "\n</think>\n\n")
@@ -42,7 +45,13 @@ MISTRAL_THINK = ReasoningFormat("mistral", "[THINK]", "[/THINK]", "[/THINK]")
 HARMONY = ReasoningFormat("harmony", "<|channel|>analysis<|message|>", "<|end|>",
                           "<|end|><|start|>assistant<|channel|>final<|message|>")
 
-REASONING_FORMATS = {f.name: f for f in (THINK, SEED_THINK, MISTRAL_THINK, HARMONY)}
+# Gemma 4: "<|channel>" and "<channel|>" are single tokens, "thought" is text; the model may
+# end its content with an unmatched "<channel|>" or open an empty channel (llama.cpp's parser
+# consumes both)
+GEMMA4 = ReasoningFormat("gemma4", "<|channel>thought", "<channel|>", "\n<channel|>",
+                         stray=("<channel|>", "<|channel>"))
+
+REASONING_FORMATS = {f.name: f for f in (THINK, SEED_THINK, MISTRAL_THINK, HARMONY, GEMMA4)}
 
 
 def reasoning_for_template(template_source: str | None) -> ReasoningFormat | None:
@@ -51,6 +60,8 @@ def reasoning_for_template(template_source: str | None) -> ReasoningFormat | Non
     src = template_source or ""
     if "<|channel|>" in src:
         return HARMONY
+    if "<|channel>thought" in src:
+        return GEMMA4
     if "[THINK]" in src:
         return MISTRAL_THINK
     if "<seed:think>" in src:
@@ -142,8 +153,12 @@ class ReasoningSplitter:
             marker = self.fmt.end if self.in_reasoning else self.fmt.start
             kind = "reasoning" if self.in_reasoning else "content"
             i = self._buf.find(marker)
+            if not self.in_reasoning and self.fmt.stray and self._stray(i, final, events):
+                continue
             if i < 0:
-                hold = 0 if final else _partial_suffix(self._buf, marker)
+                hold = 0 if final else max(
+                    _partial_suffix(self._buf, m)
+                    for m in (marker,) + (() if self.in_reasoning else self.fmt.stray))
                 self._emit(kind, self._buf[:len(self._buf) - hold], events)
                 self._buf = self._buf[len(self._buf) - hold:]
                 break
@@ -153,3 +168,21 @@ class ReasoningSplitter:
             self._ws = ""
             self._strip_lead = True
         return events
+
+    def _stray(self, i_start: int, final: bool, events: list) -> bool:
+        """In the content: drop the first stray marker before the start marker (at `i_start`,
+        -1: none). True when the buffer changed (or must wait: then it is left as is)."""
+        best = None
+        for m in self.fmt.stray:
+            j = self._buf.find(m)
+            if j >= 0 and (i_start < 0 or j < i_start) and (best is None or j < best[0]):
+                best = (j, m)
+        if best is None:
+            return False
+        j, m = best
+        rest = self._buf[j:]
+        if not final and len(rest) < len(self.fmt.start) and self.fmt.start.startswith(rest):
+            return False            # may still become the start marker: the caller holds it
+        self._emit("content", self._buf[:j], events)
+        self._buf = self._buf[j + len(m):]
+        return True

@@ -10,8 +10,9 @@ and reads the reply with `fmt.parse(...)` or `fmt.stream(...)`.
 Families: Hermes 2/3, Qwen 2.5 / QwQ / Qwen3 (`<tool_call>{json}</tool_call>`), Qwen3-Coder XML
 (`<tool_call><function=NAME><parameter=P>...`), Llama 3.x JSON (`{"name", "parameters"}`, maybe
 after `<|python_tag|>`), Mistral (`[TOOL_CALLS]` with a JSON list, or `NAME[ARGS]{...}`, or
-`NAME[CALL_ID]id[ARGS]{...}`), gpt-oss harmony (`<|channel|>commentary to=functions.NAME ...`) and
-llama.cpp's generic JSON fallback for templates that cannot show tools.
+`NAME[CALL_ID]id[ARGS]{...}`), gpt-oss harmony (`<|channel|>commentary to=functions.NAME ...`),
+Gemma 4 (`<|tool_call>call:NAME{key:<|"|>text<|"|>}<tool_call|>`) and llama.cpp's generic JSON
+fallback for templates that cannot show tools.
 
 Model output is data, not an error: a call that does not parse is left in the content as the
 model wrote it, and nothing here raises on any text. Bad *input* (malformed `tools`, an unknown
@@ -854,6 +855,230 @@ class HarmonyFormat(ToolFormat):
         return g.source(f"{call} {more}".strip())
 
 
+# ---- Gemma 4 ---------------------------------------------------------------------------------
+_G4Q = '<|"|>'      # Gemma 4's string quote (one token)
+_G4_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_G4_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+
+
+class _G4Incomplete(Exception):
+    """The text ends inside the value."""
+
+
+class _G4Invalid(Exception):
+    """The text cannot be a Gemma 4 value."""
+
+
+def _g4_ws(s: str, i: int) -> int:
+    j = _skip_ws(s, i)
+    if j == len(s):
+        raise _G4Incomplete
+    return j
+
+
+def _g4_value(s: str, i: int) -> tuple[str, int]:
+    """(JSON text, index after) of the Gemma 4 value at s[i]: `<|"|>text<|"|>` strings, bare
+    `key:value` dicts, arrays, JSON numbers, true / false / null (llama.cpp's gemma4_to_json:
+    string text and keys JSON-escaped, numbers as written)."""
+    if i >= len(s):
+        raise _G4Incomplete
+    if s.startswith(_G4Q, i):
+        j = s.find(_G4Q, i + len(_G4Q))
+        if j < 0:
+            raise _G4Incomplete
+        return json.dumps(s[i + len(_G4Q):j], ensure_ascii=False), j + len(_G4Q)
+    if _G4Q.startswith(s[i:]):
+        raise _G4Incomplete
+    c = s[i]
+    if c in "{[":
+        close, items = ("}" if c == "{" else "]"), []
+        j = _g4_ws(s, i + 1)
+        if s[j] == close:
+            return ("{}" if c == "{" else "[]"), j + 1
+        while True:
+            if c == "{":
+                k = j
+                while k < len(s) and s[k] not in ":}":
+                    k += 1
+                if k == len(s):
+                    raise _G4Incomplete
+                if s[k] != ":" or k == j:
+                    raise _G4Invalid
+                key = s[j:k]
+                text, j = _g4_value(s, _g4_ws(s, k + 1))
+                items.append(json.dumps(key, ensure_ascii=False) + ":" + text)
+            else:
+                text, j = _g4_value(s, j)
+                items.append(text)
+            j = _g4_ws(s, j)
+            if s[j] == close:
+                body = ",".join(items)
+                return (f"{{{body}}}" if c == "{" else f"[{body}]"), j + 1
+            if s[j] != ",":
+                raise _G4Invalid
+            j = _g4_ws(s, j + 1)
+    for word in ("true", "false", "null"):
+        if s.startswith(word, i):
+            return word, i + len(word)
+        if word.startswith(s[i:]):
+            raise _G4Incomplete
+    m = _G4_NUMBER.match(s, i)
+    if m:
+        if m.end() == len(s):
+            raise _G4Incomplete     # more digits may follow
+        return m.group(0), m.end()
+    if s[i:] in ("-",):
+        raise _G4Incomplete
+    raise _G4Invalid
+
+
+class Gemma4Format(ToolFormat):
+    """Gemma 4: `<|tool_call>call:NAME{key:value,...}<tool_call|>`, one block per call and
+    nothing between parallel calls; values are Gemma 4's own notation (strings in `<|"|>`,
+    bare keys; see _g4_value), read into JSON arguments as llama.cpp's peg-gemma4 parser does.
+    The model ends its turn with `<|tool_response>` after its calls (an end-of-generation
+    token). Results go back as role "tool" messages, which the current template renders
+    itself; `embedded_responses` (templates without that support, before 2026's update): they
+    are folded into the calling assistant message's `tool_responses`, as llama.cpp's
+    convert_tool_responses_gemma4 does."""
+
+    name = "gemma4"
+    triggers = ("<|tool_call>",)
+    markers = ("<|tool_call>", "<tool_call|>", _G4Q, "<|channel>", "<channel|>")
+    _opens = ("<|tool_call>",)
+    _END = "<tool_call|>"
+
+    def __init__(self, embedded_responses: bool = False):
+        self.embedded_responses = embedded_responses
+
+    def _read(self, buf, i, opener, final, functions):
+        j = i + len(opener)
+        head = "call:"
+        if not buf.startswith(head, j):
+            if not final and head.startswith(buf[j:j + len(head)]) and len(buf) - j < len(head):
+                return _NEED_MORE, i, None
+            return _bad(buf, i, final, self._END)
+        j += len(head)
+        k = buf.find("{", j)
+        if k < 0:
+            rest = buf[j:]
+            if not final and (not rest or _G4_NAME.fullmatch(rest)):
+                return _NEED_MORE, i, None
+            return _bad(buf, i, final, self._END)
+        name = buf[j:k]
+        if not _G4_NAME.fullmatch(name):
+            return _bad(buf, i, final, self._END)
+        try:
+            args, end = _g4_value(buf, k)
+        except _G4Incomplete:
+            return (_CONTENT, len(buf), None) if final else (_NEED_MORE, i, None)
+        except _G4Invalid:
+            return _bad(buf, i, final, self._END)
+        if buf.startswith(self._END, end):
+            return _CALLS, end + len(self._END), [ToolCall(name, _compact(json.loads(args)),
+                                                           "")]
+        if not final and self._END.startswith(buf[end:]):
+            return _NEED_MORE, i, None
+        return _bad(buf, i, final, self._END)
+
+    # -- grammar: the arguments follow the tool's schema, keys in the sorted order the
+    # template writes them (dictsort); what a schema does not pin down is any Gemma 4 value
+    def _grammar_call(self, g, functions):
+        alts = []
+        for fname, params in functions.items():
+            args = self._g_object(g, _args_schema(params), "args_" + fname)
+            alts.append(g.rule(f'{g.text("<|tool_call>")} {_lit("call:" + fname)} {args} '
+                               f'{g.text(self._END)}', "call_" + fname))
+        return g.rule(" | ".join(alts), "tool_call")
+
+    def grammar(self, tools, required=False, name=None, parallel=False, token_ids=None):
+        """As ToolFormat.grammar; `required` (the reply is the call) lets a thought block come
+        first, as llama.cpp's grammar does."""
+        functions = _choose(tool_functions(tools), name)
+        g = _Lark(token_ids)
+        call = self._grammar_call(g, functions)
+        calls = f"{call}+" if parallel else call
+        if not required:
+            return g.source(calls)
+        thought = g.rule(f'{g.text("<|channel>")} "thought" {self._g_text(g, "<channel|>")}',
+                         "thought")
+        return g.source(f"{thought}? {calls}")
+
+    @staticmethod
+    def _g_text(g, end: str) -> str:
+        """Any text up to and including `end` (a single token when it is one)."""
+        if end in g.token_ids:
+            return g.rule(f"/(?s:.*)/ <[{int(g.token_ids[end])}]>", "text")
+        return g.rule("/(?s:.*)/", "text", attrs=f"[suffix={_lit(end)}]")
+
+    def _g_string(self, g) -> str:
+        return g.rule(f"{g.text(_G4Q)} {self._g_text(g, _G4Q)}", "str")
+
+    def _g_any(self, g) -> str:
+        """Any Gemma 4 value (rules made once per grammar)."""
+        if not getattr(g, "g4_any", False):
+            g.g4_any = True
+            string = self._g_string(g)
+            key = r'/[A-Za-z_][A-Za-z0-9_.\-]*/'
+            g.rules.append(f'g4_value: {string} | g4_dict | g4_list | '
+                           f'/{_G4_NUMBER.pattern}/ | "true" | "false" | "null"')
+            g.rules.append(f'g4_dict: "{{" (g4_kv ("," g4_kv)*)? "}}"')
+            g.rules.append(f'g4_kv: {key} ":" g4_value')
+            g.rules.append('g4_list: "[" (g4_value ("," g4_value)*)? "]"')
+        return "g4_value"
+
+    def _g_value(self, g, schema, hint: str) -> str:
+        if not isinstance(schema, Mapping):
+            return self._g_any(g)
+        enum = schema.get("enum")
+        if isinstance(enum, list) and enum and all(isinstance(e, str) for e in enum):
+            q = g.text(_G4Q)
+            return g.rule(" | ".join(f"{q} {_lit(e)} {q}" for e in enum), hint)
+        t = schema.get("type")
+        if t == "string" and "enum" not in schema:
+            return self._g_string(g)
+        if t == "integer":
+            return g.rule('/-?(0|[1-9][0-9]*)/', hint)
+        if t == "number":
+            return g.rule(f"/{_G4_NUMBER.pattern}/", hint)
+        if t == "boolean":
+            return g.rule('"true" | "false"', hint)
+        if t == "null":
+            return g.rule('"null"', hint)
+        if t == "object" and isinstance(schema.get("properties"), Mapping):
+            return self._g_object(g, schema, hint)
+        if t == "array":
+            item = self._g_value(g, schema.get("items"), hint + "_item")
+            return g.rule(f'"[" ({item} ("," {item})*)? "]"', hint)
+        return self._g_any(g)
+
+    def _g_object(self, g, schema, hint: str) -> str:
+        """`{key:value,...}`: the schema's properties in sorted order, the required ones
+        always, each other one optional, commas only between the ones written."""
+        props = schema.get("properties")
+        if not isinstance(props, Mapping) or not props:
+            if schema.get("additionalProperties") is False:
+                return g.rule('"{}"', hint)
+            self._g_any(g)
+            return "g4_dict"
+        required = set(schema.get("required") or ())
+        names = sorted(props)
+        items = [g.rule(f"{_lit(n + ':')} {self._g_value(g, props[n], f'{hint}_{n}')}",
+                        f"{hint}_{n}_kv") for n in names]
+        # after_k: the items from k on once one was written (each after a comma);
+        # first_k: the items from k on before any was written
+        after, first = ['""'], ['""']
+        for k in range(len(names) - 1, -1, -1):
+            a, f = after[0], first[0]
+            if names[k] in required:
+                after.insert(0, g.rule(f'"," {items[k]} {a}', f"{hint}_a"))
+                first.insert(0, g.rule(f"{items[k]} {a}", f"{hint}_f"))
+            else:
+                after.insert(0, g.rule(f'("," {items[k]})? {a}', f"{hint}_a"))
+                first.insert(0, g.rule(f"{items[k]} {a} | {f}", f"{hint}_f"))
+        return g.rule(f'"{{" {first[0]} "}}"', hint)
+
+
 GENERIC_INSTRUCTIONS = (
     "Respond in JSON format, either with `tool_call` (a request to call tools) or with "
     "`response` reply to the user's request.")
@@ -966,6 +1191,9 @@ def format_for_template(template_source: str | None) -> ToolFormat:
     src = template_source or ""
     if "<|channel|>" in src:
         return HarmonyFormat()
+    if "<|tool_call>call:" in src:
+        # llama.cpp tells the templates that render role "tool" messages by this comment
+        return Gemma4Format(embedded_responses="OpenAI Chat Completions:" not in src)
     if "[TOOL_CALLS]" in src:
         if "[CALL_ID]" in src:
             return MistralFormat("call_id")
@@ -980,7 +1208,8 @@ def format_for_template(template_source: str | None) -> ToolFormat:
 
 
 FORMATS = {f.name: f for f in (HermesFormat(), Qwen3CoderFormat(), Llama3Format(),
-                                MistralFormat(), HarmonyFormat(), GenericFormat())}
+                                MistralFormat(), HarmonyFormat(), Gemma4Format(),
+                                GenericFormat())}
 
 
 # ---- messages for rendering ------------------------------------------------------------------
@@ -1077,6 +1306,8 @@ def prepare_messages(messages, fmt: ToolFormat, tools=None,
         out = _one_call_per_message(out)
     elif isinstance(fmt, GenericFormat):
         out = _generic_messages(out, fmt, tools)
+    elif isinstance(fmt, Gemma4Format) and fmt.embedded_responses:
+        out = _gemma4_tool_responses(out)
     if not system_role:
         out = _system_into_user(out)
     return out
@@ -1115,6 +1346,46 @@ def _one_call_per_message(msgs: list[dict]) -> list[dict]:
             out.extend(r for r in results if r.get("tool_call_id") == c["id"])
         out.extend(r for r in results if r.get("tool_call_id") not in {c["id"] for c in calls})
         i = j
+    return out
+
+
+def _gemma4_tool_responses(msgs: list[dict]) -> list[dict]:
+    """An assistant message with calls, the role "tool" results after it and a plain assistant
+    reply after those become one assistant message with `tool_responses` ([{"name",
+    "response"}], a result that is JSON text parsed) — the older Gemma 4 templates' form."""
+    out: list[dict] = []
+    i = 0
+    while i < len(msgs):
+        m = msgs[i]
+        if m.get("role") != "assistant" or not m.get("tool_calls"):
+            out.append(m)
+            i += 1
+            continue
+        calls = m["tool_calls"]
+        merged = {"role": "assistant", "tool_calls": calls}
+        if isinstance(m.get("reasoning_content"), str):
+            merged["reasoning_content"] = m["reasoning_content"]
+        responses = []
+        i += 1
+        while i < len(msgs) and msgs[i].get("role") == "tool":
+            r = msgs[i]
+            body = r.get("content")
+            if isinstance(body, str):
+                try:
+                    body = json.loads(body)
+                except ValueError:
+                    pass
+            k = len(responses)
+            name = calls[k]["function"]["name"] if k < len(calls) else ""
+            responses.append({"name": name or r.get("tool_call_id", ""), "response": body})
+            i += 1
+        if responses:
+            merged["tool_responses"] = responses
+        if i < len(msgs) and msgs[i].get("role") == "assistant" and \
+                not msgs[i].get("tool_calls") and msgs[i].get("content"):
+            merged["content"] = msgs[i]["content"]
+            i += 1
+        out.append(merged)
     return out
 
 
