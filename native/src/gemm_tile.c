@@ -1,6 +1,6 @@
 /* The K-quant packs of the repacked 16-row tiles (layout: gemm_tile.h; why and the legacy
- * formats' packs: gemm_tile_avx512.c): portable C on 32-bit words (each word of a block's bytes holds 4 consecutive elements of the
- * row, so every decode is the scalar kernel's on 4 bytes at once; shifts and masks never mix
+ * formats' packs: gemm_tile_avx512.c): portable C on 32-bit words (each word of a block's
+ * bytes holds 4 consecutive elements of the row, so every decode is the scalar kernel's on 4 bytes at once; shifts and masks never mix
  * bytes), installed by each path that has tile kernels. A row's super-block costs a few hundred
  * operations, once per MUL_MAT, against 16 rows × every activation row of dots. */
 #include <string.h>
@@ -24,7 +24,7 @@ static inline void put(uint8_t *t, int chunk, int r, uint32_t v) {
     memcpy(t + PG_TILE_LV + 64 * chunk + 4 * r, &v, 4);
 }
 
-/* ---- K-quants --------------------------------------------------------------------------------- */
+/* ---- K-quants -------------------------------------------------------------------------------- */
 
 static void levels_k(int32_t type, const uint8_t *p, int r, uint8_t *t) {
     switch (type) {
@@ -139,7 +139,8 @@ static void pack_k(int32_t type, size_t bsize, int64_t n, const void *x, size_t 
     for (int64_t b = 0; b < n / PG_QK_K; b++) {
         uint8_t *t = (uint8_t *)tile + (size_t)b * PG_TILE_SB_BYTES;
         for (int r = 0; r < PG_TILE_ROWS; r++) {
-            const uint8_t *p = (const uint8_t *)x + (size_t)(r < nr ? r : 0) * bx + (size_t)b * bsize;
+            const uint8_t *p =
+                (const uint8_t *)x + (size_t)(r < nr ? r : 0) * bx + (size_t)b * bsize;
             levels_k(type, p, r, t);
             fields_k(type, p, r, t);
         }

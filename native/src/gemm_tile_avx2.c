@@ -43,7 +43,8 @@ AINL void tile_rows(int64_t n, const uint8_t *tile, const pg_block_q8_K *const *
             __m256i isum[PG_TILE2_C];
             PG_UNROLL for (int j = 0; j < C; j++) isum[j] = _mm256_setzero_si256();
             for (int g = 0; g < PG_QK_K / GS; g++) {
-                const __m256i s32 = _mm256_loadu_si256((const void *)(t + PG_TILE_SC + 64 * g + 32 * h));
+                const __m256i s32 =
+                    _mm256_loadu_si256((const void *)(t + PG_TILE_SC + 64 * g + 32 * h));
                 const __m256i scw = _mm256_or_si256(_mm256_and_si256(s32, lo16),
                                                     _mm256_slli_epi32(s32, 16));
                 PG_UNROLL for (int p = 0; p < GS / 4 / CH; p++) {

@@ -35,7 +35,7 @@
 #define AINL static inline __attribute__((always_inline))
 #define PG_UNROLL _Pragma("GCC unroll 16")
 
-/* ---- the legacy formats' pack: 16 rows at once ------------------------------------------------ */
+/* ---- the legacy formats' pack: 16 rows at once ----------------------------------------------- */
 
 /* The legacy packs are vectorized (a block is only 32 elements, so the per-row work of a
  * portable pack would cost as much as the dots of ~100 activation rows): G(o) gathers the dword
@@ -61,11 +61,14 @@ AINL void pack_leg(const int TYPE, size_t bsize, int64_t n, const void *x, size_
                 __m512i lo = _mm512_and_si512(q, m4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
                 if (TYPE == 1) {   /* qh bit j -> 0x10 of element j: 4 bits to 4 bytes */
-                    const __m512i sp = _mm512_set1_epi32(0x00204081), b1 = _mm512_set1_epi32(0x01010101);
-                    const __m512i hl = _mm512_and_si512(_mm512_srli_epi32(qh, 4 * k), _mm512_set1_epi32(0xF));
-                    const __m512i hh = _mm512_and_si512(_mm512_srli_epi32(qh, 16 + 4 * k), _mm512_set1_epi32(0xF));
-                    lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_mullo_epi32(hl, sp), b1), 4));
-                    hi = _mm512_or_si512(hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_mullo_epi32(hh, sp), b1), 4));
+                    const __m512i sp = _mm512_set1_epi32(0x00204081);
+                    const __m512i b1 = _mm512_set1_epi32(0x01010101), f = _mm512_set1_epi32(0xF);
+                    const __m512i hl = _mm512_and_si512(_mm512_srli_epi32(qh, 4 * k), f);
+                    const __m512i hh = _mm512_and_si512(_mm512_srli_epi32(qh, 16 + 4 * k), f);
+                    lo = _mm512_or_si512(
+                        lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_mullo_epi32(hl, sp), b1), 4));
+                    hi = _mm512_or_si512(
+                        hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_mullo_epi32(hh, sp), b1), 4));
                 }
                 const __m512i c = _mm512_set1_epi8(TYPE == 1 ? 16 : 8);
                 v[k] = _mm512_sub_epi8(lo, c);
@@ -132,14 +135,16 @@ AINL void tile_rows(int64_t n, const uint8_t *tile, const pg_block_q8_K *const *
         PG_UNROLL for (int j = 0; j < C; j++) {
             __m512i m = _mm512_setzero_si512();
             PG_UNROLL for (int k = 0; k < 8; k++)
-                m = _mm512_dpwssd_epi32(m, _mm512_loadu_si512((const void *)(t + PG_TILE_BW + 64 * k)),
-                                        bcast32(yb[j]->bsums + 2 * k));
+                m = _mm512_dpwssd_epi32(
+                    m, _mm512_loadu_si512((const void *)(t + PG_TILE_BW + 64 * k)),
+                    bcast32(yb[j]->bsums + 2 * k));
             const __m512 dy = _mm512_set1_ps(yb[j]->d);
             __m512 term;
             if (HAS_MIN) {   /* (dy·d)·isum − (dy·dmin)·summs */
                 const __m512 dmin = _mm512_loadu_ps((const void *)(t + PG_TILE_DMIN));
-                term = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(dy, d), _mm512_cvtepi32_ps(isum[j])),
-                                     _mm512_mul_ps(_mm512_mul_ps(dy, dmin), _mm512_cvtepi32_ps(m)));
+                term = _mm512_sub_ps(
+                    _mm512_mul_ps(_mm512_mul_ps(dy, d), _mm512_cvtepi32_ps(isum[j])),
+                    _mm512_mul_ps(_mm512_mul_ps(dy, dmin), _mm512_cvtepi32_ps(m)));
             } else {         /* (d·dy)·isum, isum with the levels' offset */
                 term = _mm512_mul_ps(_mm512_mul_ps(d, dy),
                                      _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[j], m)));
@@ -166,8 +171,8 @@ AINL void tile_rows_leg(int64_t n, const uint8_t *tile, const pg_block_q8_0 *con
         PG_UNROLL for (int e = 0; e < 8; e++) {
             const __m512i lv = _mm512_loadu_si512((const void *)(t + PG_TILE_LV + 64 * e));
             PG_UNROLL for (int j = 0; j < C; j++)
-                s[j] = _mm512_dpbusd_epi32(s[j], _mm512_xor_si512(bcast32(y[j][b].qs + 4 * e), flip),
-                                           lv);
+                s[j] = _mm512_dpbusd_epi32(
+                    s[j], _mm512_xor_si512(bcast32(y[j][b].qs + 4 * e), flip), lv);
         }
         const __m512i corr = _mm512_loadu_si512((const void *)(t + PG_TILE_LEG_CORR));
         const __m512 dx = _mm512_loadu_ps((const void *)(t + PG_TILE_LEG_D));

@@ -1,8 +1,9 @@
-/* The repacked 16-row tiles of prompt-sized K-quant MUL_MATs (pg_type_traits.tile_pack /
- * tile_gemm, gemm_tile_avx512.c), on every path this CPU runs that has them:
+/* The repacked 16-row tiles of prompt-sized MUL_MATs (pg_type_traits.tile_pack / tile_gemm,
+ * gemm_tile*.c), on every path this CPU runs that has them:
  *   - every result has the scalar vec_dot's bits (memcmp), for every type with a tile (the
- *     K-quants, Q4_0, Q5_0, Q8_0), rows of 1, 2 and 7 super-blocks (legacy: 1, 2, 7, 33 blocks), 1..16 weight rows, 1..19 activation rows
- *     (the kernel's 8-row passes and their tails), padded row strides;
+ *     K-quants, Q4_0, Q5_0, Q8_0), rows of 1, 2 and 7 super-blocks (legacy: 1, 2, 7, 33
+ *     blocks), 1..16 weight rows, 1..19 activation rows (the kernels' 4- and 8-row passes and
+ *     their tails), padded row strides;
  *   - all-ones scales with small integer levels: every term exact, which pins the integer sums
  *     (the −128 activations and the largest levels included);
  *   - nothing is written outside the nr outputs of each activation row;
@@ -181,7 +182,8 @@ static int mul_mat(pg_threadpool *tp, int nth, int32_t type, int64_t K, int64_t 
     memset(canary, 0xA5, sizeof canary);
     memcpy(work + ws, canary, sizeof canary);   /* the bytes after the planned work buffer */
     const int ok = pg_graph_compute(t, 3, order, 1, tp, nth, work, ws, NULL, NULL, &bad) == PG_OK;
-    CHECK(memcmp(work + ws, canary, sizeof canary) == 0, "written past the work buffer (%zu B)", ws);
+    CHECK(memcmp(work + ws, canary, sizeof canary) == 0, "written past the work buffer (%zu B)",
+          ws);
     free(work);
     return ok;
 }
