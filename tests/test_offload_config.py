@@ -94,12 +94,13 @@ def test_unknown_keys_with_did_you_mean(tmp_path):
 
 def test_wrong_types(tmp_path):
     msg, f = bad(tmp_path, "gpu_layers: many\nn_copies: 9\nop_offload: 'yes'\n"
-                           "context:\n  n_ctx: -5\nkv:\n  type_k: q4_0\n")
+                           "context:\n  n_ctx: -5\nkv:\n  type_k: q4_k\n")
     assert f"{f}:1:1: gpu_layers: expected an integer >= 0 or 'all', got 'many' (a string)" in msg
     assert f"{f}:2:1: n_copies: expected an integer in 1..4, got 9" in msg
     assert f"{f}:3:1: op_offload: expected true or false or a mapping" in msg
     assert f"{f}:5:3: context.n_ctx: expected an integer >= 0, got -5" in msg
-    assert f"{f}:7:3: kv.type_k: expected 'f16' or 'f32' or 'q8_0', got 'q4_0'" in msg
+    assert f"{f}:7:3: kv.type_k: expected 'f16' or 'f32' or 'bf16' or 'q8_0' or 'q4_0' or " \
+        f"'q4_1' or 'q5_0' or 'q5_1' or 'iq4_nl', got 'q4_k'" in msg
 
 
 def test_invalid_regex(tmp_path):

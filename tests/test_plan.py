@@ -397,7 +397,7 @@ def test_cli_run_and_bench_take_a_config(tiny_models, capsys):
     assert out.startswith("hello") and "generation 3 tokens" in err
     assert main(["bench", "-m", str(tm.path), "-c", cfg, "-p", "8", "-n", "2", "-t", "1",
                  "-r", "1"]) == 0
-    assert "| pp8 | 1 |" in capsys.readouterr().out
+    assert "| CPU | 1 | pp8 |" in capsys.readouterr().out
 
 
 @needs_vulkan

@@ -126,9 +126,8 @@ def cmd_bench(args) -> int:
         ref = bench.bench_llama_bench(model, bench.tests_of(prompts, gens, pgs), depths,
                                       setting_list, args.repetitions, exe=args.llama_bench)
         notes = bench.llamacpp_nondefaults()
-    backend = "CPU" if not ngl and config is None else "CPU+GPU"
     print(bench.format_output(args.output, rows, bench.ModelFacts.of(model), ref=ref,
-                              ref_notes=notes, backend=backend, n_gpu_layers=ngl))
+                              ref_notes=notes, n_gpu_layers=ngl))
     return 0
 
 

@@ -59,6 +59,7 @@ class BenchRow:
     n_depth: int = 0
     setting: Setting | None = None
     samples_ns: list[int] = field(default_factory=list)
+    backend: str = "CPU"   # llama-bench's column: the devices other than the CPU, or CPU
 
     @property
     def mean(self) -> float:
@@ -134,6 +135,9 @@ def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=
                  flash_attn=s.flash_attn, n_gpu_layers=n_gpu_layers, type_k=s.type_k,
                  type_v=s.type_v) as llm:
             V = llm.hparams.n_vocab
+            backend = ",".join(dict.fromkeys(b.device.name.rstrip("0123456789")
+                                             for b in llm.backends
+                                             if b.device.name != "CPU")) or "CPU"
             llm.eval(_tokens(min(8, need_ctx), V, 0))          # warm-up (graphs, pages)
             for d in depths:
                 llm.reset()
@@ -165,7 +169,7 @@ def bench_pyggml(model_path, prompts, gens, threads, reps, n_ctx=None, n_ubatch=
                         bar.update()
                     rows.append(BenchRow(test_name(n_p, n_g, d), s.n_threads,
                                          [1e9 * (n_p + n_g) / t for t in ns], n_p, n_g, d, s,
-                                         ns))
+                                         ns, backend))
     bar.close()
     return rows
 
@@ -364,7 +368,7 @@ def compare_rows(rows: list[BenchRow], ref: list[BenchRow] | None) -> dict:
 
 def format_table(rows: list[BenchRow], ref: list[BenchRow] | None = None,
                  model_name: str = "", ref_notes: list[str] | None = None,
-                 model: ModelFacts | None = None, backend: str = "CPU") -> str:
+                 model: ModelFacts | None = None) -> str:
     """llama-bench's markdown table: model, size, params, backend, threads, the settings not at
     llama-bench's defaults, test, t/s; with `ref` (llama.cpp's rows) its t/s and a ratio per
     row, and under the table what made llama.cpp's run differ from its defaults (`ref_notes`,
@@ -381,7 +385,8 @@ def format_table(rows: list[BenchRow], ref: list[BenchRow] | None = None,
     for r in rows:
         s = r.setting or Setting(n_threads=r.n_threads)
         cells = [model.desc, _size(model.size) if model.size else "-",
-                 _params(model.n_params) if model.n_params else "-", backend, str(r.n_threads)]
+                 _params(model.n_params) if model.n_params else "-", r.backend,
+                 str(r.n_threads)]
         cells += [str(int(getattr(s, c)) if c == "flash_attn" else getattr(s, c)) for c in extra]
         cells += [r.test, f"{r.mean:.2f} ± {r.std:.2f}"]
         if ref:
@@ -395,15 +400,14 @@ def format_table(rows: list[BenchRow], ref: list[BenchRow] | None = None,
 
 
 def format_output(fmt: str, rows: list[BenchRow], model: ModelFacts, *,
-                  ref: list[BenchRow] | None = None, ref_notes=None, backend: str = "CPU",
+                  ref: list[BenchRow] | None = None, ref_notes=None,
                   n_gpu_layers: int = 0) -> str:
     """`-o md|csv|json|jsonl` as llama-bench's printers (csv/json/jsonl: its field names; with
-    `ref`, llama.cpp's records follow with backends 'llama.cpp')."""
+    `ref`, llama.cpp's records follow; `engine` says whose a record is)."""
     if fmt == "md":
-        return format_table(rows, ref, model.desc, ref_notes=ref_notes, model=model,
-                            backend=backend)
+        return format_table(rows, ref, model.desc, ref_notes=ref_notes, model=model)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    recs = [record(r, model, backend, n_gpu_layers, stamp) for r in rows]
+    recs = [record(r, model, r.backend, n_gpu_layers, stamp) for r in rows]
     recs += [dict(record(r, model, "CPU", n_gpu_layers, stamp), engine="llama.cpp")
              for r in ref or []]
     for rec in recs[:len(rows)]:
