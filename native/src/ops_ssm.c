@@ -243,9 +243,11 @@ static void fwd_gated_delta(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
                    (size_t)(nr * Dk) * 4);
             for (int32_t m = off[s]; m < off[s + 1]; m++) {
                 const int64_t i = order[m];
-                const float *qd = (const float *)((const char *)q->data + i * q->nb[2] + (h % Hk) * q->nb[1]);
-                const float *kd = (const float *)((const char *)k->data + i * k->nb[2] + (h % Hk) * k->nb[1]);
-                const float *vd = (const float *)((const char *)v->data + i * v->nb[2] + h * v->nb[1]);
+                const char *qb = (const char *)q->data, *kb = (const char *)k->data;
+                const float *qd = (const float *)(qb + i * q->nb[2] + (h % Hk) * q->nb[1]);
+                const float *kd = (const float *)(kb + i * k->nb[2] + (h % Hk) * k->nb[1]);
+                const float *vd = (const float *)((const char *)v->data + i * v->nb[2] +
+                                                  h * v->nb[1]);
                 kn->delta_rows(Dk, nr, rows, kd, qd, vd + j0, expf(g[i * H + h]), beta[i * H + h],
                                scale, o + (i * H + h) * Dv + j0);
             }

@@ -17,7 +17,8 @@ void    pg_fwd_ssm(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
 typedef struct pg_ssm_kernels {
     /* One token of the gated delta rule on n rows of one head's state (row r at rows + r·Dk
      * holds column j0 + r of S[i][j]): per row,
-     *   row *= decay; d = (v[r] - Σ_i row[i]·k[i])·beta; row += k·d; o[r] = scale·Σ_i row[i]·q[i] */
+     *   row *= decay; d = (v[r] - Σ_i row[i]·k[i])·beta; row += k·d;
+     *   o[r] = scale·Σ_i row[i]·q[i] */
     void (*delta_rows)(int64_t Dk, int64_t n, float *rows, const float *k, const float *q,
                        const float *v, float decay, float beta, float scale, float *o);
     /* One token of the short convolution on n channels, K-1 = nk taps of history:

@@ -107,7 +107,8 @@ static void conv_rows_avx2(int64_t n, int64_t nk, const float *const *hist, cons
         for (int64_t j = 0; j < nk; j++)
             sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_loadu_ps(hist[j] + c),
                                                    _mm256_loadu_ps(w + j * ldw + c)));
-        sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(w + nk * ldw + c)));
+        sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_loadu_ps(x + c),
+                                               _mm256_loadu_ps(w + nk * ldw + c)));
         _mm256_storeu_ps(y + c, sum);
     }
     for (; c < n; c++) {

@@ -13,7 +13,8 @@
 AI __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 #define FOLD(a) _mm256_add_ps(_mm512_castps512_ps256(a), \
                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)))
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(FOLD(a0), FOLD(a1)), _mm256_hadd_ps(FOLD(a2), FOLD(a3)));
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(FOLD(a0), FOLD(a1)),
+                                    _mm256_hadd_ps(FOLD(a2), FOLD(a3)));
 #undef FOLD
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }

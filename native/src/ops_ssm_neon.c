@@ -37,10 +37,14 @@ static void delta_rows_neon(int64_t Dk, int64_t n, float *rows, const float *k, 
         const float d = (v[r] - sum) * beta;
         a0 = a1 = a2 = a3 = vdupq_n_f32(0.0f);
         for (e = 0; e < D16; e += 16) {
-            const float32x4_t x0 = vfmaq_n_f32(vmulq_n_f32(vld1q_f32(row + e), decay), vld1q_f32(k + e), d);
-            const float32x4_t x1 = vfmaq_n_f32(vmulq_n_f32(vld1q_f32(row + e + 4), decay), vld1q_f32(k + e + 4), d);
-            const float32x4_t x2 = vfmaq_n_f32(vmulq_n_f32(vld1q_f32(row + e + 8), decay), vld1q_f32(k + e + 8), d);
-            const float32x4_t x3 = vfmaq_n_f32(vmulq_n_f32(vld1q_f32(row + e + 12), decay), vld1q_f32(k + e + 12), d);
+            const float32x4_t x0 = vfmaq_n_f32(vmulq_n_f32(vld1q_f32(row + e), decay),
+                                                 vld1q_f32(k + e), d);
+            const float32x4_t x1 = vfmaq_n_f32(vmulq_n_f32(vld1q_f32(row + e + 4), decay),
+                                                 vld1q_f32(k + e + 4), d);
+            const float32x4_t x2 = vfmaq_n_f32(vmulq_n_f32(vld1q_f32(row + e + 8), decay),
+                                                 vld1q_f32(k + e + 8), d);
+            const float32x4_t x3 = vfmaq_n_f32(vmulq_n_f32(vld1q_f32(row + e + 12), decay),
+                                                 vld1q_f32(k + e + 12), d);
             vst1q_f32(row + e, x0);
             vst1q_f32(row + e + 4, x1);
             vst1q_f32(row + e + 8, x2);
@@ -51,7 +55,8 @@ static void delta_rows_neon(int64_t Dk, int64_t n, float *rows, const float *k, 
             a3 = vfmaq_f32(a3, x3, vld1q_f32(q + e + 12));
         }
         for (; e < D4; e += 4) {
-            const float32x4_t x = vfmaq_n_f32(vmulq_n_f32(vld1q_f32(row + e), decay), vld1q_f32(k + e), d);
+            const float32x4_t x = vfmaq_n_f32(vmulq_n_f32(vld1q_f32(row + e), decay),
+                                                 vld1q_f32(k + e), d);
             vst1q_f32(row + e, x);
             a0 = vfmaq_f32(a0, x, vld1q_f32(q + e));
         }

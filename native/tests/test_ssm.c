@@ -52,9 +52,12 @@ PG_TEST(test_ssm_delta_rows_match_scalar) {
             for (int t = 0; t < NTOK; t++) {
                 double ss = 0;
                 for (int64_t e = 0; e < Dk; e++) ss += (double)k[t * MAXD + e] * k[t * MAXD + e];
-                for (int64_t e = 0; e < Dk; e++) kn_[t * MAXD + e] = k[t * MAXD + e] / (float)sqrt(ss);
+                for (int64_t e = 0; e < Dk; e++)
+                    kn_[t * MAXD + e] = k[t * MAXD + e] / (float)sqrt(ss);
             }
-            memcpy(s0, init, sizeof(init)); memcpy(s1, init, sizeof(init)); memcpy(s2, init, sizeof(init));
+            memcpy(s0, init, sizeof(init));
+            memcpy(s1, init, sizeof(init));
+            memcpy(s2, init, sizeof(init));
             run_delta(ref, Dk, n, n, s0, kn_, q, v, g, b, o0);
             run_delta(kn, Dk, n, n, s1, kn_, q, v, g, b, o1);
             run_delta(kn, Dk, n, 5, s2, kn_, q, v, g, b, o2);
