@@ -83,8 +83,9 @@ CTOR_PROBES = [
     ("offload dict", _ctor(offload={}), ArgumentTypeError, "offload"),
     ("config int", lambda p: LLM(p, config=42), ArgumentTypeError, "42"),
     ("progress str", _ctor(progress="yes"), ArgumentTypeError, "'yes'"),
-    ("quantized V without flash attention", _ctor(type_v="q8_0", flash_attn=False), ModelError,
-     "flash attention"),
+    # (a quantized V without flash attention runs now: llama.cpp's KV types, both paths)
+    ("KV type llama.cpp does not offer", _ctor(type_k="q2_k"), ModelError,
+     "type_k must be one of f16"),
     ("KV cache past memory", _ctor(n_ctx=2 ** 36), InsufficientMemoryError, "n_ctx=68719476736"),
 ]
 
