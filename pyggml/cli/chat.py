@@ -16,7 +16,7 @@ import sys
 from pyggml.cli.args import (add_sampling_args, grammar_from_args, sampling_from_args,
                              spec_stats_line)
 from pyggml.cli.serve import add_model_arguments, load_llm
-from pyggml.errors import ModelError, PyggmlError
+from pyggml.errors import ModelError
 
 HELP = ("commands: /help, /regen (answer the last message again), /clear (forget the "
         "conversation), /exit (or Ctrl-D); Ctrl-C stops a reply")
