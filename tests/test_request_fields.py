@@ -95,3 +95,30 @@ def test_reasoning_effort_reaches_the_template_as_llama_server_passes_it(client)
         "enable_thinking": False}
     r = _post(client, "chat", "reasoning_effort", "extreme")
     assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort"
+
+
+def test_several_prompts_are_one_choice_each_as_openai_numbers_them(client):
+    prompts = ["a b c", "the cat", "x y"]
+    singles = [client.post("/v1/completions", json={"prompt": p, "max_tokens": 4,
+                                                    "temperature": 0}).json() for p in prompts]
+    r = client.post("/v1/completions", json={"prompt": prompts, "max_tokens": 4,
+                                             "temperature": 0})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert [c["index"] for c in got["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in got["choices"]] == [s["choices"][0]["text"] for s in singles]
+    assert got["usage"]["prompt_tokens"] == sum(s["usage"]["prompt_tokens"] for s in singles)
+    assert got["usage"]["completion_tokens"] == sum(s["usage"]["completion_tokens"]
+                                                    for s in singles)
+    ids = client.post("/tokenize", json={"content": "a b c"}).json()["tokens"]
+    r = client.post("/v1/completions", json={"prompt": [ids, ids], "max_tokens": 4,
+                                             "temperature": 0, "stream": True})
+    texts = {0: "", 1: ""}
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            import json
+            for c in json.loads(line[6:])["choices"]:
+                texts[c["index"]] += c["text"]
+    assert texts[0] == texts[1] != ""
+    r = client.post("/v1/completions", json={"prompt": ["a"] * 65, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"

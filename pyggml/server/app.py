@@ -702,13 +702,16 @@ class Server:
         """One completions request (OpenAI's legacy body, checked here): the text_completion
         dict, or with "stream" an async iterator of its chunk dicts (an error after the start
         comes as an {"error": ...} item), or a Response to send instead; as chat_completion."""
-        if choices.wanted(body):            # n > 1: n one-choice requests, merged
-            bodies = choices.choice_bodies(body, len(self.engine.slots))
+        batch = choices.prompt_bodies(body, len(self.engine.slots))
+        if batch is None and choices.wanted(body):      # n > 1: n one-choice requests
+            batch = choices.choice_bodies(body, len(self.engine.slots)), body["n"]
+        if batch is not None:                           # ... or several prompts: merged
+            bodies, n = batch
             if _bool(body, "stream"):
                 usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 return choices.merged_stream([await self.text_completion(request, b)
-                                              for b in bodies], usage)
-            return await choices.merged([self.text_completion(request, b) for b in bodies])
+                                              for b in bodies], usage, n)
+            return await choices.merged([self.text_completion(request, b) for b in bodies], n)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -721,8 +724,8 @@ class Server:
               all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < V for t in prompt)):
             ids = list(prompt)
         else:
-            raise BadRequest(f"'prompt' must be a non-empty string, a list with one string, or a "
-                             f"list of token ids in [0, {V})", "prompt")
+            raise BadRequest(f"'prompt' must be a non-empty string, a list of token ids in "
+                             f"[0, {V}), or a list of such prompts", "prompt")
         n_lp = body.get("logprobs", body.get("n_probs"))
         n_lp = None if n_lp is None else _num({"logprobs": n_lp}, "logprobs", 0, 0, 20,
                                                integer=True)

@@ -41,14 +41,17 @@ def choice_bodies(body: dict, n_slots: int) -> list[dict]:
     return out
 
 
-def _usage(parts: list[dict]) -> dict:
+def _usage(parts: list[dict], per_prompt: int = 1) -> dict:
+    """One usage of several runs; per_prompt: consecutive runs that share a prompt (counted
+    once each)."""
     u = dict(parts[0])
+    u["prompt_tokens"] = sum(p.get("prompt_tokens", 0) for p in parts[::per_prompt])
     u["completion_tokens"] = sum(p.get("completion_tokens", 0) for p in parts)
     u["total_tokens"] = u.get("prompt_tokens", 0) + u["completion_tokens"]
     return u
 
 
-async def merged(runs) -> dict | Response:
+async def merged(runs, per_prompt: int = 1) -> dict | Response:
     """The answers of one-choice runs (coroutines giving a response dict, or a Response to
     send instead) as one response; the first failure is sent as it is."""
     outs = await asyncio.gather(*runs)
@@ -58,11 +61,11 @@ async def merged(runs) -> dict | Response:
     first = dict(outs[0])
     first["choices"] = [dict(o["choices"][0], index=i) for i, o in enumerate(outs)]
     if all("usage" in o for o in outs):
-        first["usage"] = _usage([o["usage"] for o in outs])
+        first["usage"] = _usage([o["usage"] for o in outs], per_prompt)
     return first
 
 
-async def merged_stream(streams, include_usage: bool):
+async def merged_stream(streams, include_usage: bool, per_prompt: int = 1):
     """The chunks of one-choice streams (async iterators of chunk dicts), each with its choice's
     index, as they come; one usage-only chunk at the end when include_usage. Closing it closes
     every stream (their requests are cancelled)."""
@@ -89,7 +92,34 @@ async def merged_stream(streams, include_usage: bool):
                 c = dict(c, choices=[dict(x, index=i) for x in c["choices"]])
             yield c
         if include_usage and last is not None and all(usages.get(i) for i in range(len(tasks))):
-            yield dict(last, usage=_usage([usages[i] for i in range(len(tasks))]))
+            yield dict(last, usage=_usage([usages[i] for i in range(len(tasks))], per_prompt))
     finally:
         for t in tasks:
             t.cancel()
+
+
+MAX_PROMPTS = 64        # prompts in one completions request (each a queued one-choice run)
+
+
+def prompt_bodies(body: dict, n_slots: int) -> tuple[list[dict], int] | None:
+    """OpenAI's batched completions: a `prompt` list of several prompts (strings, or lists of
+    token ids) as one-choice bodies, prompt by prompt and each prompt's n choices in order (so
+    choice k·n + i is prompt k's choice i, as OpenAI numbers them), and n; None for one prompt."""
+    prompt = body.get("prompt")
+    if not (isinstance(prompt, list) and len(prompt) > 1 and
+            (all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt))):
+        return None
+    if len(prompt) > MAX_PROMPTS:
+        raise BadRequest(f"'prompt' has {len(prompt)} prompts, at most {MAX_PROMPTS} are taken",
+                         "prompt")
+    out, n = [], 1
+    for p in prompt:
+        one = dict(body, prompt=p)
+        if wanted(one):
+            parts = choice_bodies(one, n_slots)
+            n = len(parts)
+        else:
+            parts = [one]
+        out += parts
+    return out, n
+
