@@ -123,4 +123,46 @@ def test_slots_show_a_busy_slot_and_refuse_what_is_not_implemented(qwen):
     finally:
         t.join(120)
     r = httpx.post(qwen + "/slots/0?action=save", json={"filename": "x.bin"}, timeout=10)
-    assert r.status_code == 501 and r.json()["error"]["param"] == "action"
+    assert r.status_code == 501 and "--slot-save-path" in r.json()["error"]["message"]
+
+
+def test_a_saved_slot_restored_continues_as_the_original(tmp_path):
+    """llama-server's slot actions: save a slot after a completion, erase it, restore it into
+    the other slot; a request continuing that conversation reuses the restored cells and gives
+    the same greedy text as on the original server."""
+    llm = LLM(str(ensure_smollm2()), n_ctx=512, n_threads=2, n_seq_max=2)
+    server = make_server(llm, 2, "smol")
+    server.slot_save_path = str(tmp_path)
+    rs = start_in_thread(server)
+    base = f"http://127.0.0.1:{rs.port}"
+    try:
+        first = {"prompt": "The history of the city of Rome begins", "n_predict": 12,
+                 "temperature": 0}
+        out = httpx.post(base + "/completion", json=first, timeout=60).json()
+        follow = {"prompt": first["prompt"] + out["content"] + " In the end,", "n_predict": 8,
+                  "temperature": 0}
+        held = [i for i in (0, 1) if llm.seq_tokens(i)]
+        assert len(held) == 1
+        r = httpx.post(f"{base}/slots/{held[0]}?action=save", json={"filename": "rome.npz"})
+        assert r.status_code == 200 and r.json()["n_saved"] == len(llm.seq_tokens(held[0]))
+        assert (tmp_path / "rome.npz").stat().st_size == r.json()["n_written"]
+        want = httpx.post(base + "/completion", json=follow, timeout=60).json()
+        for i in (0, 1):
+            r = httpx.post(f"{base}/slots/{i}?action=erase")
+            assert r.status_code == 200
+        assert not llm.seq_tokens(0) and not llm.seq_tokens(1)
+        r = httpx.post(f"{base}/slots/1?action=restore", json={"filename": "rome.npz"})
+        assert r.status_code == 200 and r.json()["n_restored"] > 0
+        got = httpx.post(base + "/completion", json=follow, timeout=60).json()
+        assert got["content"] == want["content"]
+        assert got["timings"]["prompt_n"] < got["tokens_evaluated"]    # the restored cells
+        for bad, code in ((("save", {"filename": "../x"}), 400),
+                          (("restore", {"filename": "absent.npz"}), 404),
+                          (("fly", {}), 400)):
+            r = httpx.post(f"{base}/slots/0?action={bad[0]}", json=bad[1])
+            assert r.status_code == code, r.text
+        r = httpx.post(f"{base}/slots/7?action=erase")
+        assert r.status_code == 404
+    finally:
+        rs.stop()
+        llm.close()

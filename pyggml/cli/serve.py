@@ -67,6 +67,8 @@ def cmd_serve(args) -> int:
     if warn:
         print(f"pyggml: warning: {warn}", file=sys.stderr)
     grammar = grammar_from_args(args)          # a bad grammar fails before the model loads
+    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
+        raise PyggmlError(f"--slot-save-path {args.slot_save_path}: not a folder")
     sock = listen_socket(args.host, args.port)  # a busy port fails before the model loads
     try:
         llm = load_llm(args, n_seq_max=args.parallel)
@@ -81,6 +83,7 @@ def cmd_serve(args) -> int:
                                         if h.strip()))
     server = make_server(llm, args.parallel, name, args.chat_template, args.api_key,
                          args.queue_size, args.step_ms / 1000, limits, args.host)
+    server.slot_save_path = args.slot_save_path
     server.default_grammar = grammar       # llama-server's --grammar / -j: for every request
     #                                        that brings no constraint or tools of its own
     print(f"pyggml: serving {name} on http://{args.host}:{args.port} ({args.parallel} slots, "
@@ -100,7 +103,7 @@ def add_commands(sub) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=port_number, default=8080)
     s.add_argument("-np", "--parallel", type=positive_int, default=4,
-                   help="slots: requests decoded together (each gets n_ctx / N tokens)")
+                   help="slots: requests decoded together (they share the -c cells)")
     s.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
     s.add_argument("--queue-size", type=int, default=64,
                    help="requests that may wait for a slot (beyond: 503)")
@@ -109,6 +112,8 @@ def add_commands(sub) -> None:
                         "milliseconds: a new request waits at most about that long behind "
                         "another's long prompt (0: n_ubatch tokens per step; default 250)")
     s.add_argument("-a", "--alias", default=None, help="model name in the API")
+    s.add_argument("--slot-save-path", default=None, metavar="DIR",
+                   help="folder for POST /slots/ID?action=save|restore files (none: refused)")
     s.add_argument("--max-body-bytes", type=positive_int, default=32 << 20, metavar="N",
                    help="largest request body taken (beyond: 413; default 32 MiB)")
     s.add_argument("--allowed-hosts", default=None, metavar="NAME[,NAME]",

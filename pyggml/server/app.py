@@ -272,6 +272,7 @@ class Server:
         self.api_key = api_key
         # a pyggml.llm.grammar.GrammarSpec for requests that bring no constraint (serve -j)
         self.default_grammar = None
+        self.slot_save_path = None      # llama-server's --slot-save-path: slot files' folder
         self.t_start = time.time()
         routes = [
             Route("/health", self.health, methods=["GET"]),

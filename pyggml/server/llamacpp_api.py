@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+from pathlib import Path
 
 from starlette.responses import JSONResponse, Response
 
@@ -302,8 +304,7 @@ async def infill(server, request):
 
 async def slots(server, request):
     """GET /slots: llama-server's slot monitor (what each slot is doing, no prompt text);
-    `?fail_on_no_slot=1` answers 503 when every slot is busy. Saving and restoring a slot's
-    cache (POST /slots/ID?action=save|restore) is not implemented: 501."""
+    `?fail_on_no_slot=1` answers 503 when every slot is busy."""
     e = server.engine
     out = []
     for s in e.slots:
@@ -330,8 +331,62 @@ async def slots(server, request):
     return JSONResponse(out)
 
 
+SLOT_FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")   # a plain file name, no path
+
+
 async def slot_action(server, request):
-    """POST /slots/ID?action=...: llama-server's slot save / restore / erase."""
+    """POST /slots/ID?action=save|restore|erase, as llama-server: save writes the slot's
+    sequence (tokens, KV rows, recurrent rows) to --slot-save-path/FILENAME, restore loads one
+    back (then a request sharing its prefix reuses it), erase forgets the slot's cells. The slot
+    must be idle (409 otherwise); the worker admits nothing while an action runs."""
+    from pyggml.llm.state import StateError, load_state, read_state, save_state, write_state
     action = request.query_params.get("action")
-    raise BadRequest(f"not supported: slot action {json.dumps(action)[:40]} (saving, restoring "
-                     f"and erasing a slot's cache are not implemented)", "action", status=501)
+    if action not in ("save", "restore", "erase"):
+        raise BadRequest(f"'action' must be save, restore or erase, got "
+                         f"{json.dumps(action)[:40]}", "action")
+    engine = server.engine
+    sid = request.path_params.get("id_slot", "")
+    slot = next((s for s in engine.slots if str(s.seq_id) == sid), None)
+    if slot is None:
+        raise BadRequest(f"no slot {sid[:20]!r} (slots 0..{len(engine.slots) - 1})", "id_slot",
+                         status=404)
+    path = None
+    if action != "erase":
+        if server.slot_save_path is None:
+            raise BadRequest(f"not supported: slot {action} without --slot-save-path (where "
+                             f"slot files go)", "action", status=501)
+        body = await _json_body(request)
+        name = body.get("filename")
+        if not isinstance(name, str) or not SLOT_FILE.fullmatch(name):
+            raise BadRequest("'filename' must be a plain file name (letters, digits, '.', '_', "
+                             "'-'; no path; at most 255)", "filename")
+        path = Path(server.slot_save_path) / name
+
+    def run():
+        t0 = time.perf_counter()
+        with engine._cv:                      # nothing is admitted to a slot meanwhile
+            if slot.job is not None:
+                raise BadRequest(f"slot {sid} is busy", "id_slot", status=409)
+            llm = server.llm
+            if action == "erase":
+                n = llm.context.seq_len(slot.seq_id)
+                llm.context.seq_reset(slot.seq_id)
+                return {"id_slot": slot.seq_id, "n_erased": n}
+            if action == "save":
+                state = save_state(llm, slot.seq_id)
+                n_bytes = write_state(state, path)
+                return {"id_slot": slot.seq_id, "filename": path.name,
+                        "n_saved": state.n_tokens, "n_written": n_bytes,
+                        "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+            if not path.is_file():
+                raise BadRequest(f"no slot file {path.name!r} in --slot-save-path", "filename",
+                                 status=404)
+            try:
+                state = read_state(path)
+                load_state(llm, state, slot.seq_id)
+            except StateError as e:
+                raise BadRequest(f"{path.name}: {e}", "filename") from None
+            return {"id_slot": slot.seq_id, "filename": path.name,
+                    "n_restored": state.n_tokens, "n_read": path.stat().st_size,
+                    "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
+    return JSONResponse(await asyncio.to_thread(run))
