@@ -29,7 +29,7 @@ from pyggml.llm.completion import (chat_logprobs, completion_logprobs,
 from pyggml.llm.chatturn import ChatRequestError, ChatTurn
 from pyggml.llm.generate import Generation
 from pyggml.llm.grammar import constraint_for, request_spec
-from pyggml.server import choices, guard, webapi
+from pyggml.server import choices, guard, llamacpp_api, webapi
 from pyggml.server.http import DEFAULTS, BadRequest, _json_body, error_response, sse  # noqa: F401
 from pyggml.server.engine import Engine, Job, QueueFullError
 
@@ -298,10 +298,12 @@ class Server:
             Route("/responses", self.responses, methods=["POST"]),
             Route("/props", self.props, methods=["GET"]),
             Route("/apply-template", self.apply_template, methods=["POST"]),
-            Route("/completion", self.native_completion, methods=["POST"]),
-            Route("/infill", self.infill, methods=["POST"]),
-            Route("/slots", self.slots, methods=["GET"]),
-            Route("/slots/{id_slot}", self.slot_action, methods=["POST"]),
+            Route("/completion", self._endpoint(llamacpp_api.completion, "completion"),
+                  methods=["POST"]),
+            Route("/infill", self._endpoint(llamacpp_api.infill, "infill"), methods=["POST"]),
+            Route("/slots", self._endpoint(llamacpp_api.slots), methods=["GET"]),
+            Route("/slots/{id_slot}", self._endpoint(llamacpp_api.slot_action),
+                  methods=["POST"]),
         ]
         self.plans = webapi.PlanCache(llm)
         self.web = _web_assets()
@@ -462,23 +464,14 @@ class Server:
         from pyggml.server import props
         return await props.get_props(self, request)
 
-    async def native_completion(self, request):
-        from pyggml.server import llamacpp_api
-        self._count("completion")
-        return await llamacpp_api.completion(self, request)
-
-    async def infill(self, request):
-        from pyggml.server import llamacpp_api
-        self._count("infill")
-        return await llamacpp_api.infill(self, request)
-
-    async def slots(self, request):
-        from pyggml.server import llamacpp_api
-        return await llamacpp_api.slots(self, request)
-
-    async def slot_action(self, request):
-        from pyggml.server import llamacpp_api
-        return await llamacpp_api.slot_action(self, request)
+    def _endpoint(self, handler, counted: str | None = None):
+        """A route's endpoint for handler(server, request) of an API module (counted in
+        /metrics' requests under `counted`)."""
+        async def endpoint(request):
+            if counted is not None:
+                self._count(counted)
+            return await handler(self, request)
+        return endpoint
 
     async def apply_template(self, request):
         from pyggml.server import props
