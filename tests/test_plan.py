@@ -449,3 +449,9 @@ def test_plan_says_where_the_token_lookup_runs(tiny_models, tied, monkeypatch):
     assert part.lookup_device == CPU
     assert ("token lookup: on Vulkan0" in format_report(full)) == (tied is True)
     assert "token lookup" not in format_report(part)
+
+
+def test_cli_plan_llamacpp_line_names_kv_types_given_as_flags(tiny_models, capsys):
+    tm = tiny_models.get(arch="llama", weight_type="q8_0")
+    assert main(["plan", "-m", str(tm.path), "-c", "128", "-ctk", "bf16", "-ctv", "f32"]) == 0
+    assert "llama.cpp: -dev none -ctk bf16 -ctv f32 -c 128" in capsys.readouterr().out

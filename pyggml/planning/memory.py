@@ -446,7 +446,11 @@ class Planner:
         n_swa = 0           # the KV cache's window space (pyggml/llm/kv_cache.py)
         if hp.sliding_window and any(x.sliding for x in kv_layers):
             n_swa = swa_space_cells(hp.sliding_window, opts.n_seq_max, opts.n_ubatch, opts.n_ctx)
-        flags, missing = llama_flags(cfg, plan, mf.model.tensors, hp.n_layer, plan.settings)
+        # KV types given as run options (-ctk/-ctv, type_k=) count as much as a config's
+        kv_types = {k: tuple(kv_type_names(v))
+                    for k, v in (("type_k", opts.type_k), ("type_v", opts.type_v))}
+        flags, missing = llama_flags(cfg, plan, mf.model.tensors, hp.n_layer,
+                                     {**kv_types, **plan.settings})
         facts = dict(mf.facts(), n_expert=n_exp, n_expert_used=n_used)
         lookup = next((n for n, t in run.weights.items() if t is run.embd_lookup),
                       "token_embd.weight")
