@@ -118,6 +118,29 @@ def test_bad_requests_name_the_field(body, param):
     assert e.value.param == param and param.split("[")[0].split(".")[0] in str(e.value)
 
 
+def test_every_field_of_the_anthropic_request_schema_is_decided():
+    """Each field the official `anthropic` client types for messages.create / count_tokens is
+    honoured, a type-checked label, or refused by name (never ignored by default)."""
+    from anthropic.types import message_count_tokens_params, message_create_params
+
+    from pyggml.server.anthropic_api import HONOURED, LABELS, REFUSED
+    fields = (set(message_create_params.MessageCreateParamsBase.__annotations__)
+              | set(message_count_tokens_params.MessageCountTokensParams.__annotations__))
+    undecided = sorted(f for f in fields if f not in HONOURED and f not in LABELS
+                       and f not in REFUSED)
+    assert not undecided, f"anthropic_api.py does not say what it does with {undecided}"
+    base = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    for name in REFUSED:
+        with pytest.raises(BadRequest) as e:
+            to_chat(dict(base, **{name: {"x": 1}}))
+        assert e.value.param == name and "not supported" in str(e.value)
+    for name, kind in LABELS.items():
+        to_chat(dict(base, **{name: "x" if kind is str else {"k": "v"}}))
+        with pytest.raises(BadRequest) as e:
+            to_chat(dict(base, **{name: 5}))
+        assert e.value.param == name
+
+
 # ---- the reply translation -------------------------------------------------------------------
 def _completion(message, finish, prompt=30, completion=7, cached=4):
     return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",

@@ -187,9 +187,34 @@ def _tool_choice(tc):
                      f"{json.dumps(kind)}", "tool_choice.type")
 
 
+#: every field of Anthropic's Messages request: honoured (read below), a label that changes no
+#: token (type-checked), or refused by name unless it is absent / its "off" value
+HONOURED = ("max_tokens", "messages", "system", "tools", "tool_choice", "thinking",
+            "output_config", "stop_sequences", "stream", "temperature", "top_p", "top_k")
+LABELS = {"model": str, "metadata": dict, "user_profile_id": str, "workspace_id": str,
+          "inference_geo": str,
+          # a prompt-caching hint: the prefix cache is always on
+          "cache_control": dict}
+REFUSED = {"container": (None,), "diagnostics": (None,), "service_tier": (None, "auto",
+           "standard_only"), "speed": (None, "standard"), "mcp_servers": (None, []),
+           "context_management": (None,)}
+
+
+def _check_fields(body: dict) -> None:
+    for name, kind in LABELS.items():
+        v = body.get(name)
+        need(v is None or isinstance(v, kind), name,
+             f"must be {'a string' if kind is str else 'an object'}, got {jtype(v)}")
+    for name, off in REFUSED.items():
+        if name in body and body[name] not in off:
+            raise BadRequest(f"not supported: {name} (this server does not implement it; "
+                             f"docs/server.md lists the fields it honours)", name)
+
+
 def to_chat(body: dict, count_only: bool = False) -> dict:
     """An Anthropic Messages request as an OpenAI chat-completions body (BadRequest naming the
     Anthropic field). count_only: /v1/messages/count_tokens's body (no max_tokens)."""
+    _check_fields(body)
     chat: dict = {}
     if not count_only:
         mt = body.get("max_tokens")
