@@ -104,3 +104,9 @@ def test_list_devices_and_a_busy_port_fail_or_answer_before_loading(tmp_path):
     assert r.returncode == 1 and "serving" not in r.stderr
     assert r.stderr == (f"pyggml: error: cannot listen on 127.0.0.1:{port}: the address is "
                         f"already in use (--port chooses another)\n")
+
+
+def test_an_unknown_kv_type_names_the_kv_types_before_loading(capsys):
+    code, _, err = _main(capsys, "run", "-m", "/nonexistent.gguf", "-ctk", "q9_0")
+    assert code == 1 and err.count("\n") == 1
+    assert "type_k must be one of f16, f32, bf16, q8_0" in err and "Q9_0" in err
