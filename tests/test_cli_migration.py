@@ -109,4 +109,4 @@ def test_list_devices_and_a_busy_port_fail_or_answer_before_loading(tmp_path):
 def test_an_unknown_kv_type_names_the_kv_types_before_loading(capsys):
     code, _, err = _main(capsys, "run", "-m", "/nonexistent.gguf", "-ctk", "q9_0")
     assert code == 1 and err.count("\n") == 1
-    assert "type_k must be one of f16, f32, bf16, q8_0" in err and "Q9_0" in err
+    assert "type_k must be one of f16, f32, bf16, q8_0" in err and "'q9_0'" in err

@@ -54,11 +54,11 @@ def _check_kv_type(name: str, v) -> None:
         if not isinstance(x, (str, GGMLType)) and not is_int(x):
             raise ArgumentTypeError(f"{name} must be a type name such as 'f16' or 'q8_0' (or one "
                                     f"per layer), got {type(x).__name__} {_show(x)}")
-        if isinstance(x, str):                  # the KV list, not every ggml type's name
+        if isinstance(x, str) and x.upper() not in GGMLType.__members__:
+            # not a type at all: the KV types are the list to show, not every ggml type
             from pyggml.llm.kv_cache import kv_type_choices
-            if x.lower() not in kv_type_choices():
-                raise ModelError(f"KV cache {name} must be one of "
-                                 f"{', '.join(kv_type_choices())}, got {x.upper()}")
+            raise ModelError(f"KV cache {name} must be one of "
+                             f"{', '.join(kv_type_choices())}, got {x!r}")
 
 
 def validate_options(model_path, config, *, n_ctx, n_batch, n_ubatch, n_threads,
