@@ -16,6 +16,14 @@ forgets, `reuse_prefix` keeps the longest common prefix with a new prompt. Every
 the sequence's epoch unless its owner says otherwise (`invalidate=False`: a generation moving
 its own sequence on); a generation started at one epoch stops with GeneratorInvalidatedError
 once it changed (`check_epoch`).
+
+LoRA adapters (pyggml/llm/lora.py; loaded with the run): each sequence is decoded with the
+global scales (`set_lora_scales`) or its own (`set_seq_lora`, a server request's "lora"); a
+batch whose sequences differ is decoded one group of equal scales after another (the scales
+are constants of a graph, as in llama.cpp, whose server batches only equal sets together).
+Every sequence's cells carry the tag of the set they were computed under (`seq_lora_tag`):
+`reuse_prefix` keeps nothing of cells computed under another set, so a scale change never
+reuses KV of another scale.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from pyggml.backend.cpu import host_array
 from pyggml.errors import (ArgumentTypeError, ClosedError, ContextOverflowError,
                            GeneratorInvalidatedError, ModelError, PyggmlError)
 from pyggml.llm import recurrent as rs
+from pyggml.llm.lora import NO_LORA, Loras, check_scale
 from pyggml.llm.models import GraphParams
 from pyggml.llm.options import is_int, token_list
 from pyggml.llm.speculative import SpecStats
@@ -96,6 +105,12 @@ class Context:
         self._seq_epoch = [0] * n           # bumped by every change of a sequence from outside
         # recurrent (hybrid) models: state checkpoints per sequence (pyggml/llm/recurrent.py)
         self.checkpoints = rs.Checkpoints(n) if self.kv.rs_layers else None
+        # LoRA: the adapters, their global scales, a sequence's own scales (None: the global
+        # ones) and the tag of the set its cells were computed under (None: mixed, unknown)
+        self.adapters = tuple(getattr(run, "loras", ()))
+        self.lora_scales = [1.0] * len(self.adapters)
+        self._seq_lora: list[tuple | None] = [None] * n
+        self._seq_lora_tag: list[tuple | None] = [NO_LORA] * n
 
     n_ctx = property(lambda self: self.run.opts.n_ctx)
     n_ubatch = property(lambda self: self.run.opts.n_ubatch)
@@ -128,6 +143,43 @@ class Context:
         if bad:
             raise ModelError(f"token ids outside the vocabulary [0, {V}): {bad[:5]}")
         return tokens
+
+    # ---- LoRA adapters -----------------------------------------------------------------------
+    def check_lora_scales(self, scales, what: str = "scales") -> tuple:
+        """One finite number per loaded adapter, as a tuple (else a typed error naming it)."""
+        if isinstance(scales, (str, bytes)) or not hasattr(scales, "__len__"):
+            raise ArgumentTypeError(f"LoRA {what} must be a list of numbers (one per adapter), "
+                                    f"got {type(scales).__name__} {scales!r:.60}")
+        if len(scales) != len(self.adapters):
+            raise ModelError(f"LoRA {what}: {len(scales)} given, {len(self.adapters)} adapters "
+                             f"are loaded (one scale per adapter)")
+        return tuple(check_scale(f"LoRA {what}[{i}]", s) for i, s in enumerate(scales))
+
+    def set_lora_scales(self, scales) -> None:
+        """The global scales, one per adapter (0: not applied); sequences without their own
+        scales are decoded with these from their next decode on."""
+        scales = self.check_lora_scales(scales)
+        with self.lock:
+            self.lora_scales = list(scales)
+
+    def set_seq_lora(self, seq_id: int, scales) -> None:
+        """Sequence seq_id's own scales (one per adapter), or None: the global ones."""
+        seq_id = self.check_seq(seq_id)
+        scales = None if scales is None else self.check_lora_scales(scales)
+        with self.lock:
+            self._seq_lora[seq_id] = scales
+
+    def seq_loras(self, seq_id: int) -> Loras:
+        """The adapters sequence seq_id is decoded with (those whose scale is not 0)."""
+        scales = self._seq_lora[seq_id]
+        if scales is None:
+            scales = self.lora_scales
+        return Loras(zip(self.adapters, scales))
+
+    def seq_lora_tag(self, seq_id: int) -> tuple | None:
+        """The tag (Loras.tag) of the adapter set the sequence's cells were computed under
+        (() without LoRA; None: under several, or unknown)."""
+        return self._seq_lora_tag[self.check_seq(seq_id)]
 
     # ---- sequences ---------------------------------------------------------------------------
     def free_cells(self) -> int:
@@ -172,6 +224,8 @@ class Context:
             elif n_keep < len(held):
                 self.kv.seq_rm(seq_id, int(n_keep))
                 del held[n_keep:]
+            if not held:
+                self._seq_lora_tag[seq_id] = NO_LORA
             if invalidate:
                 self._seq_epoch[seq_id] += 1
 
@@ -200,11 +254,13 @@ class Context:
             if seq_id is None:
                 self.kv.clear()
                 self._seq_tokens = [[] for _ in range(self.n_seq_max)]
+                self._seq_lora_tag = [NO_LORA] * self.n_seq_max
                 self._seq_epoch = [e + 1 for e in self._seq_epoch]
             else:
                 seq_id = self.check_seq(seq_id)
                 self.kv.seq_rm(seq_id)
                 self._seq_tokens[seq_id] = []
+                self._seq_lora_tag[seq_id] = NO_LORA
                 self._seq_epoch[seq_id] += 1
 
     def seq_copy(self, src: int, dst: int) -> None:
@@ -225,12 +281,15 @@ class Context:
                 cps = self.checkpoints
                 cps.by_seq[dst], cps.rollback[dst] = list(cps.by_seq[src]), cps.rollback[src]
             self._seq_tokens[dst] = list(self._seq_tokens[src])
+            self._seq_lora_tag[dst] = self._seq_lora_tag[src]
 
-    def seq_adopt(self, seq_id: int, tokens: list[int]) -> None:
+    def seq_adopt(self, seq_id: int, tokens: list[int], lora_tag=NO_LORA) -> None:
         """Sequence seq_id (just reset) now holds `tokens` at positions 0..n-1, whose cells its
-        caller placed and filled (a restored state: pyggml/llm/state.py)."""
+        caller placed and filled (a restored state: pyggml/llm/state.py), computed under the
+        LoRA set `lora_tag` (Loras.tag)."""
         seq_id = self.check_seq(seq_id)
         with self.lock:
+            self._seq_lora_tag[seq_id] = lora_tag if tokens else NO_LORA
             self._seq_tokens[seq_id] = list(tokens)
             self._seq_epoch[seq_id] += 1
 
@@ -257,6 +316,8 @@ class Context:
             n = self.common_prefix(ids[:-2], seq_id)
             if n > 0 and not self.kv.can_keep_prefix(seq_id, n):
                 n = 0
+            if n > 0 and self._seq_lora_tag[seq_id] != self.seq_loras(seq_id).tag:
+                n = 0           # computed under other LoRA scales: nothing to reuse
             if self.checkpoints is not None and n < self.seq_len(seq_id):
                 # recurrent state: resume from the nearest checkpoint at or before n
                 cp = self.checkpoints.nearest(seq_id, n)
@@ -298,6 +359,25 @@ class Context:
             raise ModelError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
         with self.lock:
             self.check_open()
+            groups: dict[tuple, list] = {}
+            loras = {}
+            for item in seqs:
+                lo = self.seq_loras(item[1])
+                groups.setdefault(lo.tag, []).append(item)
+                loras[lo.tag] = lo
+            if len(groups) == 1:
+                return self._decode(seqs, all_rows, output, invalidate, loras[next(iter(groups))])
+            # sequences with different LoRA scales: one decode per set (an error leaves the
+            # groups decoded before it in place)
+            out = {}
+            for tag, group in groups.items():
+                out.update(self._decode(group, all_rows, output, invalidate, loras[tag]))
+            return out
+
+    def _decode(self, seqs, all_rows, output: str, invalidate: bool,
+                lora: Loras) -> dict[int, np.ndarray]:
+        """decode of sequences that share one set of LoRA adapters."""
+        with self.lock:
             if invalidate:
                 for _, sid in seqs:
                     self._seq_epoch[sid] += 1
@@ -322,7 +402,8 @@ class Context:
             try:
                 for i in range(0, len(toks), self.n_ubatch):
                     sl = slice(i, i + self.n_ubatch)
-                    rows.append(self._decode_ubatch(toks[sl], pos[sl], sids[sl], want[sl], output))
+                    rows.append(self._decode_ubatch(toks[sl], pos[sl], sids[sl], want[sl], output,
+                                                    lora))
                     if self.on_ubatch is not None and len(toks) > self.n_ubatch:
                         self.on_ubatch(min(i + self.n_ubatch, len(toks)), len(toks))
                     if self.checkpoints is not None:
@@ -335,10 +416,15 @@ class Context:
                     for _, sid in seqs:
                         self.kv.seq_rm(sid)
                         self._seq_tokens[sid] = []
+                        self._seq_lora_tag[sid] = NO_LORA
                         self._seq_epoch[sid] += 1
                         self.checkpoints.clear(sid)
                 raise
             for tokens, sid in seqs:
+                if not self._seq_tokens[sid]:
+                    self._seq_lora_tag[sid] = lora.tag
+                elif self._seq_lora_tag[sid] != lora.tag:
+                    self._seq_lora_tag[sid] = None      # cells of several sets: never reused
                 self._seq_tokens[sid] += [int(t) for t in tokens]
                 if self.checkpoints is not None and len(tokens) > 1 and sid not in all_rows:
                     # the end of an evaluated prompt (a message's end): a checkpoint
@@ -374,7 +460,7 @@ class Context:
             if (int(p[-1]) + 1) // every > int(p[0]) // every:
                 self.checkpoints.add(self.kv, int(sid), int(p[-1]) + 1)
 
-    def _decode_ubatch(self, toks, pos, sids, want, output: str) -> np.ndarray:
+    def _decode_ubatch(self, toks, pos, sids, want, output: str, lora: Loras) -> np.ndarray:
         T = len(toks)
         cells = self.kv.place(pos, sids, atomic=False)     # decode() restores on errors
         n_kv = self.kv.n_kv()
@@ -387,13 +473,14 @@ class Context:
         self.stats.ubatch_sizes.append(T)
         phase = "decode" if T == 1 else "prefill"
         sched = self.run.sched[phase]
-        key = (gp, id(sched), output)
+        key = (gp, id(sched), output, lora.tag)
         built = self._graphs.get(key)
         if built is not None and built.sched is sched and sched.holds(built.graph):
             self._graphs.move_to_end(key)
             self.stats.graphs_reused += 1
         else:
-            g, inp, logits = self.run.build_graph(gp)
+            g, inp, logits = (self.run.build_graph(gp, lora) if lora else
+                              self.run.build_graph(gp))
             # the hidden state is found once per built graph, not per token
             res = logits if output == "logits" else \
                 next(t for t in g.nodes if t.name == "result_norm").set_output()

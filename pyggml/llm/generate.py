@@ -75,7 +75,8 @@ class Generation:
     top-N log-probabilities per token (None: none); stop_at_eog: an end-of-generation token
     ends it (it is not part of the text); token_filter: see TokenFilter; seq_id: its sequence;
     reuse_prefix: keep the cells of the longest common prefix with what the sequence holds
-    (else the sequence is reset).
+    (else the sequence is reset); lora: the LoRA scales its sequence is decoded with, one per
+    loaded adapter (None: the context's global scales; Context.set_seq_lora).
 
     After a step: `text` (all text, cut at a stop string), `tokens` (generated, EOG excluded),
     `new_tokens` (the Tokens of the last advance, texts before stop strings; `tail` is the text
@@ -84,8 +85,9 @@ class Generation:
     def __init__(self, tokenizer, prompt_ids: list[int], max_tokens: int | None = None,
                  params: SamplingParams | None = None, stop=(), logprobs: int | None = None,
                  stop_at_eog: bool = True, token_filter: TokenFilter | None = None,
-                 seq_id: int = 0, reuse_prefix: bool = True):
+                 seq_id: int = 0, reuse_prefix: bool = True, lora=None):
         self.tokenizer = tokenizer
+        self.lora = lora
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = None if max_tokens is None or max_tokens < 0 else int(max_tokens)
         self.params = params or SamplingParams()
@@ -147,7 +149,8 @@ class Generation:
                              "mirostat and XTC draw their own (turn them off, or the draft)")
         with ctx.lock:
             ctx.check_open()
-            if self.reuse_prefix:
+            ctx.set_seq_lora(sid, self.lora)     # before the prefix check: cells of other
+            if self.reuse_prefix:                # LoRA scales are not reused
                 self.n_reused = ctx.reuse_prefix(self.prompt_ids, sid)
             else:
                 ctx.seq_reset(sid)

@@ -81,10 +81,11 @@ def check_types(weights: dict, names, path) -> None:
 
 
 def build_graph(hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True,
-                select_outputs: bool = True, embd_lookup=None):
+                select_outputs: bool = True, embd_lookup=None, lora=None):
     """The graph of one ubatch: (graph, inputs, logits F32 [V, n_out]). select_outputs: pick
     the output rows with inp_out_ids (every graph of a model must agree on it, so that all ubatch
     graphs share one topology and one allocation plan); False only when every row is wanted.
-    embd_lookup: the matrix the token lookup reads (default token_embd; see Run.embd_lookup)."""
+    embd_lookup: the matrix the token lookup reads (default token_embd; see Run.embd_lookup).
+    lora: the LoRA adapters applied (pyggml.llm.lora.Loras; None or empty: the plain graph)."""
     return Builder(hp, weights, kv, gp, flash_attn, select_outputs,
-                   embd_lookup).build(get_arch(hp.arch))
+                   embd_lookup, lora).build(get_arch(hp.arch))

@@ -37,7 +37,8 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
             up_b: Tensor | None = None, gate_b: Tensor | None = None,
             down_b: Tensor | None = None, logits: Tensor | None = None,
             gate_up_exps: Tensor | None = None, up_s: Tensor | None = None,
-            gate_s: Tensor | None = None, down_s: Tensor | None = None) -> Tensor:
+            gate_s: Tensor | None = None, down_s: Tensor | None = None,
+            lora=None) -> Tensor:
     """The MoE FFN of one layer. x: F32 [E, T] (contiguous); gate_inp (the router):
     [E, n_expert]; up_exps, gate_exps: [E, F, n_expert]; down_exps: [F, E, n_expert];
     exp_probs_b: F32 [n_expert] selection bias (added for choosing only). gate_exps None: no
@@ -49,7 +50,10 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
     Gemma 4: logits F32 [n_expert, T], the router's output computed by the caller (gate_inp
     None); gate_up_exps [E, 2F, n_expert] (gate rows | up rows) in place of up_exps /
     gate_exps; up_s / gate_s / down_s F32 [n_expert]: each expert's output scale (with a fused
-    gate_up, up_s scales both halves), llama.cpp's build_lora_mm_id."""
+    gate_up, up_s scales both halves), llama.cpp's build_lora_mm_id.
+    lora: the LoRA adapters applied (pyggml.llm.lora.Loras; None: none): their deltas are
+    added to the router's logits (build_lora_mm) and after each expert matmul and its scale,
+    before its bias (build_lora_mm_id), as llama.cpp adds them."""
     if gating not in GATING:
         raise ValueError(f"moe_ffn: gating must be one of {', '.join(GATING)}, got {gating!r}")
     if act not in ACTIVATIONS:
@@ -62,6 +66,8 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
 
     if logits is None:
         logits = ops.mul_mat(ctx, gate_inp, x, name=f"{name}-logits")        # [n_expert, T]
+        if lora:
+            logits = lora.mm(ctx, gate_inp, x, logits)
     if gate_inp_b is not None:
         logits = ops.add(ctx, logits, gate_inp_b, name=f"{name}-logits_biased")
     if gating == "softmax":
@@ -102,22 +108,24 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
     def scaled(t, s):       # t [n, k, T] · each slot's expert's scale (s F32 [n_expert])
         return t if s is None else ops.mul(ctx, t, rows_of(ops.reshape_2d(ctx, s, 1, n_expert)))
 
+    def expert_mm(w, inp, s, part):     # build_lora_mm_id: the matmul, its scale, the LoRAs
+        t = scaled(ops.mul_mat_id(ctx, w, inp, selected, name=f"{name}-{part}"), s)
+        return lora.mm_id(ctx, w, inp, selected, t) if lora else t
+
     if gate_up_exps is not None:
-        gu = scaled(ops.mul_mat_id(ctx, gate_up_exps, x3, selected, name=f"{name}-gate_up"),
-                    up_s)                                                      # [2F, k, T]
+        gu = expert_mm(gate_up_exps, x3, up_s, "gate_up")                      # [2F, k, T]
         F = gu.ne[0] // 2
         gate = ops.cont(ctx, ops.view_3d(ctx, gu, F, k, n_tokens, gu.nb[1], gu.nb[2], 0))
         up = ops.cont(ctx, ops.view_3d(ctx, gu, F, k, n_tokens, gu.nb[1], gu.nb[2],
                                        F * gu.nb[0]))
         gate_exps = gate_up_exps
     else:
-        up = scaled(ops.mul_mat_id(ctx, up_exps, x3, selected, name=f"{name}-up"), up_s)
+        up = expert_mm(up_exps, x3, up_s, "up")
         if up_b is not None:
             up = add_id(up, up_b)
     if gate_exps is not None:
         if gate_up_exps is None:
-            gate = scaled(ops.mul_mat_id(ctx, gate_exps, x3, selected, name=f"{name}-gate"),
-                          gate_s)
+            gate = expert_mm(gate_exps, x3, gate_s, "gate")
         if gate_b is not None:
             gate = add_id(gate, gate_b)
         if act == "swiglu_oai":
@@ -126,8 +134,7 @@ def moe_ffn(ctx: Context, x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exp
             h = ops.mul(ctx, ops.silu(ctx, gate) if act == "silu" else ops.gelu(ctx, gate), up)
     else:
         h = ops.silu(ctx, up) if act == "silu" else ops.gelu(ctx, up)
-    experts = scaled(ops.mul_mat_id(ctx, down_exps, h, selected, name=f"{name}-down"),
-                     down_s)                                                   # [E, k, T]
+    experts = expert_mm(down_exps, h, down_s, "down")                          # [E, k, T]
     if down_b is not None:
         experts = add_id(experts, down_b)
     experts = ops.mul(ctx, experts, weights, name=f"{name}-weighted")

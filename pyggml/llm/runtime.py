@@ -14,10 +14,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from pyggml.errors import ArgumentTypeError, ContextOverflowError
+from pyggml.errors import ArgumentTypeError, ContextOverflowError, ModelError
 from pyggml.llm.context import Context, RunStats  # noqa: F401 - RunStats: part of the API
 from pyggml.llm.generate import Generation, Tokens
 from pyggml.llm.grammar import constraint_for, request_spec
+from pyggml.llm.lora import check_specs, load_adapters
 from pyggml.llm.options import check_flag, check_int, token_list, validate_options
 from pyggml.llm.sampler import DEFAULT_SEED
 from pyggml.llm.setup import DEFAULTS, ModelFile, RunOptions, build_run, resolve_offload
@@ -49,6 +50,11 @@ class LLM:
     a PromptLookup, a DraftModel, a GGUF path or LLM (a draft model), or 'lookup' (prompt lookup);
     draft_max / draft_min: tokens drafted per round at most / at least (llama.cpp's --draft-max,
     --draft-min; for a path or 'lookup').
+    lora: LoRA adapters in llama.cpp's GGUF format (pyggml/llm/lora.py): a path, or a list of
+    paths and (path, scale) pairs (scale default 1.0), checked against the model before
+    anything is allocated (LoraError names the file and tensor); lora_init_without_apply:
+    load them with every scale 0 (llama.cpp's --lora-init-without-apply), to be applied by
+    set_lora_scales. `lora_adapters` lists them.
     `config` afterwards: the loaded Config the run was made from (None: made from n_gpu_layers
     or an OffloadPlan).
     Defaults: pyggml.llm.setup.RunOptions (the one table of them, shared with the CLI).
@@ -81,12 +87,15 @@ class LLM:
                  progress: bool | None = None, swa_full: bool = DEFAULTS.swa_full,
                  device: str | None = None, verbose: bool = False, draft_model=None,
                  draft_max: int | None = None, draft_min: int | None = None,
-                 chat_template=None, embedding: bool = False):
+                 chat_template=None, embedding: bool = False, lora=None,
+                 lora_init_without_apply: bool = False):
         t0 = time.perf_counter()
         if chat_template is not None and not isinstance(chat_template, (str, os.PathLike)):
             raise ArgumentTypeError(f"chat_template must be a built-in name or a Jinja file, "
                                     f"got {type(chat_template).__name__} {chat_template!r:.60}")
         check_flag("embedding", embedding)
+        check_flag("lora_init_without_apply", lora_init_without_apply)
+        lora_specs = check_specs(lora)
         validate_options(model_path, config, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                          n_threads=n_threads, n_threads_batch=n_threads_batch, n_seq_max=n_seq_max,
                          type_k=type_k, type_v=type_v, logits_all=logits_all,
@@ -99,17 +108,26 @@ class LLM:
                           swa_full=swa_full, n_gpu_layers=n_gpu_layers,
                           n_draft=draft.n_max if draft is not None else 0)
         self.file = ModelFile(model_path)
+        self._adapters: list = []
         try:
+            # checked against the model before anything is allocated; all or nothing
+            self._adapters = load_adapters(lora_specs, self.file)
             # loaded once and kept: what the run was made from (the served plan describes it)
             self.config = None if config is None else load_config(config)
             self.offload, opts = resolve_offload(self.file, opts, config=self.config,
                                                  offload=offload, gpu_device=device)
             self.tokenizer = Tokenizer.from_gguf(self.path)
-            self.run = build_run(self.file, self.offload, opts, progress=progress)
+            self.run = build_run(self.file, self.offload, opts, progress=progress,
+                                 loras=self._adapters)
         except BaseException:
+            for ad in self._adapters:
+                ad.close()
             self.file.close()
             raise
         self.context = Context(self.run, self.offload, self.path)
+        if lora_specs:
+            self.context.set_lora_scales([0.0 if lora_init_without_apply else s
+                                          for _, s in lora_specs])
         self.settings = self.offload.settings
         self.verbose = verbose
         self.last_finish_reason: str | None = None    # of the last generate that ended
@@ -237,6 +255,30 @@ class LLM:
         """Keep the cells of the longest common prefix of `ids` with what seq_id holds (see
         Context.reuse_prefix); returns the tokens kept: evaluate ids[n:] next."""
         return self.context.reuse_prefix(ids, seq_id)
+
+    # ---- LoRA adapters (pyggml/llm/lora.py) ---------------------------------------------------
+    @property
+    def lora_adapters(self) -> list[dict]:
+        """The loaded adapters as llama-server's GET /lora-adapters lists them: id, path,
+        scale (the global one), task_name, prompt_prefix."""
+        return [{"id": i, "path": ad.path, "scale": s, "task_name": ad.task_name,
+                 "prompt_prefix": ad.prompt_prefix}
+                for i, (ad, s) in enumerate(zip(self.context.adapters,
+                                                self.context.lora_scales))]
+
+    def set_lora_scales(self, scales) -> None:
+        """The global LoRA scales: a list with one number per adapter, or {id: scale} where an
+        adapter not named gets 0 (llama-server's POST /lora-adapters). 0: not applied. Cells
+        computed under other scales are not reused (Context.reuse_prefix)."""
+        n = len(self.context.adapters)
+        if isinstance(scales, dict):
+            for i in scales:
+                if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+                    raise ModelError(f"LoRA adapter id {i!r}: no such adapter ({n} loaded, ids "
+                                     f"0..{n - 1})" if n else
+                                     f"LoRA adapter id {i!r}: no adapter is loaded (LLM(lora=...))")
+            scales = [scales.get(i, 0.0) for i in range(n)]
+        self.context.set_lora_scales(scales)
 
     # ---- saved states and prompt caches (pyggml/llm/state.py) -------------------------------
     def save_state(self, seq_id: int = 0):
@@ -374,6 +416,8 @@ class LLM:
                 spec.close()
             self._speculators.clear()
             self.context.close()
+            for ad in self._adapters:
+                ad.close()
             self.file.close()
 
     def __enter__(self):

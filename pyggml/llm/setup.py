@@ -178,6 +178,7 @@ class Run:
     sched: dict
     planning: bool
     embd_lookup: object = None      # the matrix the token lookup reads (see _embedding_lookup)
+    loras: tuple = ()               # LoRA adapters (pyggml.llm.lora.LoraAdapter) graphs may apply
 
     @property
     def cpu(self):
@@ -204,11 +205,20 @@ class Run:
         swa = self.kv.spaces["swa"].n_cells if "swa" in self.kv.spaces else 0
         return GraphParams(o.n_ubatch, n_out, o.n_ctx, swa)
 
-    def build_graph(self, params: GraphParams):
-        """(graph, inputs, logits) of one ubatch, as the runtime computes it."""
+    def build_graph(self, params: GraphParams, lora=None):
+        """(graph, inputs, logits) of one ubatch, as the runtime computes it; lora: the LoRA
+        adapters applied (pyggml.llm.lora.Loras; None: none)."""
         return build_graph(self.model.hparams, self.weights, self.kv, params,
                            self.opts.flash_attn, not self.opts.logits_all,
-                           embd_lookup=self.embd_lookup)
+                           embd_lookup=self.embd_lookup, lora=lora)
+
+    def worst_case_lora(self):
+        """Every loaded adapter applied (the largest graph; its scales do not matter): what
+        the reserve plans for, so that no set of adapters needs more memory later."""
+        if not self.loras:
+            return None
+        from pyggml.llm.lora import Loras
+        return Loras([(ad, 1.0) for ad in self.loras])
 
     def reserve(self) -> int:
         """Plan the compute buffers once for the largest ubatch graph (ggml's reserve); returns
@@ -216,7 +226,7 @@ class Run:
         n = 0
         for phase, sched in self.scheds():
             gp = self.worst_case_params()
-            g, _, _ = self.build_graph(gp)
+            g, _, _ = self.build_graph(gp, self.worst_case_lora())
             pin_phase_ops(sched, g, self.offload, phase, self.weights, n_tokens=gp.n_tokens)
             sched.reserve(g)
             n += 1
@@ -314,11 +324,13 @@ def _embedding_lookup(mf: ModelFile, weights: dict, offload: OffloadPlan, by_dev
 
 def build_run(mf: ModelFile, offload: OffloadPlan, opts: RunOptions, *,
               catalog: DeviceCatalog | None = None, planning: bool = False,
-              progress: bool | None = None) -> Run:
+              progress: bool | None = None, loras=()) -> Run:
     """The run of `mf` placed by `offload` with resolved `opts` (see resolve_offload), its
     compute buffers reserved. planning: on planning-only devices (no memory, no weight read);
     catalog: the devices to plan on (default: this machine's). progress: a progress bar while
-    weights are copied to devices (None: on a terminal)."""
+    weights are copied to devices (None: on a terminal). loras: LoRA adapters
+    (pyggml.llm.lora.LoraAdapter, checked against mf) that graphs may apply: the reserve and
+    the schedulers' graph size count them all."""
     backends = _backends(offload, opts, catalog, planning)
     try:
         by_device = {b.device.name: b for b in backends}
@@ -333,6 +345,9 @@ def build_run(mf: ModelFile, offload: OffloadPlan, opts: RunOptions, *,
                      n_ubatch=opts.n_ubatch, swa_full=opts.swa_full)
         oo = offload.op_offload
         gs = graph_size(mf.hparams.n_layer) * 2
+        if loras:
+            from pyggml.llm.lora import Loras
+            gs += 2 * Loras([(ad, 1.0) for ad in loras]).extra_graph_size()
         sched = {"prefill": Scheduler(backends, n_copies=offload.n_copies,
                                       op_offload=oo["prefill"], graph_size=gs)}
         same = oo["decode"] == oo["prefill"] and not offload.phase_ops
@@ -345,7 +360,7 @@ def build_run(mf: ModelFile, offload: OffloadPlan, opts: RunOptions, *,
                 if w not in offload.warnings:
                     offload.warnings.append(w)
         run = Run(mf, opts, offload, backends, by_device, weights, weight_buffers, kv, sched,
-                  planning, _embedding_lookup(mf, weights, offload, by_device))
+                  planning, _embedding_lookup(mf, weights, offload, by_device), tuple(loras))
         run.reserve()
         return run
     except BaseException:

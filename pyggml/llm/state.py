@@ -30,6 +30,7 @@ import numpy as np
 from pyggml.backend.base import tensor_get_into, tensor_set
 from pyggml.errors import ModelError
 from pyggml.llm import recurrent as rs
+from pyggml.llm.lora import tag_of
 
 FORMAT = 1
 
@@ -121,7 +122,10 @@ def save_state(llm, seq_id: int = 0) -> LlamaState:
                     and il not in getattr(kv, "shared_from", ())}
             spaces[name] = (sp.pos[cells].copy(), rows)
         recurrent = rs.read_seq(kv, seq_id) if kv.rs_layers else None
-        return LlamaState(model_identity(llm),
+        # the LoRA set the cells were computed under (pyggml/llm/lora.py; not part of the
+        # identity: a state loads under any set, and is reused only under its own)
+        model = dict(model_identity(llm), lora=ctx.seq_lora_tag(seq_id))
+        return LlamaState(model,
                           np.asarray(ctx.seq_tokens(seq_id), np.int32), spaces, recurrent)
 
 
@@ -172,7 +176,8 @@ def load_state(llm, state: LlamaState, seq_id: int = 0) -> None:
         except BaseException:
             ctx.seq_reset(seq_id)
             raise
-        ctx.seq_adopt(seq_id, state.tokens.tolist())
+        tag = state.model.get("lora", ())
+        ctx.seq_adopt(seq_id, state.tokens.tolist(), None if tag is None else tag_of(tag))
 
 
 # ---- files -------------------------------------------------------------------------------------

@@ -156,8 +156,10 @@ class Builder:
     output head; it returns (graph, inputs, logits F32 [V, n_out])."""
 
     def __init__(self, hp, weights: dict, kv, gp: GraphParams, flash_attn: bool = True,
-                 select_outputs: bool = True, embd_lookup=None):
+                 select_outputs: bool = True, embd_lookup=None, lora=None):
         self.hp, self.weights, self.kv, self.gp = hp, weights, kv, gp
+        # the LoRA adapters applied (pyggml.llm.lora.Loras); None: none, the plain graph
+        self.lora = lora if lora else None
         self.embd_lookup = weights["token_embd.weight"] if embd_lookup is None else embd_lookup
         self.flash_attn = flash_attn
         T = self.T = gp.n_tokens
@@ -169,7 +171,8 @@ class Builder:
         swa_space = next((kv.layer_space[il] for il in range(hp.n_layer) if hp.layer_is_swa(il)),
                          "full")
         ctx = self.ctx = Context(no_alloc=True, name="graph")
-        self.g = Graph(size=graph_size(hp.n_layer))
+        self.g = Graph(size=graph_size(hp.n_layer) +
+                       (self.lora.extra_graph_size() if self.lora else 0))
         any_swa = any(hp.layer_is_swa(il) for il in range(hp.n_layer))
         all_swa = all(hp.layer_is_swa(il) for il in range(hp.n_layer))
         self.inp = GraphInputs(
@@ -210,6 +213,13 @@ class Builder:
         return ops.add(self.ctx, x, b) if b is not None else x
 
     # ---- pieces --------------------------------------------------------------------------------
+    def mm(self, w: Tensor, x: Tensor, name: str = "") -> Tensor:
+        """mul_mat(w, x) plus the applied LoRA adapters' deltas for w: llama.cpp's
+        build_lora_mm, which every weight matmul of a model goes through (pyggml/llm/lora.py).
+        w [n_in, n_out], x [n_in, T] → F32 [n_out, T]; the name stays on the plain matmul."""
+        y = ops.mul_mat(self.ctx, w, x, name=name)
+        return y if self.lora is None else self.lora.mm(self.ctx, w, x, y)
+
     def norm(self, t: Tensor, w: Tensor, name: str = "") -> Tensor:
         """RMS norm over ne[0] times the weight."""
         return ops.mul(self.ctx, ops.rms_norm(self.ctx, t, self.hp.rms_eps), w, name=name)
@@ -217,6 +227,8 @@ class Builder:
     def embed(self) -> Tensor:
         """F32 [E, T]: the token embeddings (scaled by hp.embd_scale when it is not 1)."""
         x = ops.get_rows(self.ctx, self.embd_lookup, self.inp.tokens, name="inp_embd")
+        if self.lora is not None:
+            x = self.lora.embd(self.ctx, self.inp.tokens, x)
         if self.hp.embd_scale not in (0.0, 1.0):
             x = ops.scale(self.ctx, x, self.hp.embd_scale, name="inp_scaled")
         return x
@@ -229,15 +241,15 @@ class Builder:
         D, Dv, H, Hkv = hp.head_k(il), hp.head_v(il), hp.n_head[il], hp.n_head_kv[il]
         fused = self.opt(il, "attn_qkv")
         if fused is not None:
-            qkv = self.bias(ops.mul_mat(ctx, fused, cur, name=f"wqkv-{il}"), il, "attn_qkv")
+            qkv = self.bias(self.mm(fused, cur, name=f"wqkv-{il}"), il, "attn_qkv")
             es = row_size(qkv.type, 1)
             q = ops.cont(ctx, ops.view_2d(ctx, qkv, H * D, T, qkv.nb[1], 0))
             k = ops.cont(ctx, ops.view_2d(ctx, qkv, Hkv * D, T, qkv.nb[1], H * D * es))
             v = ops.cont(ctx, ops.view_2d(ctx, qkv, Hkv * Dv, T, qkv.nb[1], (H + Hkv) * D * es))
         else:
-            q = self.bias(ops.mul_mat(ctx, self.w(il, "attn_q"), cur), il, "attn_q")
-            k = self.bias(ops.mul_mat(ctx, self.w(il, "attn_k"), cur), il, "attn_k")
-            v = self.bias(ops.mul_mat(ctx, self.w(il, "attn_v"), cur), il, "attn_v")
+            q = self.bias(self.mm(self.w(il, "attn_q"), cur), il, "attn_q")
+            k = self.bias(self.mm(self.w(il, "attn_k"), cur), il, "attn_k")
+            v = self.bias(self.mm(self.w(il, "attn_v"), cur), il, "attn_v")
         if not heads:
             return q, k, v
         return ops.reshape_3d(ctx, q, D, H, T), ops.reshape_3d(ctx, k, D, Hkv, T), v
@@ -316,8 +328,8 @@ class Builder:
 
     def attn_out(self, il: int, o: Tensor) -> Tensor:
         """The output projection of attention (+ optional bias): [E, T]."""
-        return self.bias(ops.mul_mat(self.ctx, self.w(il, "attn_output"), o,
-                                     name=f"attn_out-{il}"), il, "attn_output")
+        return self.bias(self.mm(self.w(il, "attn_output"), o, name=f"attn_out-{il}"),
+                         il, "attn_output")
 
     def last_rows(self, il: int, *ts: Tensor) -> tuple[Tensor, ...]:
         """On the last layer, only the rows whose logits are wanted go on (llama.cpp's
@@ -332,13 +344,13 @@ class Builder:
         ctx = self.ctx
         sfx = "_shexp" if shared else ""
         names = (f"ffn_gate{sfx}", f"ffn_up{sfx}", f"ffn_down{sfx}")
-        gate = self.bias(ops.mul_mat(ctx, self.w(il, names[0]), cur,
-                                     name=f"ffn_gate{sfx}-{il}"), il, names[0])
-        up = self.bias(ops.mul_mat(ctx, self.w(il, names[1]), cur, name=f"ffn_up{sfx}-{il}"),
+        gate = self.bias(self.mm(self.w(il, names[0]), cur, name=f"ffn_gate{sfx}-{il}"),
+                         il, names[0])
+        up = self.bias(self.mm(self.w(il, names[1]), cur, name=f"ffn_up{sfx}-{il}"),
                        il, names[1])
         a = ops.gelu(ctx, gate) if act == "gelu" else ops.silu(ctx, gate)
-        return self.bias(ops.mul_mat(ctx, self.w(il, names[2]), ops.mul(ctx, a, up),
-                                     name=f"ffn_out{sfx}-{il}"), il, names[2])
+        return self.bias(self.mm(self.w(il, names[2]), ops.mul(ctx, a, up),
+                                 name=f"ffn_out{sfx}-{il}"), il, names[2])
 
     def moe(self, il: int, cur: Tensor) -> Tensor:
         """The mixture-of-experts FFN of cur [E, T] (router ffn_gate_inp, experts
@@ -348,7 +360,8 @@ class Builder:
         return moe_ffn(self.ctx, cur, self.w(il, "ffn_gate_inp"), self.w(il, "ffn_up_exps"),
                        self.opt(il, "ffn_gate_exps"), self.w(il, "ffn_down_exps"),
                        hp.n_expert_used, gating=hp.expert_gating, norm_w=hp.expert_norm_w,
-                       w_scale=hp.expert_weights_scale, act="silu", name=f"ffn_moe-{il}")
+                       w_scale=hp.expert_weights_scale, act="silu", name=f"ffn_moe-{il}",
+                       lora=self.lora)
 
     def output(self, x: Tensor) -> Tensor:
         """The head: output norm, output matrix (tied: token_embd), optional bias, Granite's
@@ -359,7 +372,7 @@ class Builder:
                       "result_norm")
         # a tied output matrix placed on a device gets its own copy there, named output.weight
         out_w = self.weights.get("output.weight", self.weights["token_embd.weight"])
-        logits = ops.mul_mat(ctx, out_w, x, name="result_output")
+        logits = self.mm(out_w, x, name="result_output")
         if "output.bias" in self.weights:
             logits = ops.add(ctx, logits, self.weights["output.bias"])
         if hp.logit_scale:

@@ -162,6 +162,7 @@ def prepare(b, x) -> None:
     sel = ops.get_rows(ctx, w["per_layer_token_embd.weight"], b.inp.tokens)   # [P*L, T]
     sel = ops.scale(ctx, ops.reshape_3d(ctx, sel, P, L, T), math.sqrt(float(P)),
                     name="inp_per_layer_selected")
+    # a plain matmul in llama.cpp too: no LoRA here
     proj = ops.mul_mat(ctx, w["per_layer_model_proj.weight"], x)               # [P*L, T]
     proj = ops.reshape_3d(ctx, ops.scale(ctx, proj, 1.0 / math.sqrt(float(E))), P, L, T)
     proj = b.norm(proj, w["per_layer_proj_norm.weight"], "per_layer_proj")
@@ -174,13 +175,13 @@ def build_layer(b, il, x):
     D, H, Hkv = hp.head_k(il), hp.n_head[il], hp.n_head_kv[il]
     swa = hp.layer_is_swa(il)
     cur = b.norm(x, b.w(il, "attn_norm"), f"attn_norm-{il}")
-    q = ops.reshape_3d(ctx, ops.mul_mat(ctx, b.w(il, "attn_q"), cur), D, H, T)
+    q = ops.reshape_3d(ctx, b.mm(b.w(il, "attn_q"), cur), D, H, T)
     q = b.norm(q, b.w(il, "attn_q_norm"), f"q_norm-{il}")
     q = b.rope(il, q, f"q_rope-{il}", factors=not swa)
     if hp.kv_layer(il) == il:
-        kp = ops.mul_mat(ctx, b.w(il, "attn_k"), cur)
+        kp = b.mm(b.w(il, "attn_k"), cur)
         wv = b.opt(il, "attn_v")
-        vp = ops.mul_mat(ctx, wv, cur) if wv is not None else kp   # no attn_v: V is K
+        vp = b.mm(wv, cur) if wv is not None else kp   # no attn_v: V is K
         k = b.norm(ops.reshape_3d(ctx, kp, D, Hkv, T), b.w(il, "attn_k_norm"), f"k_norm-{il}")
         v = ops.rms_norm(ctx, ops.reshape_3d(ctx, vp, D, Hkv, T), hp.rms_eps,
                          name=f"v_norm-{il}")
@@ -199,14 +200,14 @@ def build_layer(b, il, x):
         moe_in = b.norm(attn_out, b.w(il, "pre_ffw_norm_2"), f"ffn_norm_2-{il}")
         r = ops.scale(ctx, ops.rms_norm(ctx, attn_out, hp.rms_eps), 1.0 / math.sqrt(hp.n_embd))
         r = ops.mul(ctx, r, b.opt(il, "ffn_gate_inp", "scale"))
-        logits = ops.mul_mat(ctx, b.w(il, "ffn_gate_inp"), r, name=f"ffn_moe_logits-{il}")
+        logits = b.mm(b.w(il, "ffn_gate_inp"), r, name=f"ffn_moe_logits-{il}")
         moe = moe_ffn(ctx, moe_in, None, b.opt(il, "ffn_up_exps"), b.opt(il, "ffn_gate_exps"),
                       b.w(il, "ffn_down_exps"), hp.n_expert_used, gating="softmax",
                       norm_w=True, w_scale=1.0, act="gelu", name=f"ffn_moe-{il}",
                       logits=logits, gate_up_exps=b.opt(il, "ffn_gate_up_exps"),
                       up_s=b.opt(il, "ffn_up_exps", "scale"),
                       gate_s=b.opt(il, "ffn_gate_exps", "scale"),
-                      down_s=b.opt(il, "ffn_down_exps", "scale"))
+                      down_s=b.opt(il, "ffn_down_exps", "scale"), lora=b.lora)
         moe = b.norm(moe, b.w(il, "post_ffw_norm_2"), f"ffn_moe-{il}")
         cur = ops.add(ctx, mlp, moe, name=f"ffn_moe_combined-{il}")
     else:
@@ -217,8 +218,8 @@ def build_layer(b, il, x):
         P, pin = hp.n_embd_per_layer, b.per_layer_inp
         inp = ops.view_2d(ctx, pin, P, T, pin.nb[1], il * pin.nb[2])          # [P, T]
         (inp,) = b.last_rows(il, inp)
-        g = ops.gelu(ctx, ops.mul_mat(ctx, b.w(il, "inp_gate"), cur))
-        g = ops.mul_mat(ctx, b.w(il, "proj"), ops.mul(ctx, g, inp))
+        g = ops.gelu(ctx, b.mm(b.w(il, "inp_gate"), cur))
+        g = b.mm(b.w(il, "proj"), ops.mul(ctx, g, inp))
         g = b.norm(g, b.w(il, "post_norm"), f"per_layer_embd_out-{il}")
         cur = ops.add(ctx, cur, g, name=f"pe_out-{il}")
     s = b.opt(il, "layer_output_scale")

@@ -54,7 +54,7 @@ def build_layer(b, il, x):
                   act="swiglu_oai", name=f"ffn_moe-{il}",
                   gate_inp_b=b.opt(il, "ffn_gate_inp", "bias"),
                   up_b=b.opt(il, "ffn_up_exps", "bias"), gate_b=b.opt(il, "ffn_gate_exps", "bias"),
-                  down_b=b.opt(il, "ffn_down_exps", "bias"))
+                  down_b=b.opt(il, "ffn_down_exps", "bias"), lora=b.lora)
     return ops.add(ctx, cur, x, name=f"l_out-{il}")
 
 

@@ -85,13 +85,13 @@ def conv_state(b, il, x, kernel, name):
 
 def _shortconv(b, il, cur):
     ctx, E = b.ctx, b.hp.n_embd
-    bcx = ops.mul_mat(ctx, b.w(il, "shortconv.in_proj"), cur, name=f"conv_in-{il}")   # [3E, T]
+    bcx = b.mm(b.w(il, "shortconv.in_proj"), cur, name=f"conv_in-{il}")   # [3E, T]
     T = bcx.ne[1]
     part = [ops.view_2d(ctx, bcx, E, T, bcx.nb[1], i * E * 4) for i in range(3)]
     bx = ops.mul(ctx, part[0], part[2], name=f"conv_bx-{il}")
     y = conv_state(b, il, bx, b.w(il, "shortconv.conv"), "conv")
     y = ops.mul(ctx, part[1], y, name=f"conv_y-{il}")
-    return ops.mul_mat(ctx, b.w(il, "shortconv.out_proj"), y, name=f"conv_out-{il}")
+    return b.mm(b.w(il, "shortconv.out_proj"), y, name=f"conv_out-{il}")
 
 
 def _attn(b, il, cur):
@@ -122,7 +122,7 @@ def _moe(b, il, cur):
                    gating=hp.expert_gating, norm_w=hp.expert_norm_w,
                    w_scale=hp.expert_weights_scale,
                    exp_probs_b=b.weights[f"blk.{il}.exp_probs_b.bias"], act="silu",
-                   name=f"ffn_moe-{il}")
+                   name=f"ffn_moe-{il}", lora=b.lora)
 
 
 ARCHS = (

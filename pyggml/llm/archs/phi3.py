@@ -32,12 +32,12 @@ def build_layer(b, il, x):
     x = ops.add(ctx, cur, x, name=f"ffn_inp-{il}")
     cur = b.norm(x, b.w(il, "ffn_norm"), f"ffn_norm-{il}")
     F = hp.n_ff[il]
-    up = ops.mul_mat(ctx, b.w(il, "ffn_up"), cur, name=f"ffn_up-{il}")     # [2F, rows]
+    up = b.mm(b.w(il, "ffn_up"), cur, name=f"ffn_up-{il}")     # [2F, rows]
     n = up.ne[1]                  # T, or n_out after the last layer's row selection
     gate = ops.cont(ctx, ops.view_2d(ctx, up, F, n, up.nb[1], 0))
     up2 = ops.cont(ctx, ops.view_2d(ctx, up, F, n, up.nb[1], F * up.nb[0]))
-    cur = ops.mul_mat(ctx, b.w(il, "ffn_down"), ops.mul(ctx, ops.silu(ctx, gate), up2),
-                      name=f"ffn_out-{il}")
+    cur = b.mm(b.w(il, "ffn_down"), ops.mul(ctx, ops.silu(ctx, gate), up2),
+               name=f"ffn_out-{il}")
     return ops.add(ctx, x, cur, name=f"l_out-{il}")
 
 

@@ -117,12 +117,12 @@ def layer_tensors(hp, il):
 def _attn(b, il, cur):
     ctx, hp, T = b.ctx, b.hp, b.T
     D, H, Hkv = hp.head_dim_k, hp.n_head[il], hp.n_head_kv[il]
-    qg = ops.mul_mat(ctx, b.w(il, "attn_q"), cur, name=f"wqg-{il}")          # [2·D·H, T]
+    qg = b.mm(b.w(il, "attn_q"), cur, name=f"wqg-{il}")          # [2·D·H, T]
     q = ops.view_3d(ctx, qg, D, H, T, 2 * D * 4, qg.nb[1], 0)
     gate = ops.cont(ctx, ops.view_3d(ctx, qg, D, H, T, 2 * D * 4, qg.nb[1], D * 4))
     gate = ops.reshape_2d(ctx, gate, D * H, T)
-    k = ops.mul_mat(ctx, b.w(il, "attn_k"), cur, name=f"wk-{il}")
-    v = ops.mul_mat(ctx, b.w(il, "attn_v"), cur, name=f"wv-{il}")
+    k = b.mm(b.w(il, "attn_k"), cur, name=f"wk-{il}")
+    v = b.mm(b.w(il, "attn_v"), cur, name=f"wv-{il}")
     q = b.norm(q, b.w(il, "attn_q_norm"), f"q_norm-{il}")
     k = b.norm(ops.reshape_3d(ctx, k, D, Hkv, T), b.w(il, "attn_k_norm"), f"k_norm-{il}")
     q = b.rope(il, q, f"q_rope-{il}", factors=False)
@@ -141,10 +141,10 @@ def _linear_attn(b, il, cur):
     ctx, hp, kv, T = b.ctx, b.hp, b.kv, b.T
     h_k, h_v, dk = hp.ssm_heads
     dv, C = dk, hp.ssm_conv_channels
-    qkv = ops.mul_mat(ctx, b.w(il, "attn_qkv"), cur, name=f"qkv_mixed-{il}")    # [C, T]
-    z = ops.mul_mat(ctx, b.w(il, "attn_gate"), cur, name=f"z-{il}")            # [Dv·H_v, T]
-    beta = ops.sigmoid(ctx, ops.mul_mat(ctx, b.w(il, "ssm_beta"), cur), name=f"beta-{il}")
-    alpha = ops.mul_mat(ctx, b.w(il, "ssm_alpha"), cur, name=f"alpha-{il}")    # [H_v, T]
+    qkv = b.mm(b.w(il, "attn_qkv"), cur, name=f"qkv_mixed-{il}")    # [C, T]
+    z = b.mm(b.w(il, "attn_gate"), cur, name=f"z-{il}")            # [Dv·H_v, T]
+    beta = ops.sigmoid(ctx, b.mm(b.w(il, "ssm_beta"), cur), name=f"beta-{il}")
+    alpha = b.mm(b.w(il, "ssm_alpha"), cur, name=f"alpha-{il}")    # [H_v, T]
     alpha = ops.add(ctx, alpha, b.weights[f"blk.{il}.ssm_dt.bias"])
     g = ops.mul(ctx, ops.softplus(ctx, alpha), b.weights[f"blk.{il}.ssm_a"], name=f"gate-{il}")
     y = ops.silu(ctx, conv_state(b, il, qkv, b.w(il, "ssm_conv1d"), "conv"),
@@ -165,14 +165,14 @@ def _linear_attn(b, il, cur):
     o = b.norm(o, b.w(il, "ssm_norm"), f"ssm_norm-{il}")
     o = ops.mul(ctx, o, ops.silu(ctx, ops.reshape_3d(ctx, z, dv, h_v, T)), name=f"gated-{il}")
     o = ops.reshape_2d(ctx, o, dv * h_v, T)
-    return ops.mul_mat(ctx, b.w(il, "ssm_out"), o, name=f"linear_attn_out-{il}")
+    return b.mm(b.w(il, "ssm_out"), o, name=f"linear_attn_out-{il}")
 
 
 def _moe(b, il, cur):
     ctx = b.ctx
     out = b.moe(il, cur)
     sh = b.ffn(il, cur, shared=True)
-    gate = ops.sigmoid(ctx, ops.mul_mat(ctx, b.w(il, "ffn_gate_inp_shexp"), cur))   # [1, T]
+    gate = ops.sigmoid(ctx, b.mm(b.w(il, "ffn_gate_inp_shexp"), cur))   # [1, T]
     return ops.add(ctx, out, ops.mul(ctx, sh, gate, name=f"ffn_shexp_gated-{il}"),
                    name=f"ffn_out-{il}")
 
