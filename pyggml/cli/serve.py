@@ -75,6 +75,14 @@ def cmd_serve(args) -> int:
     except BaseException:
         sock.close()
         raise
+    if args.reranking:          # llama-server's --reranking: the model must be a reranker
+        from pyggml.llm.embedding import rank_head
+        try:
+            rank_head(llm)
+        except BaseException:
+            sock.close()
+            llm.close()
+            raise
     for w in llm.offload.warnings:
         print(f"pyggml: warning: {w}", file=sys.stderr)
     name = args.alias or os.path.basename(llm.path)
@@ -112,6 +120,9 @@ def add_commands(sub) -> None:
                         "milliseconds: a new request waits at most about that long behind "
                         "another's long prompt (0: n_ubatch tokens per step; default 250)")
     s.add_argument("-a", "--alias", default=None, help="model name in the API")
+    s.add_argument("--reranking", "--rerank", action="store_true",
+                   help="check that the model is a reranker (pooling type rank, a classifier "
+                        "head); /v1/rerank answers for one either way")
     s.add_argument("--slot-save-path", default=None, metavar="DIR",
                    help="folder for POST /slots/ID?action=save|restore files (none: refused)")
     s.add_argument("--max-body-bytes", type=positive_int, default=32 << 20, metavar="N",

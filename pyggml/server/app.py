@@ -29,7 +29,7 @@ from pyggml.llm.completion import (chat_logprobs, completion_logprobs,
 from pyggml.llm.chatturn import ChatRequestError, ChatTurn
 from pyggml.llm.generate import Generation
 from pyggml.llm.grammar import constraint_for, request_spec
-from pyggml.server import choices, guard, llamacpp_api, webapi
+from pyggml.server import choices, guard, llamacpp_api, rerank, webapi
 from pyggml.server.http import DEFAULTS, BadRequest, _json_body, error_response, sse  # noqa: F401
 from pyggml.server.engine import Engine, Job, QueueFullError
 
@@ -304,6 +304,8 @@ class Server:
             Route("/slots", self._endpoint(llamacpp_api.slots), methods=["GET"]),
             Route("/slots/{id_slot}", self._endpoint(llamacpp_api.slot_action),
                   methods=["POST"]),
+            *[Route(p, self._endpoint(rerank.rerank, "rerank"), methods=["POST"])
+              for p in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")],
         ]
         self.plans = webapi.PlanCache(llm)
         self.web = _web_assets()
