@@ -173,6 +173,71 @@ def add_offload_args(p, *, planning: bool = False) -> None:
                         "memory size), e.g. laptop=8GiB or apu=16GiB:igpu; planning only")
 
 
+class _LoraScaled(argparse.Action):
+    """--lora-scaled FNAME SCALE (older llama.cpp) or FNAME:SCALE[,FNAME:SCALE] (llama.cpp now)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        items = getattr(namespace, self.dest, None) or []
+        if len(values) == 2 and _NUMBER.match(values[1]) and not _scaled_item(values[0]):
+            items.append((values[0], values[1]))
+        else:
+            for v in values:
+                for part in v.split(","):
+                    item = _scaled_item(part)
+                    if item is None:
+                        raise UsageError(f"{parser.prog}: error: --lora-scaled {v}: expected "
+                                         f"FNAME:SCALE (or FNAME SCALE), e.g. adapter.gguf:0.5")
+                    items.append(item)
+        setattr(namespace, self.dest, items)
+
+
+def _scaled_item(text: str):
+    path, sep, scale = text.rpartition(":")
+    return (path, scale) if sep and path and _NUMBER.match(scale) else None
+
+
+class _LoraFiles(argparse.Action):
+    """--lora FNAME[,FNAME]: adapters at scale 1 (repeatable)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        items = getattr(namespace, self.dest, None) or []
+        items += [(p, "1.0") for p in values.split(",") if p]
+        setattr(namespace, self.dest, items)
+
+
+def add_lora_args(p) -> None:
+    """llama.cpp's LoRA flags (run, chat, serve): --lora, --lora-scaled, --lora-init-without-apply."""
+    p.add_argument("--lora", dest="lora", action=_LoraFiles, metavar="FNAME[,FNAME]",
+                   help="a LoRA adapter (llama.cpp's GGUF adapter format) applied at scale 1 "
+                        "(repeatable)")
+    p.add_argument("--lora-scaled", dest="lora", action=_LoraScaled, nargs="+",
+                   metavar="FNAME:SCALE", help="a LoRA adapter with its scale: FNAME:SCALE"
+                   "[,FNAME:SCALE] or FNAME SCALE (repeatable)")
+    p.add_argument("--lora-init-without-apply", action="store_true",
+                   help="load the adapters with scale 0 (serve: set them with POST "
+                        "/lora-adapters)")
+
+
+def lora_from_args(args) -> dict:
+    """LLM keywords of the LoRA flags: {} without any, else lora=[(path, scale)] and
+    lora_init_without_apply; a bad scale is a UsageError (before the model loads)."""
+    items = getattr(args, "lora", None) or []
+    if not items:
+        if getattr(args, "lora_init_without_apply", False):
+            raise UsageError("--lora-init-without-apply needs --lora or --lora-scaled")
+        return {}
+    out = []
+    for path, scale in items:
+        try:
+            value = float(scale)
+        except ValueError:
+            value = float("nan")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise UsageError(f"--lora-scaled {path}: scale {scale!r} is not a finite number")
+        out.append((path, value))
+    return {"lora": out, "lora_init_without_apply": bool(args.lora_init_without_apply)}
+
+
 def run_options(args) -> dict:
     """RunOptions fields the shared flags set (the rest keep their defaults)."""
     n_ctx, _ = split_ctx(getattr(args, "ctx", None))

@@ -54,7 +54,7 @@ def test_session_seed_makes_the_session_reproducible(path):
 
 
 @pytest.mark.parametrize("kw,names", [
-    ({"lora_path": "a.gguf"}, ["lora_path", "LoRA"]),
+    ({"lora_base": "a.gguf", "lora_path": "b.gguf"}, ["lora_base", "lora_path alone"]),
     ({"rope_freq_base": 1e6, "kv_overrides": {"a": 1}}, ["rope_freq_base", "kv_overrides"]),
     ({"tensor_split": [0.5, 0.5]}, ["tensor_split"]),
     ({"chat_format": "functionary"}, ["chat_format", "chatml"]),

@@ -9,6 +9,7 @@ from pyggml.cli.args import (add_draft_args, add_grammar_args, add_model_args, a
                              add_sampling_args, config_from_cli, draft_from_args,
                              grammar_from_args, positive_int, run_options, sampling_from_args,
                              spec_stats_line)
+from pyggml.cmdline import add_lora_args, lora_from_args
 from pyggml.errors import PyggmlError, UsageError
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "0": "\0"}
@@ -74,8 +75,10 @@ def cmd_run(args) -> int:
         raise UsageError(f"-n {args.n_predict}: expected a number of tokens >= 0, or -1 "
                          f"(until the end of generation)")
     t0 = time.perf_counter()
+    lora = lora_from_args(args)                            # checked before the model loads
     llm = LLM(args.model, config=config_from_cli(args), n_gpu_layers=args.n_gpu_layers or 0,
-              verbose=args.verbose, draft_model=draft_from_args(args), **run_options(args))
+              verbose=args.verbose, draft_model=draft_from_args(args), **lora,
+              **run_options(args))
     with llm:
         for w in llm.offload.warnings:
             print(f"pyggml: warning: {w}", file=sys.stderr)
@@ -131,6 +134,7 @@ def add_commands(sub) -> None:
     r = sub.add_parser("run", help="generate text with a GGUF model")
     add_model_args(r)
     add_offload_args(r)
+    add_lora_args(r)
     add_draft_args(r)
     add_grammar_args(r)
     r.add_argument("-p", "--prompt", default="The capital of France is")

@@ -9,7 +9,8 @@ import sys
 
 from pyggml.cli.args import (add_draft_args, add_grammar_args, bounded, draft_from_args,
                              grammar_from_args, positive_int)
-from pyggml.cmdline import add_model_args, add_offload_args, run_options
+from pyggml.cmdline import (add_lora_args, add_model_args, add_offload_args, lora_from_args,
+                             run_options)
 from pyggml.errors import PyggmlError
 from pyggml.offload.flags import config_from_cli
 
@@ -19,10 +20,11 @@ nonnegative_ms = bounded(float, 0.0, what="milliseconds >= 0")
 
 
 def add_model_arguments(p) -> None:
-    """The model, run-size, offload, speculative-decoding and constrained-output flags
+    """The model, run-size, offload, LoRA, speculative-decoding and constrained-output flags
     (pyggml.cmdline, cli/args.py) and the chat template: what `serve` and `chat` share."""
     add_model_args(p)
     add_offload_args(p)
+    add_lora_args(p)
     add_draft_args(p)
     add_grammar_args(p)
     p.add_argument("--chat-template", default=None,
@@ -34,7 +36,7 @@ def load_llm(args, n_seq_max: int = 1):
     from pyggml.llm.runtime import LLM
     opts = dict(run_options(args), n_seq_max=n_seq_max)
     return LLM(args.model, config=config_from_cli(args), n_gpu_layers=args.n_gpu_layers or 0,
-               draft_model=draft_from_args(args), **opts)
+               draft_model=draft_from_args(args), **lora_from_args(args), **opts)
 
 
 def listen_socket(host: str, port: int):

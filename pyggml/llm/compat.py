@@ -4,7 +4,7 @@ The constructor takes llama-cpp-python's keywords with its defaults (n_ctx 512, 
 ...). Each is honoured, accepted as harmless (it changes nothing here: use_mmap, use_mlock,
 no_perf, offload_kqv, op_offload, a one-device split_mode), or — when set to anything but its
 default — refused with `UnsupportedKeywordError` naming it (rope / YaRN overrides, kv_overrides,
-tensor_split, main_gpu, vocab_only, LoRA, a chat_handler or tokenizer object, spm_infill, numa,
+tensor_split, main_gpu, vocab_only, lora_base, a chat_handler or tokenizer object, spm_infill, numa,
 attention_type, an unknown chat_format). Unknown keywords are an ArgumentTypeError (llama-cpp-
 python ignores them silently). `Llama.from_pretrained(repo_id, filename)` downloads through the
 hub code (pyggml/models/hub.py: the Hugging Face cache, $HF_ENDPOINT, offline mode).
@@ -63,11 +63,10 @@ _REFUSED = {"main_gpu": 0, "tensor_split": None, "vocab_only": False, "kv_overri
             "rope_scaling_type": -1, "attention_type": -1, "rope_freq_base": 0.0,
             "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0, "yarn_attn_factor": 1.0,
             "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
-            "lora_base": None, "lora_scale": 1.0, "lora_path": None, "numa": False,
+            "lora_base": None, "numa": False,
             "chat_handler": None, "tokenizer": None, "spm_infill": False}
-_WHY = {"lora_base": "LoRA adapters are not supported yet",
-        "lora_path": "LoRA adapters are not supported yet",
-        "lora_scale": "LoRA adapters are not supported yet",
+_WHY = {"lora_base": "the adapter is applied to this model's own weights: a separate "
+                     "higher-precision base is not supported (pass lora_path alone)",
         "chat_handler": "pass chat_format or chat_template (a built-in name or a Jinja file)",
         "tokenizer": "the model's own tokenizer is used",
         "kv_overrides": "GGUF metadata overrides are not supported",
@@ -130,8 +129,10 @@ class Llama(LLM):
                          n_gpu_layers=n_gpu_layers, swa_full=bool(swa_full), device=device,
                          verbose=verbose, draft_model=draft_model, chat_template=chat_template,
                          embedding=embedding, progress=False if not verbose else None,
+                         lora=None if lora_path is None else [(lora_path, lora_scale)],
                          **kv_types)
         self.model_path = os.fspath(model_path)
+        self.lora_base, self.lora_path, self.lora_scale = lora_base, lora_path, lora_scale
         self.pooling = POOLINGS[pooling_type]
         self.last_n_tokens_size = last_n_tokens_size
         self.seed = seed

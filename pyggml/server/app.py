@@ -29,7 +29,7 @@ from pyggml.llm.completion import (chat_logprobs, completion_logprobs,
 from pyggml.llm.chatturn import ChatRequestError, ChatTurn
 from pyggml.llm.generate import Generation
 from pyggml.llm.grammar import constraint_for, request_spec
-from pyggml.server import choices, guard, llamacpp_api, rerank, webapi
+from pyggml.server import choices, guard, llamacpp_api, lora_api, rerank, webapi
 from pyggml.server.http import DEFAULTS, BadRequest, _json_body, error_response, sse  # noqa: F401
 from pyggml.server.engine import Engine, Job, QueueFullError
 
@@ -170,7 +170,7 @@ NOT_SUPPORTED = {
         None, "auto", "default"),
     # llama-server's sampler extras not in pyggml's chain (tfs_z: removed from llama.cpp too)
     "tfs_z": (None, 1, 1.0), "dynatemp_range": (None, 0, 0.0),
-    "top_n_sigma": (None, -1, -1.0, 0, 0.0), "samplers": (None,), "lora": (None, []),
+    "top_n_sigma": (None, -1, -1.0, 0, 0.0), "samplers": (None,),
     "n_keep": (None, 0, -1), "id_slot": (None, -1),
     "penalize_nl": (None, False), "n_indent": (None, 0), "t_max_predict_ms": (None, 0),
     # OpenAI's newer chat fields with nothing to do here
@@ -302,6 +302,8 @@ class Server:
                   methods=["POST"]),
             Route("/infill", self._endpoint(llamacpp_api.infill, "infill"), methods=["POST"]),
             Route("/slots", self._endpoint(llamacpp_api.slots), methods=["GET"]),
+            Route("/lora-adapters", self._endpoint(lora_api.list_adapters), methods=["GET"]),
+            Route("/lora-adapters", self._endpoint(lora_api.set_adapters), methods=["POST"]),
             Route("/slots/{id_slot}", self._endpoint(llamacpp_api.slot_action),
                   methods=["POST"]),
             *[Route(p, self._endpoint(rerank.rerank, "rerank"), methods=["POST"])
@@ -507,8 +509,9 @@ class Server:
             raise BadRequest(f"'logit_bias': token id {bad[0]} is outside the vocabulary "
                              f"(n_vocab {self.llm.hparams.n_vocab})", "logit_bias")
         stop_at_eog = not _bool(body, "ignore_eos", False)       # llama-server's extra field
+        lora = lora_api.request_scales(self.llm, body)          # llama-server's "lora" field
         return Generation(self.llm.tokenizer, ids, budget, params, stop, n_logprobs,
-                          stop_at_eog, token_filter=token_filter), stream
+                          stop_at_eog, token_filter=token_filter, lora=lora), stream
 
     def _submit(self, job: Job) -> None:
         if job.kind == "complete" and not job.ids:
