@@ -1,5 +1,5 @@
 """The chat templates of issue 32's architectures (gpt-oss harmony, SmolLM3, Ministral 3 /
-Mistral Small 3.2, Gemma 4) and issue 33's hybrids (Qwen 3.5, LFM2 / LFM2.5) render in pyggml exactly as llama-cpp-python 0.3.36's
+Mistral Small 3.2, Gemma 4, Gemma 3n) and issue 33's hybrids (Qwen 3.5, LFM2 / LFM2.5) render in pyggml exactly as llama-cpp-python 0.3.36's
 Jinja2ChatFormatter renders them: tests/data/template_refs_2026.json, made by
 tools/make_template_refs.py (plain turns, system, tools, a tool call with its result, earlier
 reasoning; with and without the generation prompt; each template's switches), the date pinned
@@ -44,10 +44,11 @@ def test_renders_equal_llama_cpp_python(name):
             gen, s = key.split(".", 1)
             kw = REFS["message_sets"][s]
             args = (kw["messages"], gen == "gen", kw.get("tools"))
+            n += 1
             if want.startswith("ERROR: "):
+                # (Gemma 3n's template refuses the tool turn: two of its ten renders)
                 with pytest.raises(ChatTemplateError, match="raised"):
                     t.render(*args, **case["extra"])
                 continue
             assert t.render(*args, **case["extra"]) == want, (case["extra"], key)
-            n += 1
     assert n >= 10

@@ -46,7 +46,9 @@ import make_arch_models as M  # noqa: E402
 # arch_refs_2026.npz: the variants of issue 32 (IQ1..IQ4/MXFP4/TQ weights, smollm3, mistral3, gpt-oss), made
 # the same way on their own so that either file can be remade without the other
 # arch_refs_gemma4.npz: the gemma4 variants (dense with per-layer embeddings and shared KV; MoE)
-REFS = {k: v for f in ("arch_refs.npz", "arch_refs_2026.npz", "arch_refs_gemma4.npz")
+# arch_refs_gemma3n.npz: the gemma3n variant (AltUp, LAuReL, activation sparsity, shared KV)
+REFS = {k: v for f in ("arch_refs.npz", "arch_refs_2026.npz", "arch_refs_gemma4.npz",
+                       "arch_refs_gemma3n.npz")
         for k, v in np.load(ROOT / "tests" / "data" / f).items()}
 TOKENS = [int(t) for t in REFS["tokens"]]
 VARIANTS = sorted(M.VARIANTS)
@@ -73,7 +75,7 @@ MEASURED = {"gemma2": (0.0235, 0.0355), "granite": (0.0004, 0.0224),
             "smollm3": (0.0006, 0.0710), "mistral3": (0.0111, 0.0369),
             "gpt-oss": (0.0307, 0.0295), "llama-iqgrid": (0.0004, 0.0383),
             "llama-tq": (0.0187, 0.0320), "gemma4": (0.0209, 0.1339),
-            "gemma4-moe": (0.0190, 0.0497)}
+            "gemma4-moe": (0.0190, 0.0497), "gemma3n": (0.0516, 0.0573)}
 
 
 @pytest.fixture(scope="module")

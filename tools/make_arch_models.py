@@ -11,7 +11,8 @@ Shapes: E = 256, head size 64, 4 query heads over 2 K/V heads, F = 3E, V = 384 t
 layers; MoE variants 4-8 experts with top-k 2-3. Weight types: a mix per variant over the block
 formats (K-quants Q2_K..Q6_K, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, F16, BF16), quantized by pyggml's own
 bit-exact quantizers (pyggml.quants); 1-D tensors (norms, rope factors) F32. Every quantized row
-length is a multiple of 256, so no type falls back.
+length is a multiple of 256, so no type falls back; rows of other lengths (gemma3n's AltUp
+coefficients, 4, and laurel_r, 64) are F32 / Q8_0.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Spec:
     oai: bool = False                # gpt-oss: sinks, post-attention norm only, biases everywhere
     exp_type: str = ""               # the experts' type (default: round robin as the others)
     g4: dict = field(default_factory=dict)    # gemma4: its own layout (_gemma4_tensors)
+    g3n: dict = field(default_factory=dict)   # gemma3n: its own layout (_gemma3n_tensors)
 
 
 _K = ("q4_k", "q6_k", "q5_k", "q3_k", "q2_k")
@@ -149,6 +151,19 @@ VARIANTS: dict[str, Spec] = {
                            "fused_gate_up": [0], "exp_scale": True},
                        kv={"rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0,
                            "attention.sliding_window": 8}, seed=21),
+    # Gemma 3n (refs in tests/data/arch_refs_gemma3n.npz): 22 layers so that the last two
+    # share the KV of layers 18 (sliding-window) and 19 (global), as llama.cpp fixes the
+    # sharing to start at layer 20; AltUp with 4 copies (its 3-D projections quantized),
+    # LAuReL of rank 64, 256 per-layer dims (llama.cpp's fixed sizes), the Gaussian top-k
+    # sparsity on layers 0..9, sliding window 8
+    "gemma3n": Spec("gemma3n", ("q4_k", "q6_k", "q8_0", "q5_k", "iq4_xs"), n_layer=22,
+                    n_ff=512, tied=True,
+                    g3n={"swa": [il % 5 < 4 for il in range(20)] + [True, False],
+                         "per_layer": 256, "laurel_rank": 64, "n_altup": 4, "shared_kv": 2,
+                         "sparsity": [1.6448533535003662] * 10 + [-math.inf] * 12},
+                    kv={"rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0,
+                        "attention.sliding_window": 8, "final_logit_softcapping": 30.0},
+                    seed=22),
 }
 
 _QT = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1,
@@ -224,11 +239,10 @@ def _llama3_rope_freqs(D: int, base: float) -> np.ndarray:
     return np.asarray(out, np.float32)
 
 
-def _gemma4_tensors(s: Spec, rng) -> list[tuple[str, np.ndarray]]:
-    """The tensors of a gemma4 variant, as llama.cpp's gemma4 loader names them."""
-    g, E, H, Hkv, L, X = s.g4, s.n_embd, s.n_head, s.n_head_kv, s.n_layer, s.n_expert
-    out = []
-
+def _makers(out: list, rng):
+    """mat(name, rows, cols, std=1/sqrt(cols), extra=()): a random matrix with
+    ne = [cols, rows, *extra]; vec(name, n, mean=1, std=0.1): a random vector (norm weights);
+    both appended to out as (name, float32 array in numpy order)."""
     def mat(name, rows, cols, std=None, extra=()):
         std = std if std is not None else 1.0 / math.sqrt(cols)
         out.append((name, (rng.standard_normal((*extra[::-1], rows, cols)) * std)
@@ -236,6 +250,60 @@ def _gemma4_tensors(s: Spec, rng) -> list[tuple[str, np.ndarray]]:
 
     def vec(name, n, mean=1.0, std=0.1):
         out.append((name, (mean + rng.standard_normal(n) * std).astype(np.float32)))
+    return mat, vec
+
+
+def _gemma3n_tensors(s: Spec, rng) -> list[tuple[str, np.ndarray]]:
+    """The tensors of a gemma3n variant, as llama.cpp's gemma3n loader names them."""
+    g, E, H, Hkv, D, L, F = s.g3n, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_layer, s.n_ff
+    A, P, R = g["n_altup"], g["per_layer"], g["laurel_rank"]
+    out = []
+    mat, vec = _makers(out, rng)
+    # the branches' post-norm weights at 0.3: with 1.0 the 22 random layers amplify rounding
+    # (llama.cpp's own two attention paths then differ by 0.53 RMS in the logits, 0.057 so)
+    PN = 0.3
+    mat("token_embd.weight", N_VOCAB, E, std=3.0 / math.sqrt(E))
+    vec("output_norm.weight", E)
+    mat("altup_proj.weight", E, E, extra=(A - 1,))
+    mat("altup_unembd_proj.weight", E, E, extra=(A - 1,))
+    mat("per_layer_token_embd.weight", N_VOCAB, P * L, std=1.0)
+    mat("per_layer_model_proj.weight", P * L, E)
+    vec("per_layer_proj_norm.weight", P)
+    for il in range(L):
+        p = f"blk.{il}."
+        vec(p + "attn_norm.weight", E)
+        mat(p + "attn_q.weight", H * D, E)
+        mat(p + "attn_k.weight", Hkv * D, E)
+        mat(p + "attn_v.weight", Hkv * D, E)
+        vec(p + "attn_q_norm.weight", D, 0.35, 0.05)     # softmaxes not too sharp
+        vec(p + "attn_k_norm.weight", D)
+        mat(p + "attn_output.weight", E, H * D)
+        vec(p + "post_attention_norm.weight", E, PN)
+        vec(p + "ffn_norm.weight", E)
+        mat(p + "ffn_gate.weight", F, E)
+        mat(p + "ffn_up.weight", F, E)
+        mat(p + "ffn_down.weight", E, F)
+        vec(p + "post_ffw_norm.weight", E, PN)
+        mat(p + "inp_gate.weight", P, E)
+        mat(p + "proj.weight", E, P)
+        vec(p + "post_norm.weight", E, PN)
+        # AltUp's mixing coefficients small: predictions and corrections near identity
+        mat(p + "altup_correct_coef.weight", A, A, std=0.2)
+        vec(p + "altup_correct_scale.weight", E)
+        mat(p + "altup_predict_coef.weight", A * A, A, std=0.2)
+        mat(p + "altup_router.weight", A, E, std=4.0 / math.sqrt(E))
+        vec(p + "altup_router_norm.weight", E)
+        mat(p + "laurel_l.weight", R, E)
+        mat(p + "laurel_r.weight", E, R)
+        vec(p + "laurel_post_norm.weight", E, PN)
+    return out
+
+
+def _gemma4_tensors(s: Spec, rng) -> list[tuple[str, np.ndarray]]:
+    """The tensors of a gemma4 variant, as llama.cpp's gemma4 loader names them."""
+    g, E, H, Hkv, L, X = s.g4, s.n_embd, s.n_head, s.n_head_kv, s.n_layer, s.n_expert
+    out = []
+    mat, vec = _makers(out, rng)
 
     mat("token_embd.weight", N_VOCAB, E, std=3.0 / math.sqrt(E))
     vec("output_norm.weight", E)
@@ -297,16 +365,11 @@ def tensors_of(s: Spec, rng) -> list[tuple[str, np.ndarray]]:
     """(name, float32 array in numpy order = reversed ne) of every tensor of the variant."""
     if s.g4:
         return _gemma4_tensors(s, rng)
+    if s.g3n:
+        return _gemma3n_tensors(s, rng)
     E, D, H, Hkv, F = s.n_embd, s.head_dim, s.n_head, s.n_head_kv, s.n_ff
     out = []
-
-    def mat(name, rows, cols, std=None, extra=()):        # ne = [cols, rows, *extra]
-        std = std if std is not None else 1.0 / math.sqrt(cols)
-        out.append((name, (rng.standard_normal((*extra[::-1], rows, cols)) * std)
-                    .astype(np.float32)))
-
-    def vec(name, n, mean=1.0, std=0.1):
-        out.append((name, (mean + rng.standard_normal(n) * std).astype(np.float32)))
+    mat, vec = _makers(out, rng)
 
     # tied: the embeddings are the output matrix too, sized for logits of rms ~3
     mat("token_embd.weight", N_VOCAB, E, std=3.0 / math.sqrt(E) if s.tied else 1.0)
@@ -418,6 +481,14 @@ def write_variant(name: str, path) -> Path:
         w.add_uint32(f"{a}.embedding_length_per_layer_input", s.g4.get("per_layer", 0))
         if s.g4.get("shared_kv"):
             w.add_uint32(f"{a}.attention.shared_kv_layers", s.g4["shared_kv"])
+    if s.g3n:
+        g = s.g3n
+        w.add_array(f"{a}.attention.sliding_window_pattern", g["swa"])
+        w.add_uint32(f"{a}.embedding_length_per_layer_input", g["per_layer"])
+        w.add_uint32(f"{a}.altup.active_idx", 0)
+        w.add_uint32(f"{a}.altup.num_inputs", g["n_altup"])
+        w.add_uint32(f"{a}.attention.shared_kv_layers", g["shared_kv"])
+        w.add_array(f"{a}.activation_sparsity_scale", g["sparsity"])
     w.add_uint32(f"{a}.attention.head_count", s.n_head)
     w.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
     w.add_uint32(f"{a}.attention.key_length", s.head_dim)
@@ -463,6 +534,9 @@ def write_variant(name: str, path) -> Path:
         t = "f16" if tname.endswith("ffn_gate_inp.weight") else s.types[k % len(s.types)]
         if s.exp_type and "_exps." in tname:
             t = s.exp_type
+        elif arr.shape[-1] % 256:
+            # gemma3n's rows of 4 (AltUp's coefficients) and 64 (laurel_r)
+            t = "f32" if arr.shape[-1] % 32 else "q8_0"
         else:
             k += 1
         data = _encode(arr, t)
@@ -475,6 +549,43 @@ def write_variant(name: str, path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def rewrite(src, dst, drop_keys=(), drop_tensors=(), rename=None, add_tensor=None,
+            set_keys=None) -> Path:
+    """A copy of the GGUF src at dst with edits, for the tests of files pyggml refuses: less
+    the keys drop_keys and the tensors drop_tensors, tensors renamed by rename {old: new},
+    plus add_tensor (name, float32 array) and set_keys {name: uint32 or list} (replacing
+    src's); the architecture, the other keys and the tensors' bytes as they were."""
+    r = gguf.GGUFReader(str(src))
+    arch = r.fields["general.architecture"].contents()
+    set_keys = set_keys or {}
+    w = gguf.GGUFWriter(str(dst), arch)
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture" or \
+                f.name in drop_keys or f.name in set_keys:
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(f.name, f.contents(), t, sub_type=f.types[-1])
+        else:
+            w.add_key_value(f.name, f.contents(), t)
+    for k, v in set_keys.items():
+        if isinstance(v, list):
+            w.add_array(k, v)
+        else:
+            w.add_uint32(k, v)
+    for t in r.tensors:
+        if t.name not in drop_tensors:
+            w.add_tensor((rename or {}).get(t.name, t.name), t.data, raw_shape=t.data.shape,
+                         raw_dtype=t.tensor_type)
+    if add_tensor:
+        w.add_tensor(*add_tensor)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)
 
 
 def main(argv) -> int:

@@ -17,7 +17,17 @@ vec_dot / quantization code). Stored per variant `<name>.fa0.` / `<name>.fa1.`: 
 float16 [T, V] (all of them), `top_ids`
 int16 / `top_vals` float32 [T, 16] (exact values of the 16 largest), `sha256` of the GGUF (the
 test checks that the regenerated file is the same bytes, stored once as `<name>.sha256`), plus
-`tokens` and `llama_cpp_version`.
+`tokens` and `llama_cpp_version`. Also per variant `<name>.greedy` int32 [GREEDY_N]: llama.cpp's
+greedy continuation (flash attention on) of the first GREEDY_PROMPT tokens, one token per decode,
+with `<name>.greedy_margin` float32 [GREEDY_N], the top-2 logit margin of each step.
+
+One file per family, each made from a folder holding only its variants (so that one can be
+remade without the others): arch_refs.npz, arch_refs_2026.npz (issue 32's types and
+architectures), arch_refs_gemma4.npz, arch_refs_gemma3n.npz, e.g.
+
+    .venv/bin/python tools/make_arch_models.py /tmp/g3n gemma3n
+    /work/ref/llamacpp-venv/bin/python tools/make_arch_refs.py /tmp/g3n \
+        tests/data/arch_refs_gemma3n.npz
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import numpy as np
 
 N_CTX = 256
 TOP = 16
+GREEDY_PROMPT, GREEDY_N = 8, 16
 
 
 def _no_extra_bufts() -> None:
@@ -58,6 +69,25 @@ def reference(path: Path, tokens: list[int], flash_attn: bool) -> dict:
             "top_vals": np.take_along_axis(logits, top, 1).astype(np.float32)}
 
 
+def greedy(path: Path, tokens: list[int]) -> dict:
+    """The greedy continuation of tokens[:GREEDY_PROMPT], decoded one token at a time."""
+    import llama_cpp
+    _no_extra_bufts()
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, n_batch=64, n_ubatch=64,
+                          n_threads=2, n_threads_batch=2, logits_all=True, verbose=False,
+                          seed=0, flash_attn=True)
+    llm.eval(tokens[:GREEDY_PROMPT])
+    ids, margins = [], []
+    for _ in range(GREEDY_N):
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        top = np.argsort(-row, kind="stable")[:2]
+        ids.append(int(top[0]))
+        margins.append(float(row[top[0]] - row[top[1]]))
+        llm.eval([ids[-1]])
+    llm.close()
+    return {"greedy": np.array(ids, np.int32), "greedy_margin": np.array(margins, np.float32)}
+
+
 def main(argv) -> int:
     if len(argv) != 2:
         print(__doc__)
@@ -73,6 +103,8 @@ def main(argv) -> int:
             ref = reference(p, tokens, bool(fa))
             for k, v in ref.items():
                 data[f"{p.stem}.fa{fa}.{k}"] = v
+        for k, v in greedy(p, tokens).items():
+            data[f"{p.stem}.{k}"] = v
         rms = float(np.sqrt((ref["logits"].astype(np.float32) ** 2).mean()))
         margin = float((ref["top_vals"][:, 0] - ref["top_vals"][:, 1]).min())
         print(f"{p.stem}: logits rms {rms:.3f}, min top-2 margin {margin:.4f}")

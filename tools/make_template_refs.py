@@ -1,5 +1,5 @@
 """Make tests/data/template_refs_2026.json: the chat templates of the architectures of issue 32
-(gpt-oss's harmony, SmolLM3, Ministral 3 / Mistral Small 3.2, Gemma 4; their files in
+(gpt-oss's harmony, SmolLM3, Ministral 3 / Mistral Small 3.2, Gemma 4, Gemma 3n; their files in
 tests/data/templates/) rendered by llama-cpp-python's Jinja2ChatFormatter, which pyggml's
 ChatTemplate (pyggml/llm/chat.py) must reproduce exactly (tests/test_chat_template_2026.py).
 
@@ -65,6 +65,7 @@ CASES = {
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": ("<s>", "</s>", [{}]),
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": ("<s>", "</s>", [{}]),
     "google-gemma-4-31B-it.jinja": ("<bos>", "<eos>", [{}, {"enable_thinking": True}]),
+    "google-gemma-3n-E4B-it.jinja": ("<bos>", "<eos>", [{}]),
     # issue 33's hybrids: Qwen 3.5 (qwen35, qwen35moe) and LFM2 / LFM2.5 (lfm2, lfm2moe)
     "Qwen3.5-4B.jinja": ("", "<|im_end|>", [{}, {"enable_thinking": False}]),
     "LFM2-8B-A1B.jinja": ("<|startoftext|>", "<|im_end|>", [{}]),

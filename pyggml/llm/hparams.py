@@ -75,6 +75,13 @@ class HParams:
     kv_source: list[int] = field(default_factory=list)
     n_embd_per_layer: int = 0        # Gemma 4's per-layer embeddings (0: none)
     expert_layers: list[bool] = field(default_factory=list)  # per layer: experts? (Gemma 4)
+    # Gemma 3n: AltUp's parallel copies of the residual stream (0: none) and the one the layer
+    # computes on; LAuReL's rank; per layer, the std multiplier of the Gaussian top-k that
+    # sparsifies the FFN gate (None: no sparsity)
+    n_altup: int = 0
+    i_altup_act: int = 0
+    laurel_rank: int = 0
+    ffn_sparsity: list[float | None] = field(default_factory=list)
 
     def layer_is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]

@@ -36,10 +36,35 @@ def swa_pattern(model, key: str, n_layer: int, default_period: int) -> list[bool
     return [(il % p) < (p - 1) for il in range(n_layer)]
 
 
-# graph capacity: ~40 nodes per dense layer, ~60 per mixture-of-experts layer, plus inputs and
-# the output head
+def read_shared_kv(model, hp, path, default: int = 0) -> None:
+    """attention.shared_kv_layers = n (`default` when absent): the last n layers store no K/V,
+    each attends the cache of the last layer of its kind before them (llama.cpp's layer reuse
+    for Gemma 3n and Gemma 4: layer L - n - 2 for a sliding-window layer, L - n - 1 for a
+    global one). Sets hp.kv_source; at least 2 layers must keep a cache, and a layer whose
+    source is of the other kind is a ModelError."""
+    key = model.arch_key("attention.shared_kv_layers")
+    shared = model.get_u32(key, default)
+    if not shared:
+        return
+    L, start = hp.n_layer, hp.n_layer - shared
+    if start < 2:
+        raise ModelError(f"{path}: {key} = {shared} leaves {start} layers with a KV cache "
+                         f"(at least 2 needed)")
+    src = {True: start - 2, False: start - 1}
+    hp.kv_source = [il if il < start else src[hp.layer_is_swa(il)] for il in range(L)]
+    kind = {True: "sliding-window", False: "global"}
+    for il in range(start, L):
+        s = hp.kv_source[il]
+        if hp.layer_is_swa(s) != hp.layer_is_swa(il):
+            raise ModelError(f"{path}: layer {il} ({kind[hp.layer_is_swa(il)]}) would share the "
+                             f"KV cache of layer {s} ({kind[hp.layer_is_swa(s)]}; "
+                             f"{key} = {shared})")
+
+
+# graph capacity: ~40 nodes per dense layer, ~60 per mixture-of-experts layer, ~100 per Gemma 3n
+# layer (AltUp, LAuReL), plus inputs and the output head
 def graph_size(n_layer: int) -> int:
-    return 96 * n_layer + 256
+    return 128 * n_layer + 256
 
 
 @dataclass(frozen=True)
@@ -90,8 +115,8 @@ class Arch:
     # model_tensors(hp): {full name: ne} of required tensors outside the layers (besides
     # token_embd / output_norm / output)
     model_tensors: Callable | None = None
-    # prepare(b, x): runs once after the embeddings x, before layer 0 (Gemma 4's per-layer
-    # inputs); it may keep tensors on the Builder
+    # prepare(b, x) -> x: runs once on the embeddings x, before layer 0, and returns the stream
+    # layer 0 takes (Gemma 4's per-layer inputs, kept on the Builder; Gemma 3n's AltUp copies)
     prepare: Callable | None = None
 
 
@@ -338,9 +363,11 @@ class Builder:
             return tuple(ops.get_rows(self.ctx, t, self.inp.out_ids) for t in ts)
         return ts
 
-    def ffn(self, il: int, cur: Tensor, act: str = "silu", shared: bool = False) -> Tensor:
+    def ffn(self, il: int, cur: Tensor, act: str = "silu", shared: bool = False,
+            gate_fn: Callable | None = None) -> Tensor:
         """down(act(gate·cur) * up·cur) (+ optional biases): [E, T]. The tensors are ffn_gate /
-        ffn_up / ffn_down, or with shared=True the shared expert's ffn_*_shexp."""
+        ffn_up / ffn_down, or with shared=True the shared expert's ffn_*_shexp. gate_fn(gate)
+        transforms the gate projection before the activation (Gemma 3n's sparsity)."""
         ctx = self.ctx
         sfx = "_shexp" if shared else ""
         names = (f"ffn_gate{sfx}", f"ffn_up{sfx}", f"ffn_down{sfx}")
@@ -348,6 +375,8 @@ class Builder:
                          il, names[0])
         up = self.bias(self.mm(self.w(il, names[1]), cur, name=f"ffn_up{sfx}-{il}"),
                        il, names[1])
+        if gate_fn is not None:
+            gate = gate_fn(gate)
         a = ops.gelu(ctx, gate) if act == "gelu" else ops.silu(ctx, gate)
         return self.bias(self.mm(self.w(il, names[2]), ops.mul(ctx, a, up),
                                  name=f"ffn_out{sfx}-{il}"), il, names[2])
@@ -386,7 +415,7 @@ class Builder:
         self.arch = arch
         x = self.embed()
         if arch.prepare is not None:
-            arch.prepare(self, x)
+            x = arch.prepare(self, x)
         for il in range(self.hp.n_layer):
             x = arch.build_layer(self, il, x)
         logits = self.output(x)

@@ -33,7 +33,7 @@ import math
 
 from pyggml import ops
 from pyggml.errors import ModelError
-from pyggml.llm.archs.common import Arch, need_tensor, swa_pattern
+from pyggml.llm.archs.common import Arch, need_tensor, read_shared_kv, swa_pattern
 
 
 def _read(model, hp) -> None:
@@ -63,22 +63,7 @@ def _read(model, hp) -> None:
     hp.attn_scale = 1.0
     # llama.cpp's default when the key is absent
     hp.final_softcap = model.get_f32(k("final_logit_softcapping"), 30.0)
-    shared = model.get_u32(k("attention.shared_kv_layers"), 0)
-    if shared:
-        start = L - shared
-        if start < 2:
-            raise ModelError(f"{path}: {k('attention.shared_kv_layers')} = {shared} leaves "
-                             f"{start} layers with a KV cache (at least 2 needed)")
-        src = {True: start - 2, False: start - 1}
-        hp.kv_source = [il if il < start else src[hp.layer_is_swa(il)] for il in range(L)]
-        for il in range(start, L):
-            s = hp.kv_source[il]
-            if hp.layer_is_swa(s) != hp.layer_is_swa(il):
-                kind = {True: "sliding-window", False: "global"}
-                raise ModelError(f"{path}: layer {il} ({kind[hp.layer_is_swa(il)]}) would "
-                                 f"share the KV cache of layer {s} "
-                                 f"({kind[hp.layer_is_swa(s)]}; "
-                                 f"{k('attention.shared_kv_layers')} = {shared})")
+    read_shared_kv(model, hp, path)
     tensors = model.tensors
     if hp.n_expert:
         hp.expert_layers = [f"blk.{il}.ffn_gate_inp.weight" in tensors for il in range(L)]
@@ -150,14 +135,15 @@ def layer_tensors(hp, il):
     return d
 
 
-def prepare(b, x) -> None:
+def prepare(b, x):
     """The per-layer inputs F32 [P, T, L] of the ubatch (llama.cpp's build_inp_per_layer and
-    project_per_layer_inputs), kept as b.per_layer_inp; x [E, T] are the scaled embeddings."""
+    project_per_layer_inputs), kept as b.per_layer_inp; x [E, T] are the scaled embeddings,
+    returned unchanged."""
     hp, ctx, T = b.hp, b.ctx, b.T
     P, L, E = hp.n_embd_per_layer, hp.n_layer, hp.n_embd
     b.per_layer_inp = None
     if not P:
-        return
+        return x
     w = b.weights
     sel = ops.get_rows(ctx, w["per_layer_token_embd.weight"], b.inp.tokens)   # [P*L, T]
     sel = ops.scale(ctx, ops.reshape_3d(ctx, sel, P, L, T), math.sqrt(float(P)),
@@ -168,6 +154,20 @@ def prepare(b, x) -> None:
     proj = b.norm(proj, w["per_layer_proj_norm.weight"], "per_layer_proj")
     inp = ops.scale(ctx, ops.add(ctx, proj, sel), 1.0 / math.sqrt(2.0), name="inp_per_layer")
     b.per_layer_inp = ops.cont(ctx, ops.permute(ctx, inp, 0, 2, 1, 3))        # [P, T, L]
+    return x
+
+
+def per_layer_out(b, il, cur, select_rows: bool):
+    """Layer il's per-layer-embedding branch of cur F32 [E, n]: rms_norm(proj(gelu(inp_gate ·
+    cur) · input_il)) · post_norm, F32 [E, n]. select_rows: cur holds only the last layer's
+    output rows (b.last_rows), so the input rows are picked the same way."""
+    ctx, P, pin = b.ctx, b.hp.n_embd_per_layer, b.per_layer_inp
+    inp = ops.view_2d(ctx, pin, P, b.T, pin.nb[1], il * pin.nb[2])          # [P, T]
+    if select_rows:
+        (inp,) = b.last_rows(il, inp)
+    g = ops.gelu(ctx, b.mm(b.w(il, "inp_gate"), cur))
+    g = b.mm(b.w(il, "proj"), ops.mul(ctx, g, inp))
+    return b.norm(g, b.w(il, "post_norm"), f"per_layer_embd_out-{il}")
 
 
 def build_layer(b, il, x):
@@ -215,13 +215,7 @@ def build_layer(b, il, x):
     cur = b.norm(cur, b.w(il, "post_ffw_norm"), f"ffn_post_norm-{il}")
     cur = ops.add(ctx, cur, attn_out, name=f"ffn_out-{il}")
     if b.per_layer_inp is not None:
-        P, pin = hp.n_embd_per_layer, b.per_layer_inp
-        inp = ops.view_2d(ctx, pin, P, T, pin.nb[1], il * pin.nb[2])          # [P, T]
-        (inp,) = b.last_rows(il, inp)
-        g = ops.gelu(ctx, b.mm(b.w(il, "inp_gate"), cur))
-        g = b.mm(b.w(il, "proj"), ops.mul(ctx, g, inp))
-        g = b.norm(g, b.w(il, "post_norm"), f"per_layer_embd_out-{il}")
-        cur = ops.add(ctx, cur, g, name=f"pe_out-{il}")
+        cur = ops.add(ctx, cur, per_layer_out(b, il, cur, select_rows=True), name=f"pe_out-{il}")
     s = b.opt(il, "layer_output_scale")
     if s is not None:
         cur = ops.mul(ctx, cur, s, name=f"out_scaled-{il}")
