@@ -109,6 +109,25 @@ def test_greedy_path_matches_llamacpp(files, case):
             assert got == [int(t) for t in ref[:n]]
 
 
+vulkan_missing = None
+try:
+    from pyggml.backend import vulkan
+    vulkan_missing = vulkan.unavailable_reason()
+except Exception as e:                     # noqa: BLE001 - reported as the skip reason
+    vulkan_missing = str(e)
+
+
+@pytest.mark.skipif(vulkan_missing is not None, reason=f"no Vulkan device: {vulkan_missing}")
+@pytest.mark.parametrize("case", ["qwen3-all", "mixtral-exps"])
+def test_offloaded_to_vulkan_matches_llamacpp(files, case):
+    """Every layer on the GPU: the adapters' tensors stay in host memory (mapped), the
+    scheduler runs their matmuls where it can; the same bound as on the CPU."""
+    with _llm(files, case, True, n_gpu_layers=99, device="Vulkan0") as llm:
+        assert llm.backends[0].device.name == "Vulkan0"
+        logits = llm.eval(TOKENS)
+    assert _rms(logits, REFS[f"{case}.fa1.logits"].astype(np.float32)) <= BOUND[case]
+
+
 def test_scale_zero_is_the_base_model_bit_for_bit(files):
     base = files["qwen3"]
     with LLM(base, n_ctx=N_CTX, n_threads=2, logits_all=True) as plain:
@@ -179,14 +198,22 @@ def test_per_sequence_scales_in_one_batch(files):
         assert np.array_equal(out[1], llm.eval(TOKENS, 0))
 
 
-def test_state_keeps_the_lora_tag(files):
+def test_state_keeps_the_lora_tag(files, tmp_path):
+    """A saved state (and a slot file) remembers the scales its cells were computed under, so
+    that a restored prefix is reused under those scales only."""
+    from pyggml.llm.state import read_state, write_state
     with _llm(files, "qwen3-all", True) as llm:
         llm.eval(TOKENS[:10])
         st = llm.save_state()
         assert st.model["lora"] == llm.context.seq_lora_tag(0) != ()
+        write_state(st, tmp_path / "s.npz")
         llm.reset()
+        llm.load_state(read_state(tmp_path / "s.npz"))
+        assert llm.context.seq_lora_tag(0) == llm.context.seq_loras(0).tag
+        assert llm.reuse_prefix(TOKENS[:12]) == 10
         llm.load_state(st)
-        assert llm.context.seq_lora_tag(0) == st.model["lora"]
+        llm.set_lora_scales([0.5])
+        assert llm.reuse_prefix(TOKENS[:12]) == 0
 
 
 def test_llama_compat_lora_path(files):
