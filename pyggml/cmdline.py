@@ -206,7 +206,8 @@ class _LoraFiles(argparse.Action):
 
 
 def add_lora_args(p) -> None:
-    """llama.cpp's LoRA flags (run, chat, serve): --lora, --lora-scaled, --lora-init-without-apply."""
+    """llama.cpp's LoRA flags (run, chat, serve): --lora, --lora-scaled and
+    --lora-init-without-apply."""
     p.add_argument("--lora", dest="lora", action=_LoraFiles, metavar="FNAME[,FNAME]",
                    help="a LoRA adapter (llama.cpp's GGUF adapter format) applied at scale 1 "
                         "(repeatable)")

@@ -375,3 +375,18 @@ def test_server_lora_errors(client, body, needle):
         r = _complete(c, lora=body)
         assert r.status_code == 400 and needle in r.json()["error"]["message"]
         assert r.json()["error"]["param"] == "lora"
+
+
+@pytest.mark.parametrize("cmd", ["run", "chat", "serve"])
+def test_lora_flags_on_every_generating_command(cmd):
+    from pyggml.cli import parser
+    from pyggml.cmdline import lora_from_args
+    p = parser()
+    argv = [cmd, "--lora", "a.gguf,b.gguf", "--lora-scaled", "c.gguf", "-0.5",
+            "--lora-scaled", "d.gguf:2,e:f.gguf:0.25", "--lora-init-without-apply"]
+    p._subparsers._group_actions[0].choices[cmd].check_flags(argv[1:])
+    kw = lora_from_args(p.parse_args(argv))
+    assert kw == {"lora": [("a.gguf", 1.0), ("b.gguf", 1.0), ("c.gguf", -0.5), ("d.gguf", 2.0),
+                           ("e:f.gguf", 0.25)], "lora_init_without_apply": True}
+    with pytest.raises(pyggml.errors.UsageError, match="needs --lora"):
+        lora_from_args(p.parse_args([cmd, "--lora-init-without-apply"]))

@@ -191,7 +191,8 @@ def reference(folder: Path, case: str, tokens: list[int]) -> dict:
 
 
 def main(argv) -> int:
-    if len(argv) < 2 or argv[0] not in ("models", "refs") or (argv[0] == "refs") != (len(argv) == 3):
+    if len(argv) < 2 or argv[0] not in ("models", "refs") or \
+            (argv[0] == "refs") != (len(argv) == 3):
         print(__doc__)
         return 2
     folder = Path(argv[1])

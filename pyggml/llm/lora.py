@@ -71,13 +71,12 @@ class LoraAdapter:
     def __init__(self, path, hparams, model_tensors: dict):
         from pyggml.gguf import GGUFModel
         self.path = os.fspath(path)
-        name = os.path.basename(self.path)
         try:
             self.file = GGUFModel.open(self.path)
         except (GGUFError, OSError) as e:
             raise LoraError(f"LoRA adapter {self.path}: cannot be read as GGUF: {e}") from None
         try:
-            self._read(name, hparams, model_tensors)
+            self._read(hparams, model_tensors)
         except BaseException:
             self.close()
             raise
@@ -86,7 +85,7 @@ class LoraAdapter:
         v = self.file.get(key)
         return v if isinstance(v, str) else ""
 
-    def _read(self, name: str, hp, model_tensors: dict) -> None:
+    def _read(self, hp, model_tensors: dict) -> None:
         f, p = self.file, self.path
         kind = self._str("general.type")
         if kind != "adapter":
@@ -100,7 +99,7 @@ class LoraAdapter:
         if atype != "lora":
             raise LoraError(f"LoRA adapter {p}: adapter.type must be 'lora', got {atype!r}")
         alpha = f.get("adapter.lora.alpha", 0.0)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or \
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number)) or \
                 not np.isfinite(alpha):
             raise LoraError(f"LoRA adapter {p}: adapter.lora.alpha must be a number, got "
                             f"{alpha!r}")
@@ -141,7 +140,6 @@ class LoraAdapter:
             self._check_pair(base, list(info.ne[: max(info.n_dims, 1)]), a, b, hp,
                              "output.weight" in model_tensors)
             self.pairs[base] = LoraPair(a, b)
-        self.name = name
 
     def _check_pair(self, base: str, w: list, a: Tensor, b: Tensor, hp,
                     own_output: bool) -> None:
@@ -182,10 +180,6 @@ class LoraAdapter:
 
     def scale_for(self, pair: LoraPair, scale: float) -> float:
         return adapter_scale(scale, self.alpha, pair.rank)
-
-    def describe(self) -> dict:
-        return {"path": self.path, "alpha": self.alpha, "n_tensors": len(self.pairs),
-                "task_name": self.task_name, "prompt_prefix": self.prompt_prefix}
 
     def close(self) -> None:
         f = getattr(self, "file", None)
