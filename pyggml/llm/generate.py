@@ -163,6 +163,33 @@ class Generation:
             speculator.reset_seq(sid)
         return self.n_reused
 
+    def start_copy(self, ctx, src: "Generation", row: np.ndarray, seq_id: int,
+                   speculator=None) -> str:
+        """Start as a further choice of `src`'s prompt right after src evaluated it (src
+        sampled its first token from `row`, the logits F32 [n_vocab] of the prompt's last
+        token, and its sequence holds exactly the prompt): sequence seq_id shares the
+        prompt's KV cells (Context.seq_copy) and this generation samples its first token from
+        the same row — the prompt is evaluated once for all choices, as llama-server's
+        n_cmpl children copy their parent's state. Returns the first text, as advance."""
+        if self.prompt_ids != src.prompt_ids:
+            raise ModelError("start_copy: the generations have different prompts")
+        sid = self.seq_id = ctx.check_seq(seq_id)
+        with ctx.lock:
+            ctx.check_open()
+            if ctx.seq_tokens(src.seq_id) != self.prompt_ids:
+                raise ModelError(f"start_copy: sequence {src.seq_id} does not hold just the "
+                                 f"prompt")
+            ctx.seq_copy(src.seq_id, sid)
+            ctx.set_seq_lora(sid, self.lora)
+            self._epoch = ctx.seq_epoch(sid)
+        self.ctx, self.spec = ctx, speculator
+        self.n_reused = len(self.prompt_ids)
+        self.todo, self._input = [], []
+        self._n_cells = len(self.prompt_ids)
+        if speculator is not None:
+            speculator.reset_seq(sid)
+        return self.advance(np.array(row, dtype=np.float32))    # a prompt "chunk" of 0 tokens
+
     def check(self) -> None:
         """ClosedError / GeneratorInvalidatedError when the sequence changed under it."""
         self.ctx.check_epoch(self.seq_id, self._epoch)

@@ -513,10 +513,14 @@ class Server:
         return Generation(self.llm.tokenizer, ids, budget, params, stop, n_logprobs,
                           stop_at_eog, token_filter=token_filter, lora=lora), stream
 
-    def _submit(self, job: Job) -> None:
+    def _submit(self, job: Job, choice=None) -> None:
+        """Hand a job to the engine; choice: its Group member when it is one of n choices
+        (pyggml/server/choices.py: submitted together, the prompt evaluated once)."""
         if job.kind == "complete" and not job.ids:
             raise BadRequest("the prompt is empty (the chat template rendered nothing, or it "
                              "tokenizes to no tokens)")
+        if choice is not None:
+            return choice(job, self._submit)
         try:
             self.engine.submit(job)
         except QueueFullError as e:
@@ -577,7 +581,7 @@ class Server:
                 yield sse(c)
         return _event_stream(events())
 
-    async def chat_completion(self, request, body: dict):
+    async def chat_completion(self, request, body: dict, choice=None):
         """One chat completion request (OpenAI's body, checked here): the chat.completion
         dict, or with "stream" an async iterator of chat.completion.chunk dicts (an error
         after the start comes as an {"error": ...} item), or a Response to send instead (the
@@ -587,11 +591,14 @@ class Server:
             raise BadRequest("'messages' is required", "messages")
         if choices.wanted(body):            # n > 1: n one-choice requests, merged
             bodies = choices.choice_bodies(body, len(self.engine.slots))
+            group = choices.members(len(bodies), len(bodies))
             if _bool(body, "stream"):
                 usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return choices.merged_stream([await self.chat_completion(request, b)
-                                              for b in bodies], usage)
-            return await choices.merged([self.chat_completion(request, b) for b in bodies])
+                return choices.merged_stream([await self.chat_completion(request, b, c)
+                                              for b, c in zip(bodies, group)], usage,
+                                             len(bodies))
+            return await choices.merged([self.chat_completion(request, b, c)
+                                         for b, c in zip(bodies, group)], len(bodies))
         # rendering and compiling a grammar take a while (the first grammar for a model
         # builds its vocabulary table): off the event loop
         turn, token_filter = await asyncio.to_thread(self._chat_turn, body)
@@ -601,7 +608,7 @@ class Server:
         gen, stream = self._generation(ids, body, None, top if logprobs else None,
                                        token_filter, "messages")
         job = self._new_job(ids, gen)
-        self._submit(job)
+        self._submit(job, choice)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
@@ -697,7 +704,7 @@ class Server:
                 yield sse(c)
         return _event_stream(events())
 
-    async def text_completion(self, request, body: dict):
+    async def text_completion(self, request, body: dict, choice=None):
         """One completions request (OpenAI's legacy body, checked here): the text_completion
         dict, or with "stream" an async iterator of its chunk dicts (an error after the start
         comes as an {"error": ...} item), or a Response to send instead; as chat_completion."""
@@ -706,11 +713,13 @@ class Server:
             batch = choices.choice_bodies(body, len(self.engine.slots)), body["n"]
         if batch is not None:                           # ... or several prompts: merged
             bodies, n = batch
+            group = choices.members(len(bodies), n)
             if _bool(body, "stream"):
                 usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return choices.merged_stream([await self.text_completion(request, b)
-                                              for b in bodies], usage, n)
-            return await choices.merged([self.text_completion(request, b) for b in bodies], n)
+                return choices.merged_stream([await self.text_completion(request, b, c)
+                                              for b, c in zip(bodies, group)], usage, n)
+            return await choices.merged([self.text_completion(request, b, c)
+                                         for b, c in zip(bodies, group)], n)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -732,7 +741,7 @@ class Server:
         token_filter = await asyncio.to_thread(self._constraint, body)
         gen, stream = self._generation(ids, body, None, n_lp, token_filter)
         job = self._new_job(ids, gen)
-        self._submit(job)
+        self._submit(job, choice)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         prefix = (prompt if isinstance(prompt, str) else self.llm.detokenize(ids)) if echo else ""
 

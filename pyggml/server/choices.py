@@ -3,7 +3,13 @@ requests at once on n slots — choice i with seed + i (a random seed stays rand
 is what n = 1 gives — and their answers are merged: one response with choices 0..n-1 (usage:
 the prompt once, the completion tokens of all), or one stream whose chunks carry their choice's
 index. n is at most the server's slots (-np), as llama-server bounds n_cmpl by n_parallel.
-Each slot evaluates the prompt itself (its own prefix cache; the slots do not share cells).
+
+The prompt is evaluated once: the n jobs go to the engine as one `Group` — the first with the
+others as its children, admitted together when n slots are free; when the first has evaluated
+the prompt, each further choice's sequence shares its KV cells and samples its first token
+from the same logits (pyggml/server/engine.py, Generation.start_copy), as llama-server copies
+a parent slot's state to its children. The tokens are the ones n separate requests with those
+seeds give.
 """
 
 from __future__ import annotations
@@ -39,6 +45,49 @@ def choice_bodies(body: dict, n_slots: int) -> list[dict]:
             b["seed"] = (seed + i) % 0xFFFFFFFF
         out.append(b)
     return out
+
+
+class Group:
+    """The n choices of one prompt, as their jobs are built (one request handler each): when
+    the last is added, the first is submitted with the others as its children (one queue
+    entry; pyggml/server/engine.py). Choices whose prompts differ after all (a template that
+    renders differently per call) are submitted one by one, each evaluating its own."""
+
+    def __init__(self, n: int):
+        self.n, self.jobs = n, {}
+
+    def member(self, i: int):
+        """What choice i's handler passes on with its job: add(job, submit) for choice i."""
+        return lambda job, submit: self.add(i, job, submit)
+
+    def add(self, i: int, job, submit) -> None:
+        """Choice i's job; submit(job) hands one job to the engine (BadRequest when it cannot:
+        the other choices' jobs then end with the same error)."""
+        self.jobs[i] = job
+        if len(self.jobs) < self.n:
+            return
+        first, rest = self.jobs[0], [self.jobs[k] for k in range(1, self.n)]
+        together = all(j.ids == first.ids for j in rest)
+        if together:
+            first.children = rest
+            for j in rest:
+                j.parent = first
+        try:
+            for j in [first] if together else [first] + rest:
+                submit(j)
+        except BadRequest as e:
+            for j in rest:
+                j.emit("error", e.status, str(e))
+            raise
+
+
+def members(n_bodies: int, n: int) -> list:
+    """Per one-choice body (prompt by prompt, each prompt's n choices in order): the Group
+    member its handler passes on (None when n is 1: nothing to share)."""
+    if n <= 1:
+        return [None] * n_bodies
+    groups = [Group(n) for _ in range(n_bodies // n)]
+    return [groups[j // n].member(j % n) for j in range(n_bodies)]
 
 
 def _usage(parts: list[dict], per_prompt: int = 1) -> dict:

@@ -66,6 +66,17 @@ class Job:
     n_reused: int = 0
     vecs: list = field(default_factory=list)     # embed: the inputs' vectors so far
     n_embedded: int = 0                          # embed: their tokens
+    # n > 1 (pyggml/server/choices.py): the further choices of a request with the same prompt
+    # are admitted with it, each to a slot of its own, and wait there (their generation not
+    # started) until this job's prompt is evaluated; then they share its cells and its last
+    # logits (Generation.start_copy): the prompt is evaluated once, as llama-server's n_cmpl
+    children: list = field(default_factory=list)
+    parent: "Job | None" = None                  # on a further choice: whose prompt it shares
+
+    @property
+    def waiting(self) -> bool:
+        """A further choice whose parent has not evaluated the prompt yet."""
+        return self.gen is not None and self.gen.ctx is None
 
     def emit(self, *event) -> None:
         try:
@@ -233,7 +244,8 @@ class Engine:
             if s.job is not None:
                 self._fail(s, 503, "the server is shutting down")
         for job in self.pending:
-            job.emit("error", 503, "the server is shutting down")
+            for j in [job] + job.children:
+                j.emit("error", 503, "the server is shutting down")
 
     def _backends_ok(self) -> bool:
         """The model's backends can compute, reconnected if an rpc-server went away and is
@@ -250,7 +262,8 @@ class Engine:
         with self._cv:
             jobs, self.pending = list(self.pending), deque()
         for job in jobs:
-            job.emit("error", 503, "; ".join(problems))
+            for j in [job] + job.children:
+                j.emit("error", 503, "; ".join(problems))
         return False
 
     def _admit(self) -> None:
@@ -264,23 +277,62 @@ class Engine:
             if job.cancelled.is_set():
                 self.pending.popleft()
                 self.metrics.requests_cancelled_total += 1
+                for child in reversed(job.children):    # the other choices go on their own
+                    child.parent = None
+                    self.pending.appendleft(child)
                 continue
 
+            if len(free) < 1 + len(job.children):
+                return          # every choice of a request starts together (as llama-server)
             slot = max(free, key=lambda s: (self.llm.context.common_prefix(job.ids, s.seq_id),
                                             -s.last_used))
-            if job.kind == "complete" and not self._prompt_fits(job.ids, slot):
+            if job.kind == "complete" and not self._prompt_fits(job.ids, slot,
+                                                                 len(job.children)):
                 return                      # it waits (first in line) for cells to free up
             self.pending.popleft()
             slot.job = job
             if job.kind == "embed":
                 continue
-            spec = self.llm.speculator
-            job.n_reused = job.gen.start(self.llm.context, spec, slot.seq_id)
-            self.metrics.prompt_tokens_reused_total += job.n_reused
-            slot.draft_todo = spec.draft.start_prompt(slot.seq_id, job.ids) if spec else []
+            self._start(slot)
+            # the further choices wait in the least recently used other slots
+            rest = sorted((s for s in free if s is not slot), key=lambda s: s.last_used)
+            for s, child in zip(rest, job.children):
+                s.job = child
 
-    def _prompt_fits(self, ids: list[int], slot: Slot) -> bool:
-        """Whether a prompt admitted to `slot` fits in the cells that are free or held by idle
+    def _start(self, slot: Slot) -> None:
+        """Start the generation of the slot's request (its prefix cache reused)."""
+        job, spec = slot.job, self.llm.speculator
+        job.n_reused = job.gen.start(self.llm.context, spec, slot.seq_id)
+        self.metrics.prompt_tokens_reused_total += job.n_reused
+        slot.draft_todo = spec.draft.start_prompt(slot.seq_id, job.ids) if spec else []
+
+    def _start_children(self, slot: Slot, row) -> None:
+        """The parent's prompt was evaluated (its first token sampled from `row`): its waiting
+        further choices share the prompt's cells and sample their first token from `row`
+        (their drafts, with a speculator, catch up in their first round)."""
+        job = slot.job
+        for s in self.slots:
+            child = s.job
+            if child is None or child.parent is not job or not child.waiting:
+                continue
+            try:
+                text = child.gen.start_copy(self.llm.context, job.gen, row, s.seq_id,
+                                            self.llm.speculator)
+            except PyggmlError as e:
+                self._fail(s, 500, str(e))
+                continue
+            child.n_reused = len(child.ids)
+            s.started = True
+            self.metrics.generated_tokens_total += len(child.gen.tokens)
+            if text:
+                child.emit("text", text)
+            if child.gen.done:
+                child.emit("done", child.gen)
+                self._release(s)
+
+    def _prompt_fits(self, ids: list[int], slot: Slot, n_more: int = 0) -> bool:
+        """Whether a prompt admitted to `slot` (with n_more further choices sharing its cells,
+        a cell each for their first tokens) fits in the cells that are free or held by idle
         slots (their prefix caches), besides the cells the running requests' prompts still
         need and one per generating slot. Always true when no request is running (the app
         refuses prompts longer than n_ctx)."""
@@ -291,7 +343,7 @@ class Engine:
         kept = min(ctx.common_prefix(ids, slot.seq_id), max(0, len(ids) - 2))
         evictable = sum(ctx.seq_len(s.seq_id) for s in self.slots if s.job is None) - kept
         committed = sum(len(s.todo) if s.todo else 1 for s in active)
-        return len(ids) - kept + 1 <= ctx.free_cells() + evictable - committed
+        return len(ids) - kept + 1 + n_more <= ctx.free_cells() + evictable - committed
 
     def _make_room(self, n_cells: int) -> bool:
         """Drop idle slots' prefix caches, least recently used first, until n_cells cells are
@@ -341,6 +393,10 @@ class Engine:
                 self._release(s)
 
     def _release(self, s: Slot) -> None:
+        job = s.job
+        if job is not None:         # further choices still waiting: on their own from now on
+            for child in job.children:
+                child.parent = None
         s.job, s.draft_todo, s.last_used = None, [], time.perf_counter()
         s.started = False
 
@@ -370,7 +426,14 @@ class Engine:
                         self._release(s)
                 except PyggmlError as e:
                     self._fail(s, 400, str(e))
-        gens = [s for s in self.slots if s.job is not None and s.job.kind == "complete"]
+        for s in self.slots:        # a further choice whose parent went before its prompt ended
+            if s.job is not None and s.job.waiting and s.job.parent is None:
+                try:
+                    self._start(s)
+                except PyggmlError as e:
+                    self._fail(s, 500, str(e))
+        gens = [s for s in self.slots if s.job is not None and s.job.kind == "complete"
+                and not s.job.waiting]
         gen_slots = self._end_for_room([s for s in gens if not s.job.gen.prefilling])
         self._drafts(gen_slots)
         batch = [s for s in gen_slots]
@@ -441,12 +504,18 @@ class Engine:
                 gen.close()
                 continue
             n_gen, n_drafted, n_accepted = len(gen.tokens), gen.n_drafted, gen.n_accepted
-            text = gen.advance(out[s.seq_id])
+            row = out[s.seq_id]
+            shared = row if row.ndim == 1 else row[-1]
+            shared = shared.copy() if job.children and not gen.prefilling and \
+                gen.last_token is None else None     # the prompt's last logits, for choices
+            text = gen.advance(row)
             m.generated_tokens_total += len(gen.tokens) - n_gen
             m.draft_tokens_total += gen.n_drafted - n_drafted
             m.draft_accepted_total += gen.n_accepted - n_accepted
             if text:
                 job.emit("text", text)
+            if shared is not None:
+                self._start_children(s, shared)
             if gen.done:
                 job.emit("done", gen)
                 self._release(s)
