@@ -7,8 +7,8 @@ valid.
 
     python tools/make_arch_models.py OUT_DIR [VARIANT ...]     # default: every variant
 
-Shapes: E = 256, head size 64, 4 query heads over 2 K/V heads, F = 3E, V = 384 tokens, 2-3
-layers; MoE variants 4-8 experts with top-k 2-3. Weight types: a mix per variant over the block
+Shapes: E = 256, head size 64, 4 query heads over 2 K/V heads, F = 3E, V = 384 tokens, 2-4
+layers (gemma3n 22: its KV sharing starts at layer 20); MoE variants 4-8 experts with top-k 2-3. Weight types: a mix per variant over the block
 formats (K-quants Q2_K..Q6_K, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, F16, BF16), quantized by pyggml's own
 bit-exact quantizers (pyggml.quants); 1-D tensors (norms, rope factors) F32. Every quantized row
 length is a multiple of 256, so no type falls back; rows of other lengths (gemma3n's AltUp
