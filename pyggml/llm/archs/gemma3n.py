@@ -125,6 +125,8 @@ def prepare(b, x):
     F32 [E, T, A]."""
     ctx, A = b.ctx, b.hp.n_altup
     x = gemma4.prepare(b, x)
+    # AltUp's projections and router are plain matmuls in llama.cpp (no LoRA), the
+    # coefficient and LAuReL matrices go through b.mm as every other weight
     added = ops.mul_mat(ctx, b.weights["altup_proj.weight"], _repeat(ctx, x, A - 1))
     return ops.concat(ctx, x, _rescaled(ctx, added, x), 2, name="inp_stacked")
 
@@ -140,8 +142,8 @@ def _predict(b, il, x):
     """x [E, T, A] + each copy mixed from all copies by the router's coefficients of the active
     one: [E, T, A]."""
     ctx, A, T = b.ctx, b.hp.n_altup, b.T
-    coefs = ops.mul_mat(ctx, b.w(il, "altup_predict_coef"),
-                        _modalities(b, il, _copy(ctx, x, b.hp.i_altup_act)))     # [A*A, T]
+    coefs = b.mm(b.w(il, "altup_predict_coef"),
+                 _modalities(b, il, _copy(ctx, x, b.hp.i_altup_act)))            # [A*A, T]
     coefs = ops.reshape_3d(ctx, coefs, A, A, T)
     xt = ops.cont(ctx, ops.permute(ctx, x, 1, 2, 0, 3))                           # [A, E, T]
     p = ops.cont(ctx, ops.permute(ctx, ops.mul_mat(ctx, xt, coefs), 0, 2, 1, 3))  # [E, T, A]
@@ -152,7 +154,7 @@ def _correct(b, il, pred, out):
     """pred [E, T, A] + (out - the active prediction) · (router coefficients of out + 1)."""
     ctx, A, T = b.ctx, b.hp.n_altup, b.T
     innovation = ops.sub(ctx, out, _copy(ctx, pred, b.hp.i_altup_act))            # [E, T]
-    c = ops.mul_mat(ctx, b.w(il, "altup_correct_coef"), _modalities(b, il, out))  # [A, T]
+    c = b.mm(b.w(il, "altup_correct_coef"), _modalities(b, il, out))             # [A, T]
     c = ops.cont(ctx, ops.transpose(ctx, ops.scale(ctx, c, 1.0, 1.0)), ne=[1, T, A])
     return ops.add(ctx, ops.mul(ctx, _repeat(ctx, innovation, A), c), pred,
                    name=f"corrected-{il}")
@@ -184,7 +186,7 @@ def build_layer(b, il, x):
     pred = _predict(b, il, x)
     active = _copy(ctx, pred, hp.i_altup_act)                                     # [E, T]
     cur = b.norm(active, b.w(il, "attn_norm"), f"attn_norm-{il}")
-    laurel = ops.mul_mat(ctx, b.w(il, "laurel_r"), ops.mul_mat(ctx, b.w(il, "laurel_l"), cur))
+    laurel = b.mm(b.w(il, "laurel_r"), b.mm(b.w(il, "laurel_l"), cur))
     laurel = ops.add(ctx, b.norm(laurel, b.w(il, "laurel_post_norm")), cur,
                      name=f"laurel_out-{il}")
     q, k, v = b.qkv(il, cur)           # k, v unused (not in the graph) on shared-KV layers
