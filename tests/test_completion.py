@@ -2,14 +2,16 @@
 (LLM.reuse_prefix, KVCache.can_keep_prefix).
 
 Stop strings and UTF-8 holding-back are tested on `Generation` (pyggml/llm/generate.py) with a
-scripted tokenizer (one token forced per step), so every split of a character or stop string is exercised exactly; the
-API shapes and prefix reuse run SmolLM2-135M-Instruct (make setup) and tiny models."""
+scripted tokenizer and a real Context whose model is scripted (one token forced per step), so
+every split of a character or stop string is exercised exactly; the API shapes and prefix
+reuse run SmolLM2-135M-Instruct (make setup) and tiny models."""
 import numpy as np
 import pytest
 
 from pyggml.errors import ChatTemplateError, ModelError
 from pyggml.llm.completion import sampling_params
-from pyggml.llm.generate import Generation
+from pyggml.llm.context import Context
+from pyggml.llm.generate import Generation, decode_step
 from pyggml.models_pypi import ensure_smollm2
 from pyggml.llm.runtime import LLM
 
@@ -25,29 +27,29 @@ class _Tok:
         return t == 0
 
 
-class _FakeContext:
-    """The few Context calls a Generation makes, over one sequence of unbounded room."""
-    def __init__(self):
-        import threading
-        from pyggml.llm.context import RunStats
-        self.lock, self.stats, self.closed, self.held = threading.RLock(), RunStats(), False, 0
+class _ScriptedContext(Context):
+    """A real Context (its sequence API, epochs, LoRA bookkeeping and decode loop, over a real
+    KV cache's cells) whose model is a script: a ubatch's wanted rows are the logits the test
+    set in `next_logits`. Only the graph evaluation is replaced, so the calls a Generation
+    makes are the real ones and this stand-in cannot drift from them."""
 
-    check_seq = staticmethod(int)
+    def __init__(self, n_vocab: int, n_ctx: int = 256):
+        from types import SimpleNamespace
+        from pyggml.llm.hparams import HParams
+        from pyggml.llm.kv_cache import KVCache
+        hp = HParams(arch="llama", n_layer=1, n_embd=8, n_ff=[16], n_head=[2], n_head_kv=[1],
+                     head_dim_k=4, head_dim_v=4, n_rot=4, n_vocab=n_vocab, n_ctx_train=n_ctx,
+                     rms_eps=1e-6, rope_base=1e4, rope_base_swa=1e4, rope_freq_scale=1.0,
+                     rope_neox=False, sliding_window=0)
+        opts = SimpleNamespace(n_ctx=n_ctx, n_ubatch=512, n_seq_max=1, logits_all=False)
+        run = SimpleNamespace(model=SimpleNamespace(hparams=hp), kv=KVCache(hp, n_ctx),
+                              opts=opts, scheds=lambda: (), loras=(), close=lambda: None)
+        super().__init__(run, None, "scripted")
+        self.next_logits = np.zeros(n_vocab, np.float32)
 
-    def check_open(self):
-        pass
-
-    def reuse_prefix(self, ids, seq_id):
-        return 0
-
-    def seq_epoch(self, seq_id):
-        return 0
-
-    def seq_len(self, seq_id):
-        return self.held
-
-    def free_cells(self):
-        return 1 << 20
+    def _decode_ubatch(self, toks, pos, sids, want, output, lora):
+        self.kv.place(pos, sids, atomic=False)
+        return np.tile(self.next_logits, (int(np.count_nonzero(want)), 1))
 
 
 def _run(pieces: list[bytes], stop, max_tokens=100, eog_at_end=True):
@@ -55,16 +57,20 @@ def _run(pieces: list[bytes], stop, max_tokens=100, eog_at_end=True):
     decode of its input would give; return (chunks, generation)."""
     vocab = [b""] + pieces
     gen = Generation(_Tok(vocab), [1], max_tokens, sampling_params(temperature=0), stop)
-    ctx = _FakeContext()
+    ctx = _ScriptedContext(len(vocab))
     gen.start(ctx)
     chunks = []
     for i in range(1, len(vocab) + 1):
-        ctx.held += len(gen.next_input())
-        logits = np.zeros(len(vocab), np.float32)
-        logits[i if i < len(vocab) else 0] = 1.0
-        chunks.append(gen.advance(logits))
+        gen.next_input()
+        ctx.next_logits = np.zeros(len(vocab), np.float32)
+        ctx.next_logits[i if i < len(vocab) else 0] = 1.0
+        chunks.append(gen.advance(decode_step(ctx, [gen])[gen.seq_id]))
         if gen.done:
             break
+    # the sequence holds what was evaluated: the prompt and every sampled token but at most
+    # the last (not evaluated when a stop string or max_tokens ended the generation)
+    held = ctx.seq_tokens(gen.seq_id)
+    assert held == ([1] + gen.tokens)[:len(held)] and len(held) >= len(gen.tokens)
     return chunks, gen
 
 
