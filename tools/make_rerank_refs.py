@@ -192,6 +192,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     bodies = cases()
+    # the references come from a llama-server off its defaults (--no-repack): say so
+    from pyggml.llm.bench import announce_llamacpp, llamacpp_nondefaults
+    announce_llamacpp(llamacpp_nondefaults(no_repack=True))
     version = subprocess.run([str(args.server), "--version"], capture_output=True, text=True)
     ref = {"llama_server": (version.stdout + version.stderr).strip().splitlines()[0],
            "cases": bodies, "models": {}}
