@@ -23,6 +23,8 @@ NONDEFAULT = re.compile(r"OMP_WAIT_POLICY|GOMP_SPINCOUNT|KMP_BLOCKTIME|use_extra
 EXEMPT = {
     "tools/make_arch_refs.py": "reference logits for tests, not a benchmark",
     "tools/make_embed_refs.py": "reference embeddings for tests, not a benchmark",
+    "tools/make_lora_refs.py": "reference logits for tests (as make_arch_refs.py, in the "
+                               "llama-cpp-python venv, which has no pyggml), not a benchmark",
     "tools/llamacpp_bench_worker.py": "the worker of bench_llamacpp, which announces for it",
     "pyggml/llm/bench.py": "defines llamacpp_nondefaults/announce_llamacpp (tested below)",
 }
