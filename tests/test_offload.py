@@ -52,6 +52,22 @@ def test_kinds():
         ["attn", "norm", "experts", "norm", "embd", "output", "output", None, "attn"]
 
 
+
+def test_gemma3n_altup_projections_go_with_the_output_layer():
+    """llama.cpp's tensor infos put Gemma 3n's AltUp projections (global, used at the first and
+    the last layer) in its output layer (LLM_TENSOR_LAYER_OUTPUT): they follow the output
+    matrix under gpu_layers, and kind: output rules take them."""
+    altup = ["altup_proj.weight", "altup_unembd_proj.weight"]
+    assert [tensor_kind(n) for n in altup] == ["output", "output"]
+    names = NAMES + altup
+    p = plan("gpu_layers: 1\ndevices: [Vulkan0]\n", "Vulkan0", names=names)
+    assert on(p, "Vulkan0") == sorted(altup + ["output.weight", "output_norm.weight"])
+    assert p.weights["altup_proj.weight"].rule == p.weights["output_norm.weight"].rule
+    assert set(on(plan("devices: [Vulkan0]\n", "Vulkan0", names=names), CPU)) == set(names)
+    p = plan("gpu_layers: all\ndevices: [Vulkan0]\noverrides:\n"
+             "  - {kind: output, device: cpu}\n", "Vulkan0", names=names)
+    assert set(altup) <= set(on(p, CPU)) and "blk.3.attn_q.weight" in on(p, "Vulkan0")
+
 def test_expert_rules_and_kind_ffn_include_experts():
     names = [f"blk.{i}.{t}.weight" for i in range(2) for t in
              ("attn_q", "ffn_gate_inp", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp")]

@@ -90,9 +90,15 @@ def is_expert(name: str) -> bool:
     return il is not None and bool(_EXPERTS.match(name.split(".", 2)[2]))
 
 
+#: global tensors of llama.cpp's output layer (LLM_TENSOR_LAYER_OUTPUT in llama-arch.cpp's
+#: tensor infos: placed with the output matrix) besides output*: Gemma 3n's AltUp projections
+_OUTPUT_LAYER = ("output", "altup_proj.", "altup_unembd_proj.")
+
+
 def tensor_kind(name: str) -> str | None:
     """attn, ffn, experts (MoE expert FFN weights: also of kind ffn), norm (in layers), embd,
-    output, or None (e.g. rope_freqs)."""
+    output (the output layer's tensors, placed with the output matrix), or None (e.g.
+    rope_freqs)."""
     il = layer_of(name)
     if il is not None:
         short = name.split(".", 2)[2]
@@ -107,6 +113,6 @@ def tensor_kind(name: str) -> str | None:
         return None
     if name.startswith(("token_embd", "position_embd", "token_types", "per_layer_token_embd")):
         return "embd"
-    if name.startswith("output"):
+    if name.startswith(_OUTPUT_LAYER):
         return "output"
     return None
