@@ -21,7 +21,7 @@ from pyggml.errors import (
 )
 from pyggml.llm.sampler import Sampler, SamplingParams
 from pyggml.types import as_type
-from tests.conftest import REPO
+from conftest import REPO
 
 
 def _ctx_and_a():

@@ -7,7 +7,7 @@ import pytest
 
 from pyggml import _native, ops
 from pyggml.errors import ShapeError
-from tests.test_ops_cpu import close, cpu1, cpu2, new_ctx, run, tensor  # noqa: F401
+from test_ops_cpu import close, cpu1, cpu2, new_ctx, run, tensor  # noqa: F401
 
 RNG = np.random.default_rng(32)
 

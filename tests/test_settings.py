@@ -12,7 +12,7 @@ from pyggml import _native, settings
 from pyggml.errors import SettingsError
 from pyggml.models_default import DEFAULT_MODEL_NAME, default_model_path
 from pyggml.settings import Settings
-from tests.conftest import REPO
+from conftest import REPO
 
 
 def test_defaults_when_nothing_is_set():

@@ -10,7 +10,7 @@ from pyggml import _native, settings
 from pyggml.backend import cpu
 from pyggml.errors import InvalidArgumentError, NativeLibraryError, UnsupportedTypeError
 from pyggml.types import TYPE_TRAITS, GGMLType, Op, as_type, row_size
-from tests.conftest import REPO
+from conftest import REPO
 
 HEADER = (REPO / "native" / "include" / "pyggml.h").read_text()
 
