@@ -109,6 +109,15 @@ class BufferTypeSpec:
     max_size: int | None = None
 
 
+def _alloc_compute(bt, size: int):
+    """A compute buffer of `size` bytes from buffer type `bt` (BufferUsage.COMPUTE for the
+    backends' buffer types; duck-typed ones, as the allocator's tests use, take a size only)."""
+    from pyggml.backend.base import BufferType, BufferUsage
+    if isinstance(bt, BufferType):
+        return bt.alloc_buffer(size, BufferUsage.COMPUTE)
+    return bt.alloc_buffer(size)
+
+
 def _memory_span(mem) -> tuple[int, int]:
     """(base address, size in bytes) of a numpy array or a backend Buffer (`base`, `n_bytes`)."""
     ctypes_ = getattr(mem, "ctypes", None)
@@ -647,7 +656,7 @@ class GraphAllocator:
                 continue
             chunks = []
             for size in want:
-                mem = alloc_buffer(size)
+                mem = _alloc_compute(bt, size)
                 base, got = _memory_span(mem)
                 if got < size or base % ta.alignment:
                     raise AllocatorError(f"buffer type '{bt.name}' returned {got} bytes at "

@@ -712,23 +712,52 @@ class GGUFModel:
         of the mapping), in file order, with a progress bar in bytes. progress: True/False, or
         None = only when stderr is a terminal. Returns the bytes copied. The backend layer uses
         this to place weights in device buffers."""
-        infos = [self.tensor_info(n) for n in (self.tensors if names is None else names)]
-        infos.sort(key=lambda i: (i.part, i.offset))
-        show = sys.stderr.isatty() if progress is None else bool(progress)
-        total = sum(i.nbytes for i in infos)
-        bar = None
-        if show:
-            from tqdm import tqdm
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc, leave=False)
-        try:
+        infos = self._in_file_order(names)
+        with _progress_bar(sum(i.nbytes for i in infos), progress, desc) as bar:
             for info in infos:
                 dst_write_fn(info, self.tensor_bytes(info.name))
-                if bar is not None:
-                    bar.update(info.nbytes)
+                bar(info.nbytes)
+        return sum(i.nbytes for i in infos)
+
+    def read_tensors_into(self, dst_of: Callable[[TensorInfo], np.ndarray],
+                          names: Iterable[str] | None = None, progress: bool | None = None,
+                          desc: str = "reading weights") -> int:
+        """Read each tensor's bytes from its file into dst_of(info) (a writable uint8 array of
+        info.nbytes), in file order, with copy_tensors_to's progress bar. Unlike copy_tensors_to
+        this reads with read(2), not through the mapping: the file's pages end up in the page
+        cache but are never mapped into this process, so its RSS holds the copy only once.
+        Returns the bytes read; GGUFError naming the file and tensor if the file is now shorter
+        than when it was opened."""
+        infos = self._in_file_order(names)
+        files: dict[int, Any] = {}
+        try:
+            with _progress_bar(sum(i.nbytes for i in infos), progress, desc) as bar:
+                for info in infos:
+                    f = files.get(info.part)
+                    if f is None:
+                        f = files[info.part] = open(self.paths[info.part], "rb", buffering=0)
+                    view, done = memoryview(dst_of(info)).cast("B"), 0
+                    f.seek(info.offset)
+                    while done < info.nbytes:
+                        n = f.readinto(view[done: info.nbytes])
+                        if not n:
+                            raise GGUFError(f"{self.paths[info.part]}: tensor '{info.name}': the "
+                                            f"file ends at byte {info.offset + done}, before the "
+                                            f"tensor's {info.nbytes} bytes (changed since it was "
+                                            f"opened?)")
+                        done += n
+                    bar(info.nbytes)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot read the weights: {e.strerror or e}") from None
         finally:
-            if bar is not None:
-                bar.close()
-        return total
+            for f in files.values():
+                f.close()
+        return sum(i.nbytes for i in infos)
+
+    def _in_file_order(self, names: Iterable[str] | None) -> list[TensorInfo]:
+        infos = [self.tensor_info(n) for n in (self.tensors if names is None else names)]
+        infos.sort(key=lambda i: (i.part, i.offset))
+        return infos
 
     def close(self) -> None:
         """Drop this object's references to the mappings (tensors made from it keep theirs)."""
@@ -740,6 +769,29 @@ class GGUFModel:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _progress_bar:
+    """A tqdm bar in bytes while weights are copied (progress True/False, or None: only when
+    stderr is a terminal); calling the object advances it."""
+
+    def __init__(self, total: int, progress: bool | None, desc: str):
+        show = sys.stderr.isatty() if progress is None else bool(progress)
+        self.bar = None
+        if show:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc, leave=False)
+
+    def __call__(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
 
 
 _PLAIN_DTYPES = {

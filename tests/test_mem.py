@@ -175,7 +175,7 @@ def _measure_in_fresh_process(path, queue):
                    rss_at_load=m.rss_at_load, predicted=rep.predicted_rss, plan_total=cpu.total,
                    allocated_compute=m.allocated["compute"][CPU], weights=cpu.weights,
                    kv=cpu.kv, compute=cpu.compute, resident=dict(m.resident),
-                   text=format_report(rep)))
+                   at_load=dict(m.resident_at_load), text=format_report(rep)))
 
 
 def test_measured_peak_rss_is_close_to_the_prediction(tiny_models):
@@ -193,8 +193,10 @@ def test_measured_peak_rss_is_close_to_the_prediction(tiny_models):
     r = q.get(timeout=120)
     proc.join(30)
     assert r["peak_reset"] and r["tokens"] == 512
+    # the buffers a compute touches; weights read into host memory at load (huge pages,
+    # pyggml.llm.setup.host_weights_copied) are resident before it
     buffers = r["predicted"] - r["rss_at_load"]
-    assert buffers >= r["plan_total"] > 80 * MiB
+    assert buffers + r["at_load"]["weights"] >= r["plan_total"] > 80 * MiB
     # the acceptance bound, and the buffers' share on its own
     assert abs(r["peak_rss"] - r["predicted"]) <= 0.10 * r["predicted"] + 50e6
     assert abs((r["peak_rss"] - r["rss_at_load"]) - buffers) <= 0.15 * buffers + 8 * MiB

@@ -49,12 +49,15 @@ class LLM:
     draft_model: speculative decoding for generate / create_completion (pyggml/llm/speculative.py):
     a PromptLookup, a DraftModel, a GGUF path or LLM (a draft model), or 'lookup' (prompt lookup);
     draft_max / draft_min: tokens drafted per round at most / at least (llama.cpp's --draft-max,
-    --draft-min; for a path or 'lookup').
+    --draft-min; for a path or 'lookup');
     lora: LoRA adapters in llama.cpp's GGUF format (pyggml/llm/lora.py): a path, or a list of
     paths and (path, scale) pairs (scale default 1.0), checked against the model before
     anything is allocated (LoraError names the file and tensor); lora_init_without_apply:
     load them with every scale 0 (llama.cpp's --lora-init-without-apply), to be applied by
-    set_lora_scales. `lora_adapters` lists them.
+    set_lora_scales. `lora_adapters` lists them;
+    use_mmap: the weights the CPU computes with stay mapped from the file (True), are read into
+    host memory (False), or None: read when the kernel gives that memory huge pages and it fits
+    (faster decode; pyggml.llm.setup.host_weights_copied).
     `config` afterwards: the loaded Config the run was made from (None: made from n_gpu_layers
     or an OffloadPlan).
     Defaults: pyggml.llm.setup.RunOptions (the one table of them, shared with the CLI).
@@ -88,7 +91,7 @@ class LLM:
                  device: str | None = None, verbose: bool = False, draft_model=None,
                  draft_max: int | None = None, draft_min: int | None = None,
                  chat_template=None, embedding: bool = False, lora=None,
-                 lora_init_without_apply: bool = False):
+                 lora_init_without_apply: bool = False, use_mmap: bool | None = None):
         t0 = time.perf_counter()
         if chat_template is not None and not isinstance(chat_template, (str, os.PathLike)):
             raise ArgumentTypeError(f"chat_template must be a built-in name or a Jinja file, "
@@ -96,6 +99,7 @@ class LLM:
         check_flag("embedding", embedding)
         check_flag("lora_init_without_apply", lora_init_without_apply)
         lora_specs = check_specs(lora)
+        check_flag("use_mmap", use_mmap, none_ok=True)
         validate_options(model_path, config, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                          n_threads=n_threads, n_threads_batch=n_threads_batch, n_seq_max=n_seq_max,
                          type_k=type_k, type_v=type_v, logits_all=logits_all,
@@ -106,7 +110,7 @@ class LLM:
                           n_threads_batch=n_threads_batch, n_seq_max=n_seq_max, type_k=type_k,
                           type_v=type_v, logits_all=logits_all, flash_attn=flash_attn,
                           swa_full=swa_full, n_gpu_layers=n_gpu_layers,
-                          n_draft=draft.n_max if draft is not None else 0)
+                          n_draft=draft.n_max if draft is not None else 0, use_mmap=use_mmap)
         self.file = ModelFile(model_path)
         self._adapters: list = []
         try:

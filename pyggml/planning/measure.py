@@ -12,8 +12,9 @@ every UMA device's buffers (Device.uma_reason says why a device counts).
 
 Predicted RSS (`measure`) = RSS after loading (measured before any compute: interpreter,
 libraries, GGUF metadata, tokenizer; weights copied to devices at load are already in it) + the
-buffers a compute touches: the CPU's mapped weights, KV cache and compute buffer (less what of
-them loading already made resident, read from /proc/self/pagemap), host staging, UMA devices' KV
+buffers a compute touches: the CPU's weights (mapped, or read into host memory at load: then
+already resident), KV cache and compute buffer (less what of them loading already made
+resident, read from /proc/self/pagemap), host staging, UMA devices' KV
 and compute, and the logits handed to Python. The warm-up then makes them
 resident: `fill` evaluates n_ctx tokens (every KV cell written, the last ubatch reads all n_ctx
 cells: the worst-case graph); `ubatch` one full ubatch and the KV buffers written whole (what a
@@ -276,17 +277,21 @@ def measure(model=None, *, config=None, n_ctx: int = DEFAULTS.n_ctx,
 
 
 def _resident_parts(llm) -> dict:
-    """Resident bytes of the CPU's buffers: weights (the file ranges of CPU-placed tensors),
-    KV cache, compute buffers; `copied`: file ranges of weights copied to devices; `mapped_all`:
-    the whole mapped GGUF (header and metadata included) and `mapped` its size."""
+    """Resident bytes of the CPU's buffers: weights (CPU-placed tensors: file ranges where
+    they stay mapped, else their host copy), KV cache, compute buffers; `copied`: file ranges
+    of weights copied to devices; `mapped_all`: the whole mapped GGUF (header and metadata
+    included) and `mapped` its size."""
     from pyggml.backend.base import is_host_buffer
     maps = {id(p.buffer): (p.buffer.base, p.buffer.size) for p in llm.model.parts}
     cpu_w, copied = [], []
     for name, p in llm.offload.weights.items():
+        if p.device == CPU:
+            t = llm.run.weights[name]
+            cpu_w.append((t.data, t.nbytes()))
+            continue
         src = "token_embd.weight" if name not in llm.model.tensors else name
         info = llm.model.tensor_info(src)
-        rng = (llm.model.parts[info.part].buffer.base + info.offset, info.nbytes)
-        (cpu_w if p.device == CPU else copied).append(rng)
+        copied.append((llm.model.parts[info.part].buffer.base + info.offset, info.nbytes))
     kv = [(b.base, b.n_bytes) for b in llm.kv.buffers if is_host_buffer(b)]
     compute, seen = [], []
     for sched in llm.sched.values():
