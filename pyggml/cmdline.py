@@ -62,8 +62,7 @@ class Parser(argparse.ArgumentParser):
 #: with a value lists the values that are harmless)
 HARMLESS = {
     "--jinja": (None, "chat templates are always Jinja here"),
-    "--mlock": (None, "pyggml maps the weights and lets the OS keep them"),
-    "--no-mmap": (None, "pyggml always maps the GGUF"),
+    "--mlock": (None, "pyggml does not lock the weights in memory"),
     "--embedding": (None, "the server always answers /v1/embeddings"),
     "--embeddings": (None, "the server always answers /v1/embeddings"),
     "-cb": (None, "batching is always continuous"),
@@ -121,7 +120,8 @@ def add_hf_arg(p) -> None:
 
 
 def add_model_args(p, *, config_file: bool = True) -> None:
-    """-m, -c (context size or config file), -b, -ub, -t, -tb, -fa, -ctk, -ctv, --swa-full."""
+    """-m, -c (context size or config file), -b, -ub, -t, -tb, -fa, -ctk, -ctv, --swa-full,
+    --mmap / --no-mmap."""
     p.add_argument("-m", "--model", default=None,
                    help="GGUF file (default: Gemma 3 270M; chat and serve: SmolLM2-135M-Instruct)")
     add_hf_arg(p)
@@ -143,6 +143,12 @@ def add_model_args(p, *, config_file: bool = True) -> None:
                    help="sliding-window layers keep all n_ctx cells (llama.cpp's --swa-full)")
     p.add_argument("--logits-all", action="store_true",
                    help="logits for every position (llama.cpp's compute-buffer worst case)")
+    mm = p.add_mutually_exclusive_group()
+    mm.add_argument("--mmap", dest="use_mmap", action="store_const", const=True, default=None,
+                    help="the CPU's weights stay mapped from the file (default: read into "
+                         "huge-page memory when the system has them and they fit)")
+    mm.add_argument("--no-mmap", dest="use_mmap", action="store_const", const=False,
+                    help="read the CPU's weights into host memory (as llama.cpp's --no-mmap)")
 
 
 def add_offload_args(p, *, planning: bool = False) -> None:
@@ -253,6 +259,8 @@ def run_options(args) -> dict:
     for flag in ("swa_full", "logits_all"):
         if getattr(args, flag, False):
             out[flag] = True
+    if getattr(args, "use_mmap", None) is not None:
+        out["use_mmap"] = args.use_mmap
     if getattr(args, "flash_attn", "auto") == "off":
         out["flash_attn"] = False
     return out

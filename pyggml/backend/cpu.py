@@ -187,12 +187,12 @@ class HostBuffer(Buffer):
             # weights and KV caches (streamed every token); compute buffers are reused from
             # cache and touched sparsely
             self._mem = None if usage == BufferUsage.COMPUTE else _huge_page_memory(n_bytes)
+            self.huge_pages = self._mem is not None          # advised, not guaranteed
             if self._mem is None:       # over-allocate so the base can be aligned
                 self._mem = np.zeros(max(n_bytes, 1) + buft.alignment, dtype=np.uint8)
         except (MemoryError, OSError):
             raise InsufficientMemoryError(f"cannot allocate a host buffer of {n_bytes / GIB:.2f} "
                                           f"GiB ({usage.name.lower()})") from None
-        self.huge_pages = isinstance(self._mem.base, mmap.mmap)   # advised, not guaranteed
         addr = self._mem.ctypes.data
         self._pad = (-addr) % buft.alignment
         self.base = addr + self._pad

@@ -1,8 +1,9 @@
 """`pyggml.Llama`: llama-cpp-python's `Llama` class on pyggml's `LLM`, for code that migrates.
 
 The constructor takes llama-cpp-python's keywords with its defaults (n_ctx 512, n_batch 512,
-...). Each is honoured, accepted as harmless (it changes nothing here: use_mmap, use_mlock,
-no_perf, offload_kqv, op_offload, a one-device split_mode), or — when set to anything but its
+...). Each is honoured (use_mmap=False reads the weights into host memory), accepted as
+harmless (it changes nothing here: use_mlock, no_perf, offload_kqv, op_offload, a one-device
+split_mode), or — when set to anything but its
 default — refused with `UnsupportedKeywordError` naming it (rope / YaRN overrides, kv_overrides,
 tensor_split, main_gpu, vocab_only, lora_base, a chat_handler or tokenizer object, spm_infill, numa,
 attention_type, an unknown chat_format). Unknown keywords are an ArgumentTypeError (llama-cpp-
@@ -129,6 +130,9 @@ class Llama(LLM):
                          n_gpu_layers=n_gpu_layers, swa_full=bool(swa_full), device=device,
                          verbose=verbose, draft_model=draft_model, chat_template=chat_template,
                          embedding=embedding, progress=False if not verbose else None,
+                         # llama.cpp maps the file by default and still repacks most CPU
+                         # weights into its own memory: True is our default (None)
+                         use_mmap=None if use_mmap else False,
                          lora=None if lora_path is None else [(lora_path, lora_scale)],
                          **kv_types)
         self.model_path = os.fspath(model_path)
