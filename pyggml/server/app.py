@@ -30,7 +30,8 @@ from pyggml.llm.chatturn import ChatRequestError, ChatTurn
 from pyggml.llm.generate import Generation
 from pyggml.llm.grammar import constraint_for, request_spec
 from pyggml.server import choices, guard, llamacpp_api, lora_api, rerank, webapi
-from pyggml.server.http import DEFAULTS, BadRequest, _json_body, error_response, sse  # noqa: F401
+from pyggml.server.http import (DEFAULTS, BadRequest, _json_body, bool_field,  # noqa: F401
+                                 error_response, sse)
 from pyggml.server.engine import Engine, Job, QueueFullError
 
 # llama-server's sampling defaults
@@ -70,15 +71,6 @@ def _num(body, name, default, lo=None, hi=None, integer=False, lo_open=False):
         raise BadRequest(f"'{name}' must be {'>' if lo_open else '>='} {lo}, got {v}", name)
     if hi is not None and v > hi:
         raise BadRequest(f"'{name}' must be <= {hi}, got {v}", name)
-    return v
-
-
-def _bool(body, name, default=False):
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise BadRequest(f"'{name}' must be a boolean, got {json.dumps(v)[:40]}", name)
     return v
 
 
@@ -260,7 +252,7 @@ def _common(body, max_default=None):
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
-    return max_tokens, stop, _bool(body, "stream")
+    return max_tokens, stop, bool_field(body, "stream")
 
 
 # ---- the app ---------------------------------------------------------------------------------
@@ -358,9 +350,9 @@ class Server:
         content = body.get("content")
         if not isinstance(content, str):
             raise BadRequest("'content' must be a string", "content")
-        add_special = _bool(body, "add_special", False)
+        add_special = bool_field(body, "add_special", False)
         ids = self.llm.tokenizer.encode(content, add_special=add_special, parse_special=True)
-        if _bool(body, "with_pieces", False):
+        if bool_field(body, "with_pieces", False):
             return JSONResponse({"tokens": [
                 {"id": i, "piece": self.llm.tokenizer.token_to_piece(i).decode("utf-8", "replace")}
                 for i in ids]})
@@ -508,7 +500,7 @@ class Server:
         if bad:
             raise BadRequest(f"'logit_bias': token id {bad[0]} is outside the vocabulary "
                              f"(n_vocab {self.llm.hparams.n_vocab})", "logit_bias")
-        stop_at_eog = not _bool(body, "ignore_eos", False)       # llama-server's extra field
+        stop_at_eog = not bool_field(body, "ignore_eos", False)       # llama-server's extra field
         lora = lora_api.request_scales(self.llm, body)          # llama-server's "lora" field
         return Generation(self.llm.tokenizer, ids, budget, params, stop, n_logprobs,
                           stop_at_eog, token_filter=token_filter, lora=lora), stream
@@ -592,7 +584,7 @@ class Server:
         if choices.wanted(body):            # n > 1: n one-choice requests, merged
             bodies = choices.choice_bodies(body, len(self.engine.slots))
             group = choices.members(len(bodies), len(bodies))
-            if _bool(body, "stream"):
+            if bool_field(body, "stream"):
                 usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 return choices.merged_stream([await self.chat_completion(request, b, c)
                                               for b, c in zip(bodies, group)], usage,
@@ -603,7 +595,7 @@ class Server:
         # builds its vocabulary table): off the event loop
         turn, token_filter = await asyncio.to_thread(self._chat_turn, body)
         ids = turn.ids
-        logprobs = _bool(body, "logprobs", False)
+        logprobs = bool_field(body, "logprobs", False)
         top = _num(body, "top_logprobs", 0, 0, 20, integer=True)
         gen, stream = self._generation(ids, body, None, top if logprobs else None,
                                        token_filter, "messages")
@@ -714,7 +706,7 @@ class Server:
         if batch is not None:                           # ... or several prompts: merged
             bodies, n = batch
             group = choices.members(len(bodies), n)
-            if _bool(body, "stream"):
+            if bool_field(body, "stream"):
                 usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 return choices.merged_stream([await self.text_completion(request, b, c)
                                               for b, c in zip(bodies, group)], usage, n)
@@ -737,7 +729,7 @@ class Server:
         n_lp = body.get("logprobs", body.get("n_probs"))
         n_lp = None if n_lp is None else _num({"logprobs": n_lp}, "logprobs", 0, 0, 20,
                                                integer=True)
-        echo = _bool(body, "echo", False)
+        echo = bool_field(body, "echo", False)
         token_filter = await asyncio.to_thread(self._constraint, body)
         gen, stream = self._generation(ids, body, None, n_lp, token_filter)
         job = self._new_job(ids, gen)

@@ -23,6 +23,16 @@ class BadRequest(Exception):
         self.param, self.status, self.kind, self.headers = param, status, kind, headers
 
 
+def bool_field(body: dict, name: str, default: bool = False) -> bool:
+    """A request's boolean field (absent or null: `default`); BadRequest naming it otherwise."""
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadRequest(f"'{name}' must be a boolean, got {json.dumps(v)[:40]}", name)
+    return v
+
+
 def error_response(status: int, message: str, param=None, kind="invalid_request_error",
                    headers=None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param,

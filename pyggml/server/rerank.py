@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from pyggml.errors import ModelError
 from pyggml.llm.embedding import rank_head, rank_prompt, ranked
-from pyggml.server.http import BadRequest, _json_body, error_response
+from pyggml.server.http import BadRequest, _json_body, bool_field, error_response
 
 #: documents in one request at most (each is a prompt of its own)
 MAX_DOCUMENTS = 256
@@ -49,13 +49,6 @@ def head_of(llm):
     return got
 
 
-def _flag(body: dict, name: str) -> bool:
-    v = body.get(name, False)
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise BadRequest(f"'{name}' must be a boolean, got {json.dumps(v)[:40]}", name)
-    return v
 
 
 def _check(body: dict) -> tuple[str, list[str], str, int | None]:
@@ -91,7 +84,7 @@ async def rerank(server, request) -> Response:
     """POST /v1/rerank (and llama-server's other spellings of it)."""
     body = await _json_body(request)
     query, docs, field, top_n = _check(body)
-    return_text = _flag(body, "return_documents" if field == "documents" else "return_text")
+    return_text = bool_field(body, "return_documents" if field == "documents" else "return_text")
     llm = server.llm
     try:            # read once per model (off the event loop: it waits for the model's lock)
         head = head_of(llm) if llm in _HEADS else await asyncio.to_thread(head_of, llm)
