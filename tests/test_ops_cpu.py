@@ -381,23 +381,6 @@ def test_mul_mat_every_type(wtype, M, cpu1, cpu2):
     close(got, x.astype(np.float64) @ wref[0].T, 2e-2)
 
 
-def test_decode_mul_mats_after_views_share_rows_by_chunks(cpu1, cpu2):
-    """Decode matmuls hand out weight rows in chunks first come first served (pg_next_chunk);
-    each node's chunk counter must start at 0 even when view nodes (computed by no thread, no
-    barrier) sit between them: a stale counter skipped rows (their outputs left as garbage)."""
-    ctx = new_ctx()
-    dims = [256, 512, 256, 200]                # the last: 200 rows, chunks of 8 and a tail
-    wts = [_weights(ctx, "q4_k", n, k) for k, n in zip(dims, dims[1:])]
-    x = rand(1, dims[0])
-    cur, ref = tensor(ctx, x), x.astype(np.float64)
-    for wt, wref in wts:
-        cur = ops.mul_mat(ctx, wt, cur)
-        cur = ops.reshape(ctx, cur, [cur.ne[0], 1, 1])       # a view right between them
-        ref = _act_ref(ref.astype(np.float32), "q4_k") @ wref[0].T
-    got = run(cur, cpu1, cpu2)
-    close(got, ref, 1e-3)
-
-
 def test_mul_mat_broadcast_and_permuted_activations(cpu1, cpu2):
     """Attention-shaped: k [D, n_kv, Hkv] times permuted q [D, T, H] with H = 2·Hkv."""
     ctx = new_ctx()

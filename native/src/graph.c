@@ -303,7 +303,6 @@ typedef struct {
     void          *cb_user;
     atomic_int     error_node;
     atomic_int     stop;
-    atomic_int     chunk[2];    /* pg_next_chunk's counters, by computed node's parity */
 } graph_job;
 
 static void forward(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
@@ -331,18 +330,11 @@ static void forward(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
 
 static void graph_worker(void *arg, int ith, int nth) {
     graph_job *job = arg;
-    pg_cparams p = {ith, nth, job->work, job->work_size, job->tp, &job->error_node, -1, NULL};
-    int32_t e = 0;   /* nodes computed so far (views are skipped, without a barrier) */
+    pg_cparams p = {ith, nth, job->work, job->work_size, job->tp, &job->error_node, -1};
     for (int32_t k = 0; k < job->n_nodes; k++) {
         pg_tensor *t = &job->all[job->order[k]];
         if (is_view_op(t->op)) continue;
         p.node_index = job->order[k];
-        /* the e-th computed node counts chunks on chunk[e & 1] and thread 0 clears the other
-         * for the next one: every thread left the previous node (the barrier after it), none
-         * reaches the next before the barrier after this one, which also publishes the store */
-        p.chunk = &job->chunk[e & 1];
-        if (ith == 0) atomic_store_explicit(&job->chunk[(e + 1) & 1], 0, memory_order_relaxed);
-        e++;
         forward(&p, job->all, t);
         pg_sync(&p);
         if (job->cb) {
@@ -368,7 +360,7 @@ static int32_t run_graph(pg_tensor *t, int32_t n_tensors, const int32_t *order, 
     }
     const size_t need = graph_work_size(t, order, n_nodes, n_threads);
     if (need > 0 && (!work || work_size < need)) return PG_ERR_INVALID_ARG;
-    graph_job job = {t, order, n_nodes, work, work_size, tp, cb, cb_user, -1, 0, {0, 0}};
+    graph_job job = {t, order, n_nodes, work, work_size, tp, cb, cb_user, -1, 0};
     if (tp) pg_threadpool_run(tp, graph_worker, &job, n_threads);
     else graph_worker(&job, 0, 1);
     const int err = atomic_load(&job.error_node);

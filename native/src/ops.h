@@ -20,16 +20,7 @@ typedef struct pg_cparams {
     pg_threadpool *tp;
     atomic_int    *error_node;  /* set to the node index by a kernel that meets bad data */
     int32_t        node_index;
-    atomic_int    *chunk;       /* this node's next free chunk (pg_next_chunk); 0 at its start */
 } pg_cparams;
-
-/* Work sharing by chunks: the threads of a node take chunks 0, 1, ... of its work in turn,
- * first come first served, so a thread that another process slowed down takes fewer. Only for
- * work whose results do not depend on which thread computes a chunk (each output computed the
- * same way wherever it falls). Returns the next chunk to do, >= n_chunks when none is left. */
-static inline int pg_next_chunk(const pg_cparams *p) {
-    return atomic_fetch_add_explicit(p->chunk, 1, memory_order_relaxed);
-}
 
 static inline void pg_sync(const pg_cparams *p) {
     if (p->nth > 1) pg_threadpool_barrier(p->tp, p->nth);

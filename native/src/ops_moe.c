@@ -103,15 +103,6 @@ static void split_units(int64_t n, int64_t unit, int ith, int nth, int64_t *a0, 
     *a1 = u1 * unit < n ? u1 * unit : n;
 }
 
-/* Chunks each used expert's rows are cut into: about PG_MMID_CHUNKS per thread over all of
- * them (decode: 8 experts, 2 threads -> 1 chunk an expert; one expert alone -> 8). */
-#define PG_MMID_CHUNKS 4
-
-static int64_t expert_chunks(int64_t used, int nth) {
-    const int64_t want = (int64_t)nth * PG_MMID_CHUNKS;
-    return used >= want ? 1 : (want + used - 1) / (used ? used : 1);
-}
-
 /* phase 3 for one expert: weight rows [n0, n1) x its `cnt` entries */
 static void expert_rows(const pg_type_traits *tr, pg_tensor *t, const uint8_t *w, size_t wnb1,
                         int64_t K, int64_t n0, int64_t n1, const int32_t *ent, int64_t cnt,
@@ -175,19 +166,13 @@ void pg_fwd_mul_mat_id(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     }
     if (!priv) pg_sync(p);
 
-    /* phase 3: the used experts' weight rows in chunks, taken by the threads first come first
-     * served (pg_next_chunk; a row's dot is the same in any chunk) */
-    int64_t used = 0;
-    for (int64_t e = 0; e < L.n_as; e++) used += offs[e + 1] > offs[e];
-    const int64_t per_expert = expert_chunks(used, p->nth);
-    for (int64_t c = pg_next_chunk(p); c < used * per_expert; c = pg_next_chunk(p)) {
-        int64_t e = 0, k = c / per_expert;    /* e: the k-th used expert */
-        for (;; e++)
-            if (offs[e + 1] > offs[e] && k-- == 0) break;
+    /* phase 3: each expert's weight rows split over the threads */
+    for (int64_t e = 0; e < L.n_as; e++) {
         const int64_t cnt = offs[e + 1] - offs[e];
-        const int64_t unit = cnt > 1 && tr->gemm ? PG_GEMM_MAX_NR : 8;
+        if (cnt == 0) continue;
         int64_t n0, n1;
-        split_units(N, unit, (int)(c % per_expert), (int)per_expert, &n0, &n1);
+        if (cnt > 1 && tr->gemm) split_units(N, PG_GEMM_MAX_NR, p->ith, p->nth, &n0, &n1);
+        else pg_split(N, p->ith, p->nth, &n0, &n1);
         if (n0 >= n1) continue;
         expert_rows(tr, t, pg_ptr(as, 0, 0, e, 0), (size_t)as->nb[1], K, n0, n1,
                     entries + offs[e], cnt, rows + (size_t)offs[e] * L.rb, L.rb, L.n_ids);

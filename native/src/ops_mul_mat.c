@@ -185,19 +185,6 @@ static void mul_mat_gemm(const pg_cparams *p, pg_tensor *t, const pg_tensor *w,
     }
 }
 
-/* Weight rows per chunk in decode: PG_MM_DECODE_CHUNKS chunks a thread, a multiple of 8 rows
- * (vec_dot8). Threads take chunks first come first served (pg_next_chunk): with an even split,
- * a thread another process delayed kept the other waiting at the barrier after each matmul
- * (Qwen 1.5B decode, 2 threads, Zen 4: 7% of a token's time). Each row's dot is computed the
- * same way in any chunk, so the bits do not depend on the split. */
-#define PG_MM_DECODE_CHUNKS 4
-
-static int64_t decode_chunk_rows(int64_t N, int nth) {
-    const int64_t n = (int64_t)nth * PG_MM_DECODE_CHUNKS;
-    const int64_t rows = (N + n - 1) / n;
-    return rows < 8 ? 8 : (rows + 7) / 8 * 8;
-}
-
 void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const pg_tensor *w = PG_SRC(all, t, 0), *x = PG_SRC(all, t, 1);
     const pg_type_traits *tr = pg_get_type_traits(w->type);
@@ -230,13 +217,11 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
      * its weight rows, each weight row read once for all activation rows (vec_dot8) */
     const int64_t MM = M * B2 * B3;
     if (MM == M && tr->vec_dot8 && M <= tr->vec_dot8_rows) {
+        int64_t n0, n1;
+        split_units(N, 8, p->ith, p->nth, &n0, &n1);
         const void *xr = convert ? (const void *)act : (const void *)x->data;
-        const int64_t chunk = decode_chunk_rows(N, p->nth);
-        for (int64_t c = pg_next_chunk(p); c * chunk < N; c = pg_next_chunk(p)) {
-            const int64_t n0 = c * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
-            pg_dot_rows(tr, K, (float *)t->data, (size_t)t->nb[1], (const uint8_t *)w->data,
-                        (size_t)w->nb[1], n0, n1, xr, convert ? rb : (size_t)x->nb[1], (int)M);
-        }
+        pg_dot_rows(tr, K, (float *)t->data, (size_t)t->nb[1], (const uint8_t *)w->data,
+                    (size_t)w->nb[1], n0, n1, xr, convert ? rb : (size_t)x->nb[1], (int)M);
         return;
     }
     /* many activation rows: each thread its weight rows, 16 at a time repacked into a tile
