@@ -93,9 +93,183 @@ static inline __attribute__((always_inline)) void iq4xs_rows8_512_c(int64_t n, f
 IQX_ROWS8_DISPATCH(iq4xs_rows8_512)
 IQX_GEMM(gemm_iq4_xs_q8_K_512, iq4xs_rows8_512, vec_dot_iq4_xs_q8_K)
 
+/* ---- IQ4_NL and MXFP4 · Q8_0 on 512-bit rows, four blocks at a time ---------------------------
+ * The 32-element blocks' 256-bit kernel above spends most of its time outside the dot: a fold of
+ * eight rows' partials and a gather of eight fp16 scales per block. Here one 512-bit register
+ * holds four consecutive blocks of a row (128-bit lane k = block b + k's 16 code bytes; low
+ * nibbles are elements 0..15, high nibbles 16..31), and the activations are regrouped the same
+ * way once per four blocks (shared by the eight rows). With the values + 128 (unsigned, for
+ * VPDPBUSD) a row leaves lane k = 4 partials of block k; a transpose-add of four rows gives lane
+ * k = the exact sums of block k for rows 0..3 (P) and 4..7 (Q), and −128·Σa of block k is taken
+ * off per lane. The scales come out in the same layout: one 512-bit load at each row's first
+ * block, its four fp16 d (IQ4_NL; bytes 0, 18, 36, 54) or E8M0 e (MXFP4; 0, 17, 34, 51) picked
+ * by VPERMT2W two rows at a time and interleaved. Each block's fp32 term (d_y·d_x)·isum is the
+ * scalar kernel's and is added to the row's sum in block order: the scalar bits on every lane.
+ * Loads stay inside the four blocks (a group is 72 or 68 bytes), the ragged last 1..3 blocks of
+ * a row go through the 256-bit block dot. */
+
+/* the 16 bytes at p + k·stride in 128-bit lane k */
+static inline __m512i load4x16(const uint8_t *p, size_t stride) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + stride)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 2 * stride)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 3 * stride)), 3);
+}
+
+/* pairs of rows -> per 128-bit lane [Σ a0+a2, Σ b0+b2, Σ a1+a3, Σ b1+b3] (exact) */
+static inline __m512i tr_add32(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+static inline __m512i tr_add64(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+
+/* the upper 8 floats (AVX512F: no DQ on this path) */
+static inline __m256 hi256_ps(__m512 v) {
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
+/* e8m0x8_lanes on 16 lanes */
+static inline __m512 e8m0x16(__m512i e) {
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    const __mmask16 is_sub = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_sub, normal, sub));
+}
+
+/* the eight rows' d_x of blocks b .. b + 3 as floats, lane k element r = row r (r < 4: the
+ * first result, r >= 4: the second, in elements 0..3 of lane k) */
+static inline __attribute__((always_inline)) void nl4_dx(const char *xb, size_t bx, const int mx,
+                                                         __m512 *dp, __m512 *dq) {
+    /* word index of each block's scale in a 512-bit load at the group's start: IQ4_NL's d at
+     * bytes 18k (words 9k), MXFP4's e at bytes 17k (low byte of word 0, high of 8, low of 17,
+     * high of 25); two rows interleaved (the second row's words from 32 on) */
+    const __m512i pick = mx ? _mm512_setr_epi32(0 | 32 << 16, 8 | 40 << 16, 17 | 49 << 16,
+                                                25 | 57 << 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+                            : _mm512_setr_epi32(0 | 32 << 16, 9 | 41 << 16, 18 | 50 << 16,
+                                                27 | 59 << 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m128i w[4];
+    IQX_UNROLL for (int r = 0; r < 8; r += 2)
+        w[r / 2] = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
+            _mm512_loadu_si512(xb + (size_t)r * bx), pick,
+            _mm512_loadu_si512(xb + (size_t)(r + 1) * bx)));
+    /* [blk0 rows 0..3 | blk1 rows 0..3], [blk2 | blk3] as words; the same for rows 4..7 */
+    const __m256i p16 = _mm256_set_m128i(_mm_unpackhi_epi32(w[0], w[1]), _mm_unpacklo_epi32(w[0], w[1]));
+    const __m256i q16 = _mm256_set_m128i(_mm_unpackhi_epi32(w[2], w[3]), _mm_unpacklo_epi32(w[2], w[3]));
+    if (mx) {
+        /* blocks 1 and 3 have their e in the high byte */
+        const __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 0, 0, 0, 0, 8, 8, 8, 8);
+        const __m512i ff = _mm512_set1_epi32(0xFF);
+        *dp = e8m0x16(_mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu16_epi32(p16), sh), ff));
+        *dq = e8m0x16(_mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu16_epi32(q16), sh), ff));
+    } else {
+        *dp = _mm512_cvtph_ps(p16);
+        *dq = _mm512_cvtph_ps(q16);
+    }
+}
+
+static inline __attribute__((always_inline)) void nl4_rows8_512_c(int64_t n, float *s,
+        size_t bs, const void *vx, size_t bx, const void *vy, size_t by, const int C,
+        const int mx) {
+    const char *x = vx;
+    const size_t BS = mx ? sizeof(pg_block_mxfp4) : sizeof(pg_block_iq4_nl), QO = mx ? 1 : 2;
+    const __m512i m4 = _mm512_set1_epi8(0xF), ones = _mm512_set1_epi8(1);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(
+        _mm_loadu_si128((const __m128i *)(mx ? pg_kv_mxfp4 : pg_kv_iq4nl)), _mm_set1_epi8(-128)));
+    /* lane k of the fp32 terms: [P lane k | Q lane k] = rows 0..7 of block k */
+    const __m512i i01 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i i23 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29,
+                                          30, 31);
+    const __m512i bcast4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m256 acc[IQX_MAX_C];
+    IQX_UNROLL for (int j = 0; j < C; j++) acc[j] = _mm256_setzero_ps();
+    const int64_t nb = n / 32, nb4 = nb & ~(int64_t)3;
+    const size_t share = iqx_share(bx, nb);
+    for (int64_t b = 0; b < nb4; b += 4) {
+        IQX_UNROLL for (int k = 0; k < 4; k++) iqx_prefetch(vx, bx, b + k, share);
+        __m512i alo[IQX_MAX_C], ahi[IQX_MAX_C], corr[IQX_MAX_C];
+        __m512 dy[IQX_MAX_C];
+        IQX_UNROLL for (int j = 0; j < C; j++) {
+            const uint8_t *yb = (const uint8_t *)vy + (size_t)j * by + (size_t)b * sizeof(pg_block_q8_0);
+            alo[j] = load4x16(yb + 2, sizeof(pg_block_q8_0));
+            ahi[j] = load4x16(yb + 18, sizeof(pg_block_q8_0));
+            __m512i sa = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones,
+                                                                 alo[j]), ones, ahi[j]);
+            sa = _mm512_add_epi32(sa, _mm512_shuffle_epi32(sa, _MM_PERM_BADC));
+            sa = _mm512_add_epi32(sa, _mm512_shuffle_epi32(sa, _MM_PERM_CDAB));
+            corr[j] = _mm512_slli_epi32(sa, 7);
+            dy[j] = _mm512_permutexvar_ps(bcast4, _mm512_castps128_ps512(
+                _mm_cvtph_ps(fp16x4(yb, sizeof(pg_block_q8_0)))));
+        }
+        __m512i half[IQX_MAX_C][2], pq[IQX_MAX_C][2];
+        IQX_UNROLL for (int r = 0; r < 8; r += 2) {
+            __m512i d0[IQX_MAX_C], d1[IQX_MAX_C];
+            IQX_UNROLL for (int h = 0; h < 2; h++) {
+                const uint8_t *xr = (const uint8_t *)x + (size_t)(r + h) * bx + (size_t)b * BS;
+                const __m512i q = load4x16(xr + QO, BS);
+                const __m512i ulo = _mm512_shuffle_epi8(lut, _mm512_and_si512(q, m4));
+                const __m512i uhi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+                IQX_UNROLL for (int j = 0; j < C; j++) {
+                    const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+                        _mm512_setzero_si512(), ulo, alo[j]), uhi, ahi[j]);
+                    if (h) d1[j] = d; else d0[j] = d;
+                }
+            }
+            IQX_UNROLL for (int j = 0; j < C; j++) half[j][(r / 2) % 2] = tr_add32(d0[j], d1[j]);
+            if (r % 4 == 2)
+                IQX_UNROLL for (int j = 0; j < C; j++)
+                    pq[j][r / 4] = _mm512_sub_epi32(tr_add64(half[j][0], half[j][1]), corr[j]);
+        }
+        __m512 dp, dq;
+        nl4_dx(x + (size_t)b * BS, bx, mx, &dp, &dq);
+        IQX_UNROLL for (int j = 0; j < C; j++) {
+            const __m512 tp = _mm512_mul_ps(_mm512_mul_ps(dy[j], dp), _mm512_cvtepi32_ps(pq[j][0]));
+            const __m512 tq = _mm512_mul_ps(_mm512_mul_ps(dy[j], dq), _mm512_cvtepi32_ps(pq[j][1]));
+            const __m512 t01 = _mm512_permutex2var_ps(tp, i01, tq);
+            const __m512 t23 = _mm512_permutex2var_ps(tp, i23, tq);
+            acc[j] = _mm256_add_ps(acc[j], _mm512_castps512_ps256(t01));
+            acc[j] = _mm256_add_ps(acc[j], hi256_ps(t01));
+            acc[j] = _mm256_add_ps(acc[j], _mm512_castps512_ps256(t23));
+            acc[j] = _mm256_add_ps(acc[j], hi256_ps(t23));
+        }
+    }
+    IQX_UNROLL for (int j = 0; j < C; j++) {
+        float *sj = (float *)((char *)s + (size_t)j * bs);
+        _mm256_storeu_ps(sj, acc[j]);
+        const pg_block_q8_0 *yj = (const pg_block_q8_0 *)((const char *)vy + (size_t)j * by);
+        for (int r = 0; r < 8 && nb4 < nb; r++) {
+            const char *xr = x + (size_t)r * bx;
+            float sum = sj[r];
+            for (int64_t b = nb4; b < nb; b++) {
+                if (mx) {
+                    const pg_block_mxfp4 *xb = (const pg_block_mxfp4 *)xr + b;
+                    sum += (h2f(yj[b].d) * pg_e8m0_half(xb->e)) * (float)hsum_epi32(mxfp4_block(xb, &yj[b]));
+                } else {
+                    const pg_block_iq4_nl *xb = (const pg_block_iq4_nl *)xr + b;
+                    sum += (h2f(yj[b].d) * h2f(xb->d)) * (float)hsum_epi32(iq4_nl_block(xb, &yj[b]));
+                }
+            }
+            sj[r] = sum;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void iq4nl_rows8_512_c(int64_t n, float *s,
+        size_t bs, const void *vx, size_t bx, const void *vy, size_t by, const int C) {
+    nl4_rows8_512_c(n, s, bs, vx, bx, vy, by, C, 0);
+}
+static inline __attribute__((always_inline)) void mxfp4_rows8_512_c(int64_t n, float *s,
+        size_t bs, const void *vx, size_t bx, const void *vy, size_t by, const int C) {
+    nl4_rows8_512_c(n, s, bs, vx, bx, vy, by, C, 1);
+}
+IQX_ROWS8_DISPATCH(iq4nl_rows8_512)
+IQX_ROWS8_DISPATCH(mxfp4_rows8_512)
+IQX_GEMM(gemm_iq4_nl_q8_0_512, iq4nl_rows8_512, vec_dot_iq4_nl_q8_0)
+IQX_GEMM(gemm_mxfp4_q8_0_512, mxfp4_rows8_512, vec_dot_mxfp4_q8_0)
+
 void pg_fill_iquants_avx512(pg_type_traits *tbl) {
     if (!(pg_g_cpu_features & PG_CPU_AVX512VNNI)) return;
-    IQX_SET(tbl, PG_TYPE_IQ4_NL, vec_dot_iq4_nl_q8_0, vec_dot8_iq4_nl_q8_0, gemm_iq4_nl_q8_0);
-    IQX_SET(tbl, PG_TYPE_MXFP4, vec_dot_mxfp4_q8_0, vec_dot8_mxfp4_q8_0, gemm_mxfp4_q8_0);
+    IQX_SET(tbl, PG_TYPE_IQ4_NL, vec_dot_iq4_nl_q8_0, iq4nl_rows8_512, gemm_iq4_nl_q8_0_512);
+    IQX_SET(tbl, PG_TYPE_MXFP4, vec_dot_mxfp4_q8_0, mxfp4_rows8_512, gemm_mxfp4_q8_0_512);
     IQX_SET(tbl, PG_TYPE_IQ4_XS, vec_dot_iq4_xs_q8_K, iq4xs_rows8_512, gemm_iq4_xs_q8_K_512);
 }
