@@ -10,8 +10,160 @@
     _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc))
 #include "iq4_x86_body.h"
 
+/* ---- IQ4_NL and MXFP4 · Q8_0, eight rows two blocks at a time ---------------------------------
+ * The per-block kernel of the body spends as much on the fold of eight rows' partials and the
+ * gather of eight scales per block as on the dot. Here a 256-bit register holds two consecutive
+ * blocks of a row (128-bit lane k = block b + k's 16 code bytes, low nibbles elements 0..15,
+ * high nibbles 16..31) and the activations are regrouped the same way once per two blocks for
+ * the eight rows. maddubs takes |a| (once per activation block) and v with a's sign; each row
+ * leaves lane k = 4 partials of block k, a transpose-add of four rows gives lane k = rows 0..3's
+ * exact sums of block k (P; rows 4..7: Q), and [P lane k | Q lane k] is block k's eight rows.
+ * The scales: one 32-byte load per row at the pair's start, a byte shuffle that moves both
+ * blocks' d (bytes 0, 18) or e (0, 17) to word r of each lane, a word blend. Each block's term
+ * (d_y·d_x)·isum is the scalar kernel's, added in block order. Loads stay in the two blocks
+ * (36 or 34 bytes); an odd last block goes through the per-block dot. */
+
+/* row r's scale shuffle: lane 0 word r = bytes 0, 1; lane 1 word r = bytes 2, 3 (IQ4_NL's
+ * byte 18) or 1, 2 (MXFP4's byte 17); the other bytes are blended away */
+#define NL2_M(r, o) (char)(r == 0 ? o : 0), (char)(r == 0 ? o + 1 : 0), (char)(r == 1 ? o : 0),   \
+    (char)(r == 1 ? o + 1 : 0), (char)(r == 2 ? o : 0), (char)(r == 2 ? o + 1 : 0),               \
+    (char)(r == 3 ? o : 0), (char)(r == 3 ? o + 1 : 0), (char)(r == 4 ? o : 0),                   \
+    (char)(r == 4 ? o + 1 : 0), (char)(r == 5 ? o : 0), (char)(r == 5 ? o + 1 : 0),               \
+    (char)(r == 6 ? o : 0), (char)(r == 6 ? o + 1 : 0), (char)(r == 7 ? o : 0),                   \
+    (char)(r == 7 ? o + 1 : 0)
+#define NL2_ROW(r, o1) {NL2_M(r, 0), NL2_M(r, o1)}
+static const char k_nl2_pick[2][8][32] __attribute__((aligned(32))) = {
+    {NL2_ROW(0, 2), NL2_ROW(1, 2), NL2_ROW(2, 2), NL2_ROW(3, 2), NL2_ROW(4, 2), NL2_ROW(5, 2),
+     NL2_ROW(6, 2), NL2_ROW(7, 2)},
+    {NL2_ROW(0, 1), NL2_ROW(1, 1), NL2_ROW(2, 1), NL2_ROW(3, 1), NL2_ROW(4, 1), NL2_ROW(5, 1),
+     NL2_ROW(6, 1), NL2_ROW(7, 1)},
+};
+
+/* the 16 bytes at p in lane 0, at p + stride in lane 1 */
+static inline __m256i load2x16(const uint8_t *p, size_t stride) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                   _mm_loadu_si128((const __m128i *)(p + stride)), 1);
+}
+
+static inline __m256i tr2_add32(__m256i a, __m256i b) {
+    return _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+static inline __m256i tr2_add64(__m256i a, __m256i b) {
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+}
+
+/* Σ v·a of a 16-byte half as 8 int32 partials: |a| (aa, once per activation block) times v
+ * with a's sign (v >= −127: exact; pairs of |a|·|v| <= 2·128·127 fit int16) */
+static inline __m256i nl2_dot(__m256i v, __m256i a, __m256i aa) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(v, a)), _mm256_set1_epi16(1));
+}
+
+static inline __attribute__((always_inline)) void nl2_rows8_c(int64_t n, float *s, size_t bs,
+        const void *vx, size_t bx, const void *vy, size_t by, const int C, const int mx) {
+    const char *x = vx;
+    const size_t BS = mx ? sizeof(pg_block_mxfp4) : sizeof(pg_block_iq4_nl), QO = mx ? 1 : 2;
+    const int8_t *kv = mx ? pg_kv_mxfp4 : pg_kv_iq4nl;
+    const __m256i m4 = _mm256_set1_epi8(0xF), lut = iqx_table(kv);
+    __m256 acc[IQX_MAX_C];
+    IQX_UNROLL for (int j = 0; j < C; j++) acc[j] = _mm256_setzero_ps();
+    const int64_t nb = n / 32, nb2 = nb & ~(int64_t)1;
+    const size_t share = iqx_share(bx, nb);
+    for (int64_t b = 0; b < nb2; b += 2) {
+        iqx_prefetch(vx, bx, b, share);
+        iqx_prefetch(vx, bx, b + 1, share);
+        __m256i alo[IQX_MAX_C], ahi[IQX_MAX_C], aalo[IQX_MAX_C], aahi[IQX_MAX_C];
+        IQX_UNROLL for (int j = 0; j < C; j++) {
+            const uint8_t *yb = (const uint8_t *)vy + (size_t)j * by + (size_t)b * sizeof(pg_block_q8_0);
+            alo[j] = load2x16(yb + 2, sizeof(pg_block_q8_0));
+            ahi[j] = load2x16(yb + 18, sizeof(pg_block_q8_0));
+            aalo[j] = _mm256_abs_epi8(alo[j]);
+            aahi[j] = _mm256_abs_epi8(ahi[j]);
+        }
+        __m256i half[IQX_MAX_C][2], pq[IQX_MAX_C][2];
+        __m256i dw = _mm256_setzero_si256();
+        IQX_UNROLL for (int r = 0; r < 8; r += 2) {
+            __m256i d0[IQX_MAX_C], d1[IQX_MAX_C];
+            IQX_UNROLL for (int h = 0; h < 2; h++) {
+                const uint8_t *xr = (const uint8_t *)x + (size_t)(r + h) * bx + (size_t)b * BS;
+                const __m256i q = load2x16(xr + QO, BS);
+                const __m256i lo = _mm256_and_si256(q, m4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                const __m256i vlo = _mm256_shuffle_epi8(lut, lo), vhi = _mm256_shuffle_epi8(lut, hi);
+                IQX_UNROLL for (int j = 0; j < C; j++) {
+                    const __m256i d = _mm256_add_epi32(nl2_dot(vlo, alo[j], aalo[j]),
+                                                       nl2_dot(vhi, ahi[j], aahi[j]));
+                    if (h) d1[j] = d; else d0[j] = d;
+                }
+                const __m256i w = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)xr),
+                    _mm256_load_si256((const __m256i *)k_nl2_pick[mx][r + h]));
+                switch (r + h) {   /* vpblendw takes an immediate */
+                case 0: dw = w; break;
+                case 1: dw = _mm256_blend_epi16(dw, w, 0x02); break;
+                case 2: dw = _mm256_blend_epi16(dw, w, 0x04); break;
+                case 3: dw = _mm256_blend_epi16(dw, w, 0x08); break;
+                case 4: dw = _mm256_blend_epi16(dw, w, 0x10); break;
+                case 5: dw = _mm256_blend_epi16(dw, w, 0x20); break;
+                case 6: dw = _mm256_blend_epi16(dw, w, 0x40); break;
+                default: dw = _mm256_blend_epi16(dw, w, 0x80); break;
+                }
+            }
+            IQX_UNROLL for (int j = 0; j < C; j++) half[j][(r / 2) % 2] = tr2_add32(d0[j], d1[j]);
+            if (r % 4 == 2)
+                IQX_UNROLL for (int j = 0; j < C; j++)
+                    pq[j][r / 4] = tr2_add64(half[j][0], half[j][1]);
+        }
+        __m256 dx[2];
+        if (mx) {
+            const __m256i ff = _mm256_set1_epi32(0xFF);
+            dx[0] = e8m0x8_lanes(_mm256_and_si256(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(dw)), ff));
+            dx[1] = e8m0x8_lanes(_mm256_and_si256(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(dw, 1)), ff));
+        } else {
+            dx[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(dw));
+            dx[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(dw, 1));
+        }
+        IQX_UNROLL for (int j = 0; j < C; j++) {
+            const pg_block_q8_0 *yb = (const pg_block_q8_0 *)((const char *)vy + (size_t)j * by) + b;
+            const __m256i z0 = _mm256_permute2x128_si256(pq[j][0], pq[j][1], 0x20);
+            const __m256i z1 = _mm256_permute2x128_si256(pq[j][0], pq[j][1], 0x31);
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_mul_ps(
+                _mm256_set1_ps(h2f(yb[0].d)), dx[0]), _mm256_cvtepi32_ps(z0)));
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_mul_ps(
+                _mm256_set1_ps(h2f(yb[1].d)), dx[1]), _mm256_cvtepi32_ps(z1)));
+        }
+    }
+    IQX_UNROLL for (int j = 0; j < C; j++) {
+        float *sj = (float *)((char *)s + (size_t)j * bs);
+        _mm256_storeu_ps(sj, acc[j]);
+        if (nb2 == nb) continue;
+        const pg_block_q8_0 *yb = (const pg_block_q8_0 *)((const char *)vy + (size_t)j * by) + nb2;
+        for (int r = 0; r < 8; r++) {
+            const char *xr = x + (size_t)r * bx + (size_t)nb2 * BS;
+            if (mx) {
+                const pg_block_mxfp4 *xb = (const pg_block_mxfp4 *)xr;
+                sj[r] += (h2f(yb->d) * pg_e8m0_half(xb->e)) * (float)hsum_epi32(mxfp4_block(xb, yb));
+            } else {
+                const pg_block_iq4_nl *xb = (const pg_block_iq4_nl *)xr;
+                sj[r] += (h2f(yb->d) * h2f(xb->d)) * (float)hsum_epi32(iq4_nl_block(xb, yb));
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void iq4nl_rows8_2b_c(int64_t n, float *s,
+        size_t bs, const void *vx, size_t bx, const void *vy, size_t by, const int C) {
+    nl2_rows8_c(n, s, bs, vx, bx, vy, by, C, 0);
+}
+static inline __attribute__((always_inline)) void mxfp4_rows8_2b_c(int64_t n, float *s,
+        size_t bs, const void *vx, size_t bx, const void *vy, size_t by, const int C) {
+    nl2_rows8_c(n, s, bs, vx, bx, vy, by, C, 1);
+}
+IQX_ROWS8_DISPATCH(iq4nl_rows8_2b)
+IQX_ROWS8_DISPATCH(mxfp4_rows8_2b)
+IQX_GEMM(gemm_iq4_nl_q8_0_2b, iq4nl_rows8_2b, vec_dot_iq4_nl_q8_0)
+IQX_GEMM(gemm_mxfp4_q8_0_2b, mxfp4_rows8_2b, vec_dot_mxfp4_q8_0)
+
 void pg_fill_iquants_avx2(pg_type_traits *tbl) {
-    IQX_SET(tbl, PG_TYPE_IQ4_NL, vec_dot_iq4_nl_q8_0, vec_dot8_iq4_nl_q8_0, gemm_iq4_nl_q8_0);
-    IQX_SET(tbl, PG_TYPE_MXFP4, vec_dot_mxfp4_q8_0, vec_dot8_mxfp4_q8_0, gemm_mxfp4_q8_0);
+    IQX_SET(tbl, PG_TYPE_IQ4_NL, vec_dot_iq4_nl_q8_0, iq4nl_rows8_2b, gemm_iq4_nl_q8_0_2b);
+    IQX_SET(tbl, PG_TYPE_MXFP4, vec_dot_mxfp4_q8_0, mxfp4_rows8_2b, gemm_mxfp4_q8_0_2b);
     IQX_SET(tbl, PG_TYPE_IQ4_XS, vec_dot_iq4_xs_q8_K, vec_dot8_iq4_xs_q8_K, gemm_iq4_xs_q8_K);
 }
