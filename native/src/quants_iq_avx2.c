@@ -162,8 +162,82 @@ IQX_ROWS8_DISPATCH(mxfp4_rows8_2b)
 IQX_GEMM(gemm_iq4_nl_q8_0_2b, iq4nl_rows8_2b, vec_dot_iq4_nl_q8_0)
 IQX_GEMM(gemm_mxfp4_q8_0_2b, mxfp4_rows8_2b, vec_dot_mxfp4_q8_0)
 
+/* ---- IQ4_XS · Q8_K, eight rows: the activations regrouped once per super-block -----------------
+ * 32 code bytes hold sub-blocks 2k (lane 0) and 2k + 1 (lane 1): their low nibbles (elements
+ * 0..15) and high nibbles (16..31) are one register each. The activations are regrouped to the
+ * same lanes, with their absolute values, once per super-block for the eight rows; a row then
+ * costs per pair of sub-blocks two value lookups, and per activation row two signs, two maddubs
+ * (|a| times v with a's sign: exact, pairs <= 2·128·127) and two madds by the scale pair — where
+ * the body's per-row kernel unpacks each sub-block on its own and takes |v|, ±a per activation
+ * row. Σ_ib (ls_ib − 32)·isum_ib is exact in int32; the super-block term and its fold are the
+ * body's (IQX_ROWS8_Q8K): the scalar bits. */
+
+/* vpshufb masks: lane 0 = int16 number 2k of the (lane-repeated) scales, lane 1 = number 2k + 1 */
+#define XS2_W(k) 2 * (k), 2 * (k) + 1
+#define XS2_L(k) XS2_W(k), XS2_W(k), XS2_W(k), XS2_W(k), XS2_W(k), XS2_W(k), XS2_W(k), XS2_W(k)
+static const uint8_t k_xs2_pair[4][32] __attribute__((aligned(32))) = {
+    {XS2_L(0), XS2_L(1)}, {XS2_L(2), XS2_L(3)}, {XS2_L(4), XS2_L(5)}, {XS2_L(6), XS2_L(7)},
+};
+
+static inline __attribute__((always_inline)) void iq4xs_rows8_2s_c(int64_t n, float *s,
+        size_t bs, const void *vx, size_t bx, const void *vy, size_t by, const int C) {
+    const char *x = vx;
+    const __m256i m4 = _mm256_set1_epi8(0xF), lut = iqx_table(pg_kv_iq4nl);
+    __m256 acc[IQX_MAX_C];
+    IQX_UNROLL for (int j = 0; j < C; j++) acc[j] = _mm256_setzero_ps();
+    const int64_t nb = n / PG_QK_K;
+    const size_t share = iqx_share(bx, nb);
+    for (int64_t b = 0; b < nb; b++) {
+        iqx_prefetch(vx, bx, b, share);
+        const pg_block_q8_K *yb[IQX_MAX_C];
+        /* [activation row][pair k][lo, hi, |lo|, |hi|] */
+        __m256i a[IQX_MAX_C][4][4];
+        IQX_UNROLL for (int j = 0; j < C; j++) {
+            yb[j] = (const pg_block_q8_K *)((const char *)vy + (size_t)j * by) + b;
+            IQX_UNROLL for (int k = 0; k < 4; k++) {
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(yb[j]->qs + 64 * k));
+                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(yb[j]->qs + 64 * k + 32));
+                a[j][k][0] = _mm256_permute2x128_si256(a0, a1, 0x20);
+                a[j][k][1] = _mm256_permute2x128_si256(a0, a1, 0x31);
+                a[j][k][2] = _mm256_abs_epi8(a[j][k][0]);
+                a[j][k][3] = _mm256_abs_epi8(a[j][k][1]);
+            }
+        }
+        __m256i is[IQX_MAX_C][8];
+        ROWS_UNROLL for (int r = 0; r < 8; r++) {
+            const pg_block_iq4_xs *xr = (const pg_block_iq4_xs *)(x + (size_t)r * bx) + b;
+            const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(iq4xs_scales8(xr)));
+            __m256i ri[IQX_MAX_C];
+            IQX_UNROLL for (int j = 0; j < C; j++) ri[j] = _mm256_setzero_si256();
+            IQX_UNROLL for (int k = 0; k < 4; k++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(xr->qs + 32 * k));
+                const __m256i vlo = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, m4));
+                const __m256i vhi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+                const __m256i s2 = _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)k_xs2_pair[k]));
+                IQX_UNROLL for (int j = 0; j < C; j++) {
+                    const __m256i plo = _mm256_maddubs_epi16(a[j][k][2], _mm256_sign_epi8(vlo, a[j][k][0]));
+                    const __m256i phi = _mm256_maddubs_epi16(a[j][k][3], _mm256_sign_epi8(vhi, a[j][k][1]));
+                    ri[j] = _mm256_add_epi32(ri[j], _mm256_add_epi32(_mm256_madd_epi16(plo, s2),
+                                                                     _mm256_madd_epi16(phi, s2)));
+                }
+            }
+            IQX_UNROLL for (int j = 0; j < C; j++) is[j][r] = ri[j];
+        }
+        const __m256 dx = iqx_rows8_fp16(x, bx, b, sizeof(pg_block_iq4_xs));
+        IQX_UNROLL for (int j = 0; j < C; j++) {
+            const __m256 f = _mm256_cvtepi32_ps(iqx_fold8(is[j]));
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(
+                _mm256_mul_ps(dx, _mm256_set1_ps(yb[j]->d)), f));
+        }
+    }
+    IQX_UNROLL for (int j = 0; j < C; j++)
+        _mm256_storeu_ps((float *)((char *)s + (size_t)j * bs), acc[j]);
+}
+IQX_ROWS8_DISPATCH(iq4xs_rows8_2s)
+IQX_GEMM(gemm_iq4_xs_q8_K_2s, iq4xs_rows8_2s, vec_dot_iq4_xs_q8_K)
+
 void pg_fill_iquants_avx2(pg_type_traits *tbl) {
     IQX_SET(tbl, PG_TYPE_IQ4_NL, vec_dot_iq4_nl_q8_0, iq4nl_rows8_2b, gemm_iq4_nl_q8_0_2b);
     IQX_SET(tbl, PG_TYPE_MXFP4, vec_dot_mxfp4_q8_0, mxfp4_rows8_2b, gemm_mxfp4_q8_0_2b);
-    IQX_SET(tbl, PG_TYPE_IQ4_XS, vec_dot_iq4_xs_q8_K, vec_dot8_iq4_xs_q8_K, gemm_iq4_xs_q8_K);
+    IQX_SET(tbl, PG_TYPE_IQ4_XS, vec_dot_iq4_xs_q8_K, iq4xs_rows8_2s, gemm_iq4_xs_q8_K_2s);
 }
