@@ -22,12 +22,13 @@ from pyggml import _native
 
 # vec_dot8 kernels that prefetch the next group of weight rows (quants_kquants_avx2.c,
 # gemm_avx512.c kquant_rows8, the legacy kernels of quants_legacy_x86.h, the i-quants' of
-# iq_x86.h)
+# iq_x86.h, quants_iq_avx2.c, quants_iq_avx512.c)
 PREFETCHING = ("rows8_q4_K", "rows8_q5_K", "rows8_q6_K",
                "rows8_q4_K_avx2", "rows8_q5_K_avx2", "rows8_q6_K_avx2",
                "vec_dot8_q4_0_q8_0", "vec_dot8_q4_1_q8_1", "vec_dot8_q8_0_q8_0",
-               "vec_dot8_iq4_xs_q8_K", "iq4xs_rows8_512", "vec_dot8_iq4_nl_q8_0",
-               "vec_dot8_mxfp4_q8_0", "vec_dot8_iq3_s_q8_K", "vec_dot8_iq2_xxs_q8_K")
+               "iq4xs_rows8_2s", "iq4xs_rows8_512", "iq4nl_rows8_2b", "iq4nl_rows8_512",
+               "mxfp4_rows8_2b", "mxfp4_rows8_512", "vec_dot8_iq3_s_q8_K",
+               "vec_dot8_iq2_xxs_q8_K")
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
