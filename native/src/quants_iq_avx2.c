@@ -1,6 +1,7 @@
 /* IQ4_NL, IQ4_XS and MXFP4: the AVX2 kernels (the body: iq4_x86_body.h), integer dots through
- * maddubs. The avx512 path takes the VNNI variants (quants_iq_avx512.c) where the CPU has
- * AVX512-VNNI, these otherwise. */
+ * maddubs, and eight-row decode kernels of their own (below: IQ4_NL and MXFP4 two blocks per
+ * register, IQ4_XS with the activations regrouped once per super-block). The avx512 path takes
+ * the VNNI variants (quants_iq_avx512.c) where the CPU has AVX512-VNNI, these otherwise. */
 #define PG_X86_DOT_US(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
 #define PG_X86_DOT_Q4_0(q, a)                                                                   \
     _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q, a),                              \

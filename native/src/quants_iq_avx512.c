@@ -1,8 +1,9 @@
 /* IQ4_NL, IQ4_XS and MXFP4: the AVX-512 VNNI variants of the x86 kernels (iq4_x86_body.h):
- * integer dots of 32 bytes through 256-bit VPDPBUSD (IQ4_NL's and MXFP4's eight-row kernels
- * with the values + 128, IQ4_OFFSET128: 12.9 -> 15.1 and 11.5 -> 13.0 GB/s in cache), IQ4_XS's
- * scaled pair sums through VPDPWSSD and its eight-row kernel on 512-bit rows (below). Installed on the avx512 path only with AVX512-VNNI (without it the path keeps the
- * AVX2 kernels). The scalar kernels' bits, as on every path. */
+ * integer dots of 32 bytes through 256-bit VPDPBUSD (the one-row vec_dot), IQ4_XS's scaled pair
+ * sums through VPDPWSSD, and the eight-row decode kernels (vec_dot8, and the gemm over them) on
+ * 512-bit rows (below): IQ4_XS a super-block's half per register, IQ4_NL and MXFP4 four blocks
+ * per register. Installed on the avx512 path only with AVX512-VNNI (without it the path keeps
+ * the AVX2 kernels). The scalar kernels' bits, as on every path. */
 #include "pg_internal.h"
 
 #define PG_X86_DOT_US(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
