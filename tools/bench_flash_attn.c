@@ -1,11 +1,14 @@
 /* FLASH_ATTN_EXT alone through pg_graph_compute, at Gemma 3 270M's prompt shape (head dim 256,
- * 4 query heads on 1 KV head, F16 K/V, causal F16 mask): best of `reps` runs, and GFLOP/s
+ * 4 query heads on 1 KV head, F16 K/V in the KV cache's layout: a cell's heads side by side,
+ * causal F16 mask): best of `reps` runs, and GFLOP/s
  * counting 4·D·H flops per visible (query, key) pair. Links against a libpyggml.so, so two
  * builds can be compared by LD_LIBRARY_PATH:
  *   gcc -O2 -Inative/include -Inative/src tools/bench_flash_attn.c -o /tmp/bench_fa \
  *       -Lbuild/native -lpyggml -lm
  *   LD_LIBRARY_PATH=build/native /tmp/bench_fa [n_q 512] [n_kv 512] [threads 1] [reps 5] [path]
- * path: 0 scalar, 1 avx2, 2 avx512, 3 neon (default: the best one). */
+ *       [D 256] [H 4] [H_kv 1]
+ * path: 0 scalar, 1 avx2, 2 avx512, 3 neon (-1: the best one, the default). The last three give
+ * another model's shape, e.g. Qwen2.5 0.5B's decode: 1 16384 2 5 -1 64 14 2. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,10 +32,11 @@ static void set_t(pg_tensor *t, int32_t type, int32_t op, const int64_t ne[4], v
 static float frand(void) { return (float)rand() / (float)RAND_MAX - 0.5f; }
 
 int main(int argc, char **argv) {
-    const int D = 256, H = 4, HKV = 1;
+    const int D = argc > 6 ? atoi(argv[6]) : 256, H = argc > 7 ? atoi(argv[7]) : 4;
+    const int HKV = argc > 8 ? atoi(argv[8]) : 1;
     const int NQ = argc > 1 ? atoi(argv[1]) : 512, NKV = argc > 2 ? atoi(argv[2]) : 512;
     const int nth = argc > 3 ? atoi(argv[3]) : 1, reps = argc > 4 ? atoi(argv[4]) : 5;
-    if (argc > 5 && pg_set_cpu_path(atoi(argv[5])) != PG_OK) {
+    if (argc > 5 && atoi(argv[5]) >= 0 && pg_set_cpu_path(atoi(argv[5])) != PG_OK) {
         fprintf(stderr, "path %s not available\n", argv[5]);
         return 2;
     }
@@ -53,6 +57,10 @@ int main(int argc, char **argv) {
     set_t(&t[0], PG_TYPE_F32, PG_OP_NONE, nq, q);
     set_t(&t[1], PG_TYPE_F16, PG_OP_NONE, nk, k);
     set_t(&t[2], PG_TYPE_F16, PG_OP_NONE, nk, v);
+    for (int i = 1; i <= 2; i++) {   /* the KV cache's layout: a cell's heads side by side */
+        t[i].nb[1] = 2L * D * HKV;
+        t[i].nb[2] = 2L * D;
+    }
     set_t(&t[3], PG_TYPE_F16, PG_OP_NONE, nm, m);
     set_t(&t[4], PG_TYPE_F32, PG_OP_FLASH_ATTN_EXT, no, out);
     for (int i = 0; i < 4; i++) t[4].src[i] = i;

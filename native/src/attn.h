@@ -15,6 +15,12 @@ typedef struct pg_attn_kernels {
     /* acc[r·lda + x] = acc[r·lda + x] · ms[r] + Σ_c p[r·ldp + c] · v[c·ldv + x], x < Dv. */
     void (*pv)(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp, const float *v,
                int64_t ldv, const float *ms, float *acc, int64_t lda);
+    /* qk and pv with K / V rows as fp16 bits (an F16 cache read in place, no fp32 copy): the
+     * same results as converting the rows first */
+    void (*qk_f16)(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t ldq,
+                   const uint16_t *k, int64_t ldk, float *s, int64_t lds);
+    void (*pv_f16)(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp,
+                   const uint16_t *v, int64_t ldv, const float *ms, float *acc, int64_t lda);
     /* s[c] = s[c]·scale + slope·mask[c] (mask NULL: no term) for c < n; returns max s[c]. */
     float (*scale_max)(float *s, int64_t n, float scale, const float *mask, float slope);
     /* s[c] = exp(s[c] - m) for c < n (exp(-inf) = 0); returns Σ s[c]. */

@@ -4,6 +4,7 @@
  * (8 accumulators). exp: Cephes' expf polynomial, as attn_avx512.c. */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "attn.h"
 
@@ -27,7 +28,27 @@ AI __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
  * or in a tail: a key's score is the same wherever the block puts it (batch invariance) */
 static inline float hsum1(__m256 a) { return _mm_cvtss_f32(hsum4(a, a, a, a)); }
 
-AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const float *k,
+/* element i·ld of x (fp32, or fp16 when H): row i of rows ld apart, or element i with ld 1 */
+AI const void *row_at(int H, const void *x, int64_t i, int64_t ld) {
+    return H ? (const void *)((const uint16_t *)x + i * ld)
+             : (const void *)((const float *)x + i * ld);
+}
+
+/* 8 elements of x (fp32, or fp16 bits when H) from element d */
+AI __m256 load8(int H, const void *x, int64_t d) {
+    return H ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + d)))
+             : _mm256_loadu_ps((const float *)x + d);
+}
+
+/* the first n (< 8) elements of x from element d, the other lanes 0 (mk: tail_mask(n)) */
+AI __m256 load8_tail(int H, const void *x, int64_t d, int64_t n, __m256i mk) {
+    if (!H) return _mm256_maskload_ps((const float *)x + d, mk);
+    uint16_t h[8] = {0};
+    memcpy(h, (const uint16_t *)x + d, (size_t)n * sizeof(uint16_t));
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+AI void qk_tile(int H, int R, int C, int64_t D, const float *q, int64_t ldq, const void *k,
                 int64_t ldk, float *s, int64_t lds) {
     __m256 acc[4][2];
     PG_UNROLL
@@ -38,7 +59,7 @@ AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const floa
     for (; d + 8 <= D; d += 8) {
         __m256 kv[2];
         PG_UNROLL
-        for (int j = 0; j < C; j++) kv[j] = _mm256_loadu_ps(k + j * ldk + d);
+        for (int j = 0; j < C; j++) kv[j] = load8(H, row_at(H, k, j, ldk), d);
         PG_UNROLL
         for (int i = 0; i < R; i++) {
             const __m256 qv = _mm256_loadu_ps(q + i * ldq + d);
@@ -50,7 +71,7 @@ AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const floa
         const __m256i mk = tail_mask(D - d);
         __m256 kv[2];
         PG_UNROLL
-        for (int j = 0; j < C; j++) kv[j] = _mm256_maskload_ps(k + j * ldk + d, mk);
+        for (int j = 0; j < C; j++) kv[j] = load8_tail(H, row_at(H, k, j, ldk), d, D - d, mk);
         PG_UNROLL
         for (int i = 0; i < R; i++) {
             const __m256 qv = _mm256_maskload_ps(q + i * ldq + d, mk);
@@ -73,16 +94,16 @@ AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const floa
     }
 }
 
-static void qk_avx2(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t ldq,
-                    const float *k, int64_t ldk, float *s, int64_t lds) {
+AI void qk_any(int H, int64_t D, int64_t nr, int64_t nc, const float *q, int64_t ldq,
+               const void *k, int64_t ldk, float *s, int64_t lds) {
     for (int64_t r = 0; r < nr; r += 4) {
         const int R = nr - r < 4 ? (int)(nr - r) : 4;
         const float *qr = q + r * ldq;
         for (int64_t c = 0; c < nc; c += 2) {
             const int C = nc - c < 2 ? (int)(nc - c) : 2;
-            const float *kc = k + c * ldk;
+            const void *kc = row_at(H, k, c, ldk);
             float *sc = s + r * lds + c;
-#define QK(RR, CC) case RR * 8 + CC: qk_tile(RR, CC, D, qr, ldq, kc, ldk, sc, lds); break;
+#define QK(RR, CC) case RR * 8 + CC: qk_tile(H, RR, CC, D, qr, ldq, kc, ldk, sc, lds); break;
             switch (R * 8 + C) {
             QK(4, 2) QK(4, 1) QK(3, 2) QK(3, 1) QK(2, 2) QK(2, 1) QK(1, 2) QK(1, 1)
             default: break;
@@ -92,10 +113,21 @@ static void qk_avx2(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t l
     }
 }
 
+static void qk_avx2(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t ldq,
+                    const float *k, int64_t ldk, float *s, int64_t lds) {
+    qk_any(0, D, nr, nc, q, ldq, k, ldk, s, lds);
+}
+
+static void qk_f16_avx2(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t ldq,
+                        const uint16_t *k, int64_t ldk, float *s, int64_t lds) {
+    qk_any(1, D, nr, nc, q, ldq, k, ldk, s, lds);
+}
+
 /* acc rows r < R, outputs [0, 8·NV) of the given pointers; `full` false: only n < 8 lanes of
  * a single piece (NV = 1) */
-AI void pv_tile(int R, int NV, int full, __m256i mk, int64_t nc, const float *p, int64_t ldp,
-                const float *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
+AI void pv_tile(int H, int R, int NV, int full, int64_t n, __m256i mk, int64_t nc,
+                const float *p, int64_t ldp, const void *v, int64_t ldv, const float *ms,
+                float *acc, int64_t lda) {
     __m256 a[4][2];
     PG_UNROLL
     for (int i = 0; i < R; i++) {
@@ -109,7 +141,8 @@ AI void pv_tile(int R, int NV, int full, __m256i mk, int64_t nc, const float *p,
         __m256 vv[2];
         PG_UNROLL
         for (int u = 0; u < NV; u++)
-            vv[u] = full ? _mm256_loadu_ps(v + c * ldv + 8 * u) : _mm256_maskload_ps(v + c * ldv, mk);
+            vv[u] = full ? load8(H, row_at(H, v, c, ldv), 8 * u)
+                         : load8_tail(H, row_at(H, v, c, ldv), 0, n, mk);
         PG_UNROLL
         for (int i = 0; i < R; i++) {
             const __m256 w = _mm256_broadcast_ss(p + i * ldp + c);
@@ -126,8 +159,8 @@ AI void pv_tile(int R, int NV, int full, __m256i mk, int64_t nc, const float *p,
         }
 }
 
-static void pv_avx2(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp,
-                    const float *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
+AI void pv_any(int H, int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp,
+               const void *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
     const __m256i all = tail_mask(8);
     for (int64_t r = 0; r < nr; r += 4) {
         const int R = nr - r < 4 ? (int)(nr - r) : 4;
@@ -135,22 +168,37 @@ static void pv_avx2(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t 
         float *ar = acc + r * lda;
         int64_t x = 0;
         for (; x + 16 <= Dv; x += 16) {
-#define PV(RR) case RR: pv_tile(RR, 2, 1, all, nc, pr, ldp, v + x, ldv, ms + r, ar + x, lda); break;
+#define PV(RR) case RR: \
+    pv_tile(H, RR, 2, 1, 8, all, nc, pr, ldp, row_at(H, v, x, 1), ldv, ms + r, ar + x, lda); break;
             switch (R) { PV(4) PV(3) PV(2) PV(1) default: break; }
 #undef PV
         }
         for (; x + 8 <= Dv; x += 8) {
-#define PV(RR) case RR: pv_tile(RR, 1, 1, all, nc, pr, ldp, v + x, ldv, ms + r, ar + x, lda); break;
+#define PV(RR) case RR: \
+    pv_tile(H, RR, 1, 1, 8, all, nc, pr, ldp, row_at(H, v, x, 1), ldv, ms + r, ar + x, lda); break;
             switch (R) { PV(4) PV(3) PV(2) PV(1) default: break; }
 #undef PV
         }
         if (x < Dv) {
             const __m256i mk = tail_mask(Dv - x);
-#define PV(RR) case RR: pv_tile(RR, 1, 0, mk, nc, pr, ldp, v + x, ldv, ms + r, ar + x, lda); break;
+#define PV(RR) case RR: \
+    pv_tile(H, RR, 1, 0, Dv - x, mk, nc, pr, ldp, row_at(H, v, x, 1), ldv, ms + r, ar + x, lda); \
+    break;
             switch (R) { PV(4) PV(3) PV(2) PV(1) default: break; }
 #undef PV
         }
     }
+}
+
+static void pv_avx2(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp,
+                    const float *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
+    pv_any(0, Dv, nr, nc, p, ldp, v, ldv, ms, acc, lda);
+}
+
+static void pv_f16_avx2(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp,
+                        const uint16_t *v, int64_t ldv, const float *ms, float *acc,
+                        int64_t lda) {
+    pv_any(1, Dv, nr, nc, p, ldp, v, ldv, ms, acc, lda);
 }
 
 /* exp(x) as exp512 in attn_avx512.c: 0 below ln(2^-126) (also for -inf) */
@@ -238,6 +286,8 @@ void pg_fill_attn_avx2(pg_attn_kernels *k) {
     k->silu = silu_avx2;
     k->qk = qk_avx2;
     k->pv = pv_avx2;
+    k->qk_f16 = qk_f16_avx2;
+    k->pv_f16 = pv_f16_avx2;
     k->scale_max = scale_max_avx2;
     k->exp_sum = exp_sum_avx2;
     k->f16_to_f32 = f16_to_f32_avx2;

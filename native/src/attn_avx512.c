@@ -26,7 +26,19 @@ AI __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const float *k,
+/* 16 elements of row x (fp32, or fp16 bits when H) from element d; mk: the lanes to load */
+AI __m512 load16(int H, const void *x, int64_t d, __mmask16 mk) {
+    return H ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)x + d))
+             : _mm512_maskz_loadu_ps(mk, (const float *)x + d);
+}
+
+/* element i·ld of x (fp32, or fp16 when H): row i of rows ld apart, or element i with ld 1 */
+AI const void *row_at(int H, const void *x, int64_t i, int64_t ld) {
+    return H ? (const void *)((const uint16_t *)x + i * ld)
+             : (const void *)((const float *)x + i * ld);
+}
+
+AI void qk_tile(int H, int R, int C, int64_t D, const float *q, int64_t ldq, const void *k,
                 int64_t ldk, float *s, int64_t lds) {
     __m512 acc[4][4];
     PG_UNROLL
@@ -37,7 +49,7 @@ AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const floa
     for (; d + 16 <= D; d += 16) {
         __m512 kv[4];
         PG_UNROLL
-        for (int j = 0; j < C; j++) kv[j] = _mm512_loadu_ps(k + j * ldk + d);
+        for (int j = 0; j < C; j++) kv[j] = load16(H, row_at(H, k, j, ldk), d, 0xffff);
         PG_UNROLL
         for (int i = 0; i < R; i++) {
             const __m512 qv = _mm512_loadu_ps(q + i * ldq + d);
@@ -49,7 +61,7 @@ AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const floa
         const __mmask16 mk = tail_mask(D - d);
         __m512 kv[4];
         PG_UNROLL
-        for (int j = 0; j < C; j++) kv[j] = _mm512_maskz_loadu_ps(mk, k + j * ldk + d);
+        for (int j = 0; j < C; j++) kv[j] = load16(H, row_at(H, k, j, ldk), d, mk);
         PG_UNROLL
         for (int i = 0; i < R; i++) {
             const __m512 qv = _mm512_maskz_loadu_ps(mk, q + i * ldq + d);
@@ -69,16 +81,16 @@ AI void qk_tile(int R, int C, int64_t D, const float *q, int64_t ldq, const floa
     }
 }
 
-static void qk_avx512(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t ldq,
-                      const float *k, int64_t ldk, float *s, int64_t lds) {
+AI void qk_any(int H, int64_t D, int64_t nr, int64_t nc, const float *q, int64_t ldq,
+               const void *k, int64_t ldk, float *s, int64_t lds) {
     for (int64_t r = 0; r < nr; r += 4) {
         const int R = nr - r < 4 ? (int)(nr - r) : 4;
         const float *qr = q + r * ldq;
         for (int64_t c = 0; c < nc; c += 4) {
             const int C = nc - c < 4 ? (int)(nc - c) : 4;
-            const float *kc = k + c * ldk;
+            const void *kc = row_at(H, k, c, ldk);
             float *sc = s + r * lds + c;
-#define QK(RR, CC) case RR * 8 + CC: qk_tile(RR, CC, D, qr, ldq, kc, ldk, sc, lds); break;
+#define QK(RR, CC) case RR * 8 + CC: qk_tile(H, RR, CC, D, qr, ldq, kc, ldk, sc, lds); break;
             switch (R * 8 + C) {
             QK(4, 4) QK(4, 3) QK(4, 2) QK(4, 1)
             QK(3, 4) QK(3, 3) QK(3, 2) QK(3, 1)
@@ -91,9 +103,19 @@ static void qk_avx512(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t
     }
 }
 
-/* acc rows r < R, outputs [x, x + 16·NV) (the last piece masked by mk) */
-AI void pv_tile(int R, int NV, __mmask16 mk, int64_t nc, const float *p, int64_t ldp,
-                const float *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
+static void qk_avx512(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t ldq,
+                      const float *k, int64_t ldk, float *s, int64_t lds) {
+    qk_any(0, D, nr, nc, q, ldq, k, ldk, s, lds);
+}
+
+static void qk_f16_avx512(int64_t D, int64_t nr, int64_t nc, const float *q, int64_t ldq,
+                          const uint16_t *k, int64_t ldk, float *s, int64_t lds) {
+    qk_any(1, D, nr, nc, q, ldq, k, ldk, s, lds);
+}
+
+/* acc rows r < R, outputs [x, x + 16·NV) of v's rows (the last piece masked by mk) */
+AI void pv_tile(int H, int R, int NV, __mmask16 mk, int64_t nc, const float *p, int64_t ldp,
+                const void *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
     __m512 a[4][4];
     PG_UNROLL
     for (int i = 0; i < R; i++) {
@@ -109,7 +131,7 @@ AI void pv_tile(int R, int NV, __mmask16 mk, int64_t nc, const float *p, int64_t
         PG_UNROLL
         for (int u = 0; u < NV; u++) {
             const __mmask16 mu = u == NV - 1 ? mk : (__mmask16)0xffff;
-            vv[u] = _mm512_maskz_loadu_ps(mu, v + c * ldv + 16 * u);
+            vv[u] = load16(H, row_at(H, v, c, ldv), 16 * u, mu);
         }
         PG_UNROLL
         for (int i = 0; i < R; i++) {
@@ -127,25 +149,38 @@ AI void pv_tile(int R, int NV, __mmask16 mk, int64_t nc, const float *p, int64_t
         }
 }
 
-static void pv_avx512(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp,
-                      const float *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
+AI void pv_any(int H, int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp,
+               const void *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
     for (int64_t r = 0; r < nr; r += 4) {
         const int R = nr - r < 4 ? (int)(nr - r) : 4;
         const float *pr = p + r * ldp;
         float *ar = acc + r * lda;
         int64_t x = 0;
         for (; x + 64 <= Dv; x += 64) {
-#define PV(RR) case RR: pv_tile(RR, 4, 0xffff, nc, pr, ldp, v + x, ldv, ms + r, ar + x, lda); break;
+#define PV(RR) case RR: \
+    pv_tile(H, RR, 4, 0xffff, nc, pr, ldp, row_at(H, v, x, 1), ldv, ms + r, ar + x, lda); break;
             switch (R) { PV(4) PV(3) PV(2) PV(1) default: break; }
 #undef PV
         }
         for (; x < Dv; x += 16) {   /* 16 at a time, the last one masked */
             const __mmask16 mk = Dv - x >= 16 ? (__mmask16)0xffff : tail_mask(Dv - x);
-#define PV(RR) case RR: pv_tile(RR, 1, mk, nc, pr, ldp, v + x, ldv, ms + r, ar + x, lda); break;
+#define PV(RR) case RR: \
+    pv_tile(H, RR, 1, mk, nc, pr, ldp, row_at(H, v, x, 1), ldv, ms + r, ar + x, lda); break;
             switch (R) { PV(4) PV(3) PV(2) PV(1) default: break; }
 #undef PV
         }
     }
+}
+
+static void pv_avx512(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp,
+                      const float *v, int64_t ldv, const float *ms, float *acc, int64_t lda) {
+    pv_any(0, Dv, nr, nc, p, ldp, v, ldv, ms, acc, lda);
+}
+
+static void pv_f16_avx512(int64_t Dv, int64_t nr, int64_t nc, const float *p, int64_t ldp,
+                          const uint16_t *v, int64_t ldv, const float *ms, float *acc,
+                          int64_t lda) {
+    pv_any(1, Dv, nr, nc, p, ldp, v, ldv, ms, acc, lda);
 }
 
 /* exp(x), Cephes' expf: x = n·ln2 + f, |f| <= ln2/2, exp(f) by a degree-6 polynomial, 2^n
@@ -229,6 +264,8 @@ void pg_fill_attn_avx512(pg_attn_kernels *k) {
     k->silu = silu_avx512;
     k->qk = qk_avx512;
     k->pv = pv_avx512;
+    k->qk_f16 = qk_f16_avx512;
+    k->pv_f16 = pv_f16_avx512;
     k->scale_max = scale_max_avx512;
     k->exp_sum = exp_sum_avx512;
     k->f16_to_f32 = f16_to_f32_avx512;

@@ -7,6 +7,7 @@
 
 #include "attn.h"
 #include "fp16.h"
+#include "ops.h"
 #include "pg_test.h"
 #include "pyggml.h"
 
@@ -336,6 +337,162 @@ PG_TEST(test_flash_attn_row_independent_of_batch) {
                   nth);
             CHECK(same1, "path %d, %d threads: an A row alone (decode) differs from A's rows",
                   path, nth);
+        }
+    }
+    pg_set_cpu_path(was);
+    pg_threadpool_free(tp);
+}
+
+/* qk_f16 / pv_f16 (K and V read as fp16 in place) give exactly the bits of qk / pv on the same
+ * rows converted to fp32, on every path, for every tail shape */
+PG_TEST(test_attn_f16_kernels_equal_converted) {
+    static float q[9 * 260], kf[9 * 260], vf[9 * 260], p[9 * 16], ms[9];
+    static uint16_t kh[9 * 260], vh[9 * 260];
+    static float s0[9 * 16], s1[9 * 16], a0[9 * 260], a1[9 * 260];
+    srand(23);
+    for (int i = 0; i < 9 * 260; i++) {
+        q[i] = frand();
+        kh[i] = pg_fp32_to_fp16(frand());
+        vh[i] = pg_fp32_to_fp16(frand());
+        kf[i] = pg_fp16_to_fp32(kh[i]);
+        vf[i] = pg_fp16_to_fp32(vh[i]);
+    }
+    for (int i = 0; i < 9 * 16; i++) p[i] = frand() > 0 ? frand() * frand() : 0.0f;
+    for (int i = 0; i < 9; i++) ms[i] = i == 3 ? 0.0f : 0.5f + 0.1f * (float)i;
+    for (int32_t path = 0; path < PG_PATH_COUNT; path++) {
+        const pg_attn_kernels *kn = pg_get_attn_kernels_for_path(path);
+        if (!kn || !path_usable(path)) continue;
+        const int64_t Ds[] = {1, 7, 8, 15, 16, 33, 64, 200, 256};
+        for (size_t di = 0; di < sizeof(Ds) / sizeof(Ds[0]); di++) {
+            const int64_t D = Ds[di];
+            for (int64_t nr = 1; nr <= 9; nr++)
+                for (int64_t nc = 1; nc <= 9; nc++) {
+                    kn->qk(D, nr, nc, q, D + 3, kf, D + 3, s0, 16);
+                    kn->qk_f16(D, nr, nc, q, D + 3, kh, D + 3, s1, 16);
+                    int same = 1;
+                    for (int64_t r = 0; r < nr; r++)
+                        same &= memcmp(s0 + r * 16, s1 + r * 16, (size_t)nc * 4) == 0;
+                    CHECK(same, "path %d qk_f16 D %lld nr %lld nc %lld", path, (long long)D,
+                          (long long)nr, (long long)nc);
+                    for (int i = 0; i < 9 * 260; i++) a0[i] = a1[i] = 0.25f * (float)(i % 7) - 0.7f;
+                    kn->pv(D, nr, nc, p, 16, vf, D + 3, ms, a0, 260);
+                    kn->pv_f16(D, nr, nc, p, 16, vh, D + 3, ms, a1, 260);
+                    CHECK(memcmp(a0, a1, sizeof(a0)) == 0, "path %d pv_f16 D %lld nr %lld nc %lld",
+                          path, (long long)D, (long long)nr, (long long)nc);
+                }
+        }
+    }
+}
+
+/* ---- split-KV: long caches, any thread count ------------------------------------------------- */
+
+enum { LD = 64, LH = 8, LHKV = 2, LKV = 2300, LQ = 12 };
+
+/* out[LD, LH, n_q] of q [LD, n_q, LH] over k / v [LD, LKV, LHKV] of type kt / vt in the KV
+ * cache's layout (a cell's heads side by side), mask F16 [LKV, n_q] */
+static void fa_long(pg_threadpool *tp, int nth, int64_t n_q, const float *q, int32_t kt,
+                    const void *k, int32_t vt, const void *v, const pg_fp16 *m, float *out) {
+    pg_tensor t[5];
+    const int64_t nq[4] = {LD, n_q, LH, 1}, nk[4] = {LD, LKV, LHKV, 1};
+    const int64_t nm[4] = {LKV, n_q, 1, 1}, no[4] = {LD, LH, n_q, 1};
+    set_t(&t[0], PG_TYPE_F32, PG_OP_NONE, nq, (void *)q);
+    set_t(&t[1], kt, PG_OP_NONE, nk, (void *)k);
+    set_t(&t[2], vt, PG_OP_NONE, nk, (void *)v);
+    for (int i = 1; i <= 2; i++) {
+        const size_t row = pg_type_row_size(t[i].type, LD);
+        t[i].nb[0] = (int64_t)pg_type_size(t[i].type);
+        t[i].nb[1] = (int64_t)(row * LHKV);
+        t[i].nb[2] = (int64_t)row;
+        t[i].nb[3] = t[i].nb[1] * LKV;
+    }
+    set_t(&t[3], PG_TYPE_F16, PG_OP_NONE, nm, (void *)m);
+    set_t(&t[4], PG_TYPE_F32, PG_OP_FLASH_ATTN_EXT, no, out);
+    for (int i = 0; i < 4; i++) t[4].src[i] = i;
+    const float scale = 0.125f, zero = 0.0f;
+    memcpy(&t[4].op_params[0], &scale, 4);
+    memcpy(&t[4].op_params[1], &zero, 4);
+    memcpy(&t[4].op_params[2], &zero, 4);
+    const int32_t order[1] = {4};
+    size_t ws = 0;
+    int32_t bad = -1;
+    CHECK(pg_graph_work_size(t, 5, order, 1, nth, &ws) == PG_OK, "work size");
+    void *work = calloc(1, ws + 64);
+    CHECK(pg_graph_compute(t, 5, order, 1, tp, nth, work, ws, NULL, NULL, &bad) == PG_OK,
+          "flash attention computes (bad node %d)", bad);
+    free(work);
+}
+
+/* A 2300-cell cache (several PG_FA_CHUNK chunks), one sequence causal over it with holes (the
+ * cells of another sequence): (1) one query row (decode: chunks dealt to threads) gives the same
+ * bits on 1, 2, 3 and 4 threads, and (2) those of the same row inside a 12-row batch (a prompt:
+ * tiles dealt to threads, each walking its chunks), on every path, for F16, Q8_0 and Q4_0 K/V;
+ * (3) F16 within 2e-6 of a float64 softmax. */
+PG_TEST(test_flash_attn_split_kv_any_thread_count) {
+    static float q[LD * LQ * LH], q1[LD * LH], kf[LD * LKV * LHKV], vf[LD * LKV * LHKV];
+    static uint8_t kb[LD * LKV * LHKV * 2], vb[LD * LKV * LHKV * 2];
+    static pg_fp16 m[LKV * LQ];
+    static float out[4][LD * LH * LQ], one[4][LD * LH], sc[LKV];
+    srand(29);
+    for (int i = 0; i < LD * LQ * LH; i++) q[i] = frand() * 2.0f;
+    for (int i = 0; i < LD * LKV * LHKV; i++) { kf[i] = frand(); vf[i] = frand(); }
+    int other[LKV];
+    for (int j = 0; j < LKV; j++) other[j] = (j % 97) < 13 || (j > 700 && j < 760);
+    for (int i = 0; i < LQ; i++)   /* row i at the end of the cache, causal, skipping `other` */
+        for (int j = 0; j < LKV; j++)
+            m[i * LKV + j] = pg_fp32_to_fp16(other[j] || j > LKV - LQ + i ? -INFINITY : 0.0f);
+    const int last = LQ - 1;   /* the row tested alone */
+    for (int h = 0; h < LH; h++) memcpy(&q1[h * LD], &q[(h * LQ + last) * LD], LD * 4);
+    pg_threadpool *tp = pg_threadpool_new(4);
+    const int32_t was = pg_cpu_path();
+    const int32_t types[3] = {PG_TYPE_F16, PG_TYPE_Q8_0, PG_TYPE_Q4_0};
+    for (int ti = 0; ti < 3; ti++) {
+        const pg_type_traits *tt = pg_get_type_traits(types[ti]);
+        for (int64_t r = 0; r < (int64_t)LKV * LHKV; r++) {   /* cell-major rows, head inner */
+            tt->from_float(kf + r * LD, kb + (size_t)r * pg_type_row_size(types[ti], LD), LD);
+            tt->from_float(vf + r * LD, vb + (size_t)r * pg_type_row_size(types[ti], LD), LD);
+        }
+        for (int32_t path = 0; path < PG_PATH_COUNT; path++) {
+            if (!path_usable(path)) continue;
+            pg_set_cpu_path(path);
+            for (int nth = 1; nth <= 4; nth++) {
+                fa_long(tp, nth, 1, q1, types[ti], kb, types[ti], vb, m + last * LKV,
+                        one[nth - 1]);
+                fa_long(tp, nth, LQ, q, types[ti], kb, types[ti], vb, m, out[nth - 1]);
+                CHECK(memcmp(one[nth - 1], one[0], sizeof(one[0])) == 0,
+                      "type %d path %d: decode row on %d threads differs from 1 thread",
+                      types[ti], path, nth);
+                CHECK(memcmp(out[nth - 1], out[0], sizeof(out[0])) == 0,
+                      "type %d path %d: batch on %d threads differs from 1 thread", types[ti],
+                      path, nth);
+                CHECK(memcmp(one[nth - 1], &out[nth - 1][last * LH * LD], sizeof(one[0])) == 0,
+                      "type %d path %d, %d threads: the row alone differs from the row in the "
+                      "batch", types[ti], path, nth);
+            }
+            if (types[ti] != PG_TYPE_F16) continue;
+            double err = 0, maxref = 0;
+            for (int h = 0; h < LH; h++) {
+                const int hk = h / (LH / LHKV);
+                double mx = -INFINITY, tot = 0;
+                for (int j = 0; j < LKV; j++) {
+                    double d = 0;
+                    for (int x = 0; x < LD; x++)
+                        d += (double)pg_fp16_to_fp32(pg_fp32_to_fp16(q1[h * LD + x])) *
+                             pg_fp16_to_fp32(((const pg_fp16 *)kb)[(j * LHKV + hk) * LD + x]);
+                    sc[j] = other[j] ? -INFINITY : d * 0.125;
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                for (int j = 0; j < LKV; j++) { sc[j] = exp(sc[j] - mx); tot += sc[j]; }
+                for (int x = 0; x < LD; x++) {
+                    double a = 0;
+                    for (int j = 0; j < LKV; j++)
+                        a += sc[j] *
+                             pg_fp16_to_fp32(((const pg_fp16 *)vb)[(j * LHKV + hk) * LD + x]);
+                    const double e = fabs(one[0][h * LD + x] - a / tot);
+                    if (!(e <= err)) err = e;
+                    if (fabs(a / tot) > maxref) maxref = fabs(a / tot);
+                }
+            }
+            CHECK(err <= 2e-6 * maxref, "path %d: max error %g (max |ref| %g)", path, err, maxref);
         }
     }
     pg_set_cpu_path(was);
