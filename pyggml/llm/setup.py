@@ -282,8 +282,8 @@ def host_weights_copied(use_mmap: bool | None, n_bytes: int) -> bool:
 
     Why: decode streams every weight once per token, and a mapped file gives 4 KiB pages: one
     TLB miss and page walk per 4 KiB read, two page tables deep in a virtual machine. Over huge
-    pages Qwen2.5-Coder-1.5B Q4_K_M decodes ~20% faster on the AMD Zen 4 VM of BENCHMARKS.md
-    ("Weights in huge pages"). The RSS is the same (the mapped file's pages count in it too);
+    pages Gemma 3 270M decodes ~10% faster on the AMD Zen 4 VM of BENCHMARKS.md ("weights in
+    huge pages"), and Qwen2.5-Coder-1.5B reaches that machine's read limit. The RSS is the same (the mapped file's pages count in it too);
     the load reads the file once (read(2), so the file's pages are never mapped)."""
     if use_mmap is not None:
         return not use_mmap
