@@ -78,6 +78,12 @@ def _read_until(fd, pattern: bytes, timeout_s: float) -> bytes:
 def test_chat_on_a_terminal_ctrl_c_stops_the_reply_not_the_program(smol):
     pid, fd = pty.fork()
     if pid == 0:                                     # the child: pyggml chat on the pty
+        # as a shell starts a foreground program: SIGINT at its default and not blocked (a
+        # disposition or mask the test process was left with would pass through exec)
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            os.write(2, b"[test: SIGINT was ignored in the test process]\r\n")
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
         os.execve(sys.executable, PYGGML + ["chat", "-m", smol, "-c", "2048", "-t", "2",
                                             "--temp", "0.8", "-s", "7"], ENV)
     try:
