@@ -69,3 +69,24 @@ def test_cli_mmap_flags(argv, want):
     assert opts.get("use_mmap") is want
     with pytest.raises(SystemExit):
         p.parse_args(["--mmap", "--no-mmap"])
+
+
+def test_a_file_cut_short_after_opening_is_named_with_its_tensor(model, tmp_path):
+    import shutil
+    from pyggml.errors import GGUFError
+    from pyggml.gguf import GGUFModel
+    path = tmp_path / "cut.gguf"
+    shutil.copy(model, path)
+    m = GGUFModel.open(path)
+    last = max(m.tensors.values(), key=lambda i: i.offset)
+    with open(path, "r+b") as f:                    # changed on disk after it was opened
+        f.truncate(last.offset + last.nbytes // 2)
+    buf = np.zeros(last.nbytes, np.uint8)
+    with pytest.raises(GGUFError, match=f"cut.gguf: tensor '{last.name}': the file ends"):
+        m.read_tensors_into(lambda info: buf, names=[last.name], progress=False)
+
+
+def test_use_mmap_must_be_a_bool_or_none(model):
+    from pyggml.errors import ArgumentTypeError
+    with pytest.raises(ArgumentTypeError, match="use_mmap must be True or False or None"):
+        LLM(model, use_mmap="yes")
