@@ -10,7 +10,12 @@ without downloading them (issue 36 item 5). Not for tests.
 - moe30b: Qwen3-30B-A3B (arch qwen3moe: 48 layers, n_embd 2048, 32 heads / 4 K/V heads of 128
   with per-head q/k RMS norms, 128 experts of width 768, top-8, vocab 151936), ~17 GiB like the
   real Q4_K_M (18.6 GB).
-Types as llama.cpp's quantizer picks them for Q4_K_M (llama_tensor_get_type): Q4_K, with Q6_K
+- gptoss20b: gpt-oss-20b as it is shipped (arch gpt-oss: 24 layers, n_embd 2880, 64 heads / 8
+  K/V heads of 64 with biases and attention sinks, every other layer a 128-token sliding window,
+  32 experts of width 2880 with biases, top-4, YaRN x32, vocab 201088): experts in MXFP4 (the
+  only form the model is released in), every other matrix Q8_0, 11.3 GiB like the released
+  gpt-oss-20b-mxfp4.gguf (12.1 GB) — issue 32's MXFP4 MoE row.
+Types for the first two as llama.cpp's quantizer picks them for Q4_K_M (llama_tensor_get_type): Q4_K, with Q6_K
 for output.weight and for attn_v / ffn_down(_exps) in the layers use_more_bits selects; F32
 norms, router and rope factors. Weights as tools/make_moe_bench_model.py draws them: rows from
 a seeded pool quantized by pyggml's own quantizer, small residual writers so random routers
@@ -53,6 +58,7 @@ class Shape:
     n_expert_used: int = 0
     qk_norm: bool = False     # per-head q/k RMS norms (Qwen3)
     rope_freqs: bool = False  # Llama 3's rope_freqs.weight
+    oai: bool = False         # gpt-oss: biases, sinks, post-attention norm, MXFP4 experts
 
 
 MODELS = {
@@ -61,12 +67,17 @@ MODELS = {
     "moe30b": ("qwen3-30b-a3b-shape-q4_k_m.gguf",
                Shape("qwen3moe", 48, 2048, 32, 4, 128, 768, 151936, 1000000.0, n_expert=128,
                      n_expert_used=8, qk_norm=True)),
+    "gptoss20b": ("gpt-oss-20b-shape-mxfp4.gguf",
+                  Shape("gpt-oss", 24, 2880, 64, 8, 64, 2880, 201088, 150000.0, n_expert=32,
+                        n_expert_used=4, oai=True)),
 }
 
 
 def tensor_plan(s: Shape) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, ne (ggml order), type) of every tensor, in file order."""
     E, QD, KD, F, X = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim, s.n_ff, s.n_expert
+    if s.oai:
+        return _oai_plan(s)
     out = [("token_embd.weight", (E, s.n_vocab), "q4_k"),
            ("output_norm.weight", (E,), "f32"),
            ("output.weight", (E, s.n_vocab), "q6_k")]
@@ -96,6 +107,31 @@ def tensor_plan(s: Shape) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
+def _oai_plan(s: Shape) -> list[tuple[str, tuple[int, ...], str]]:
+    """gpt-oss's tensors as llama.cpp's loader creates them (src/models/openai-moe.cpp)."""
+    E, QD, KD, F, X = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim, s.n_ff, s.n_expert
+    out = [("token_embd.weight", (E, s.n_vocab), "q8_0"),
+           ("output_norm.weight", (E,), "f32"),
+           ("output.weight", (E, s.n_vocab), "q8_0")]
+    for il in range(s.n_layer):
+        p = f"blk.{il}."
+        out += [(p + "attn_norm.weight", (E,), "f32"),
+                (p + "attn_q.weight", (E, QD), "q8_0"), (p + "attn_q.bias", (QD,), "f32"),
+                (p + "attn_k.weight", (E, KD), "q8_0"), (p + "attn_k.bias", (KD,), "f32"),
+                (p + "attn_v.weight", (E, KD), "q8_0"), (p + "attn_v.bias", (KD,), "f32"),
+                (p + "attn_output.weight", (QD, E), "q8_0"), (p + "attn_output.bias", (E,), "f32"),
+                (p + "attn_sinks.weight", (s.n_head,), "f32"),
+                (p + "post_attention_norm.weight", (E,), "f32"),
+                (p + "ffn_gate_inp.weight", (E, X), "f32"), (p + "ffn_gate_inp.bias", (X,), "f32"),
+                (p + "ffn_gate_exps.weight", (E, F, X), "mxfp4"),
+                (p + "ffn_gate_exps.bias", (F, X), "f32"),
+                (p + "ffn_up_exps.weight", (E, F, X), "mxfp4"),
+                (p + "ffn_up_exps.bias", (F, X), "f32"),
+                (p + "ffn_down_exps.weight", (F, E, X), "mxfp4"),
+                (p + "ffn_down_exps.bias", (E, X), "f32")]
+    return out
+
+
 def row_scale(name: str, s: Shape) -> float:
     """As tools/make_moe_bench_model.row_scale: embeddings of rms 1, small residual writers."""
     if name == "token_embd.weight":
@@ -106,7 +142,8 @@ def row_scale(name: str, s: Shape) -> float:
 
 def n_bytes(s: Shape) -> int:
     """The file's tensor bytes (without header and alignment)."""
-    size = {"f32": (1, 4), "q4_k": (256, 144), "q6_k": (256, 210)}
+    size = {"f32": (1, 4), "q4_k": (256, 144), "q6_k": (256, 210), "q8_0": (32, 34),
+            "mxfp4": (32, 17)}
     total = 0
     for _, ne, t in tensor_plan(s):
         blk, b = size[t]
@@ -130,7 +167,7 @@ def write(path: Path, s: Shape, seed: int = 17) -> Path:
     w.add_uint32(f"{a}.context_length", 32768)
     w.add_uint32(f"{a}.embedding_length", s.n_embd)
     w.add_uint32(f"{a}.block_count", s.n_layer)
-    w.add_uint32(f"{a}.feed_forward_length", s.n_ff if not s.n_expert else 6144)
+    w.add_uint32(f"{a}.feed_forward_length", s.n_ff if not s.n_expert or s.oai else 6144)
     w.add_uint32(f"{a}.attention.head_count", s.n_head)
     w.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
     w.add_uint32(f"{a}.attention.key_length", s.head_dim)
@@ -139,11 +176,16 @@ def write(path: Path, s: Shape, seed: int = 17) -> Path:
     w.add_float32(f"{a}.rope.freq_base", s.rope_base)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6 if s.qk_norm else 1e-5)
     w.add_uint32(f"{a}.vocab_size", s.n_vocab)
+    if s.oai:                   # as the released gpt-oss-20b
+        w.add_uint32(f"{a}.attention.sliding_window", 128)
+        w.add_string(f"{a}.rope.scaling.type", "yarn")
+        w.add_float32(f"{a}.rope.scaling.factor", 32.0)
+        w.add_uint32(f"{a}.rope.scaling.original_context_length", 4096)
     if s.n_expert:
         w.add_uint32(f"{a}.expert_count", s.n_expert)
         w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
         w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff)
-    w.add_file_type(15)                                     # MOSTLY_Q4_K_M
+    w.add_file_type(38 if s.oai else 15)                    # MOSTLY_MXFP4_MOE / Q4_K_M
     tokens = (["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
               + ["<|endoftext|>"])
     types = [2, 3, 3] + [6] * 256 + [3]
@@ -164,7 +206,7 @@ def write(path: Path, s: Shape, seed: int = 17) -> Path:
         else:
             rb = pools[(t, ne[0], row_scale(name, s))].shape[1]
             w.add_tensor_info(name, (*ne[:0:-1], rb), np.dtype(np.uint8), n_rows * rb,
-                              raw_dtype=_QT[t])
+                              raw_dtype=_QT.get(t) or gguf.GGMLQuantizationType[t.upper()])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -172,6 +214,8 @@ def write(path: Path, s: Shape, seed: int = 17) -> Path:
         if t == "f32":
             if name.endswith("ffn_gate_inp.weight"):
                 arr = rng.standard_normal(ne[::-1]).astype(np.float32) * (2.0 / math.sqrt(ne[0]))
+            elif name.endswith(".bias") or name.endswith("attn_sinks.weight"):
+                arr = rng.standard_normal(ne[::-1]).astype(np.float32) * 0.1
             elif name == "rope_freqs.weight":
                 arr = np.ones(ne, np.float32)
             else:                                           # norms
