@@ -68,6 +68,20 @@ def test_gemma3n_altup_projections_go_with_the_output_layer():
              "  - {kind: output, device: cpu}\n", "Vulkan0", names=names)
     assert set(altup) <= set(on(p, CPU)) and "blk.3.attn_q.weight" in on(p, "Vulkan0")
 
+def test_per_layer_projection_goes_with_layer_0():
+    """Gemma 3n / Gemma 4's per_layer_model_proj and per_layer_proj_norm are global names that
+    llama.cpp creates as layer 0's tensors: under gpu_layers they follow layer 0 (on the GPU
+    only when layer 0 is), other global tensors (rope_freqs) stay on the CPU."""
+    proj = ["per_layer_model_proj.weight", "per_layer_proj_norm.weight"]
+    names = NAMES + proj + ["rope_freqs.weight"]
+    p = plan("gpu_layers: all\ndevices: [Vulkan0]\n", "Vulkan0", names=names)
+    assert set(proj) <= set(on(p, "Vulkan0")) and "rope_freqs.weight" in on(p, CPU)
+    assert p.weights[proj[0]].rule == p.weights["blk.0.attn_q.weight"].rule
+    p = plan("gpu_layers: 4\ndevices: [Vulkan0]\n", "Vulkan0", names=names)  # 1..3, output
+    assert "blk.0.attn_q.weight" in on(p, CPU) and set(proj) <= set(on(p, CPU))
+    assert "blk.1.attn_q.weight" in on(p, "Vulkan0")
+
+
 def test_expert_rules_and_kind_ffn_include_experts():
     names = [f"blk.{i}.{t}.weight" for i in range(2) for t in
              ("attn_q", "ffn_gate_inp", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp")]

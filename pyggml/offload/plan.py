@@ -80,6 +80,21 @@ def layer_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+#: global tensors that llama.cpp creates as layer 0's (tn(..., 0) of LLM_TENSOR_LAYER_REPEATING
+#: in its tensor infos: placed with layer 0 by default): Gemma 3n's / Gemma 4's projection of
+#: the hidden state into the per-layer inputs and its norm
+_LAYER0 = ("per_layer_model_proj.", "per_layer_proj_norm.")
+
+
+def default_slot(name: str) -> int | None:
+    """The layer whose device a tensor goes to when no rule decides it: its own (blk.N.*),
+    layer 0 for _LAYER0, None for other global tensors."""
+    il = layer_of(name)
+    if il is None and name.startswith(_LAYER0):
+        return 0
+    return il
+
+
 _EXPERTS = re.compile(r"^ffn_\w+_(exps|shexp)\b")
 
 

@@ -39,7 +39,8 @@ from pyggml.offload.config import (
 )
 from pyggml.offload.devices import with_config_devices
 from pyggml.offload.saferegex import SafeRegex
-from pyggml.offload.plan import OffloadPlan, Placement, RuleReport, layer_of, tensor_kind
+from pyggml.offload.plan import (OffloadPlan, Placement, RuleReport, default_slot, layer_of,
+                                 tensor_kind)
 
 
 # ---- rules -------------------------------------------------------------------------------------
@@ -316,11 +317,13 @@ class _Resolver:
                     rep.shadowed_by.append(decided.index)
             if decided is not None:
                 continue
+            slot = default_slot(name)
             if kind == "embd":
                 weights[name] = Placement(CPU, "token embeddings stay on the CPU")
-            elif il is not None:
-                dev = layer_dev[il] if il < L else CPU
-                weights[name] = Placement(dev, self._slot_label(il) if il < L else "default: CPU")
+            elif slot is not None:
+                dev = layer_dev[slot] if slot < L else CPU
+                weights[name] = Placement(dev, self._slot_label(slot) if slot < L
+                                          else "default: CPU")
             elif kind == "output":
                 weights[name] = Placement(layer_dev[L], self._slot_label(L))
             else:
