@@ -235,6 +235,17 @@ def common_prefix(a, b) -> int:
     return n
 
 
+def longest_prefix_key(keys, tokens) -> tuple | None:
+    """Of the token tuples `keys` (a cache's, oldest use first), the one sharing the longest
+    common prefix with `tokens` (the first such on a tie), None when none shares a token."""
+    best, n_best = None, 0
+    for k in keys:
+        n = common_prefix(k, tokens)
+        if n > n_best:
+            best, n_best = k, n
+    return best
+
+
 class LlamaRAMCache:
     """States in memory, at most capacity_bytes together (least recently used dropped)."""
 
@@ -247,12 +258,7 @@ class LlamaRAMCache:
         return sum(s.n_bytes for s in self._states.values())
 
     def _longest(self, key) -> tuple | None:
-        best, n_best = None, 0
-        for k in self._states:
-            n = common_prefix(k, key)
-            if n > n_best:
-                best, n_best = k, n
-        return best
+        return longest_prefix_key(self._states, key)
 
     def __getitem__(self, key) -> LlamaState:
         k = self._longest(tuple(key))
@@ -295,12 +301,7 @@ class LlamaDiskCache:
         return sum(p.stat().st_size for p in self._index.values() if p.exists())
 
     def _longest(self, key) -> tuple | None:
-        best, n_best = None, 0
-        for k in self._index:
-            n = common_prefix(k, key)
-            if n > n_best:
-                best, n_best = k, n
-        return best
+        return longest_prefix_key(self._index, key)
 
     def __getitem__(self, key) -> LlamaState:
         k = self._longest(tuple(key))
