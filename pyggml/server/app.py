@@ -561,17 +561,7 @@ class Server:
 
     async def chat(self, request):
         self._count("chat")
-        body = await _json_body(request)
-        out = await self.chat_completion(request, body)
-        if isinstance(out, Response):
-            return out
-        if isinstance(out, dict):
-            return JSONResponse(out)
-
-        async def events():
-            async for c in out:
-                yield sse(c)
-        return _event_stream(events())
+        return _sent(await self.chat_completion(request, await _json_body(request)))
 
     async def chat_completion(self, request, body: dict, choice=None):
         """One chat completion request (OpenAI's body, checked here): the chat.completion
@@ -684,17 +674,7 @@ class Server:
 
     async def completions(self, request):
         self._count("completions")
-        body = await _json_body(request)
-        out = await self.text_completion(request, body)
-        if isinstance(out, Response):
-            return out
-        if isinstance(out, dict):
-            return JSONResponse(out)
-
-        async def events():
-            async for c in out:
-                yield sse(c)
-        return _event_stream(events())
+        return _sent(await self.text_completion(request, await _json_body(request)))
 
     async def text_completion(self, request, body: dict, choice=None):
         """One completions request (OpenAI's legacy body, checked here): the text_completion
@@ -834,6 +814,20 @@ def _web_assets() -> dict[str, bytes]:
     return {name: (root / name).read_bytes() for name in WEB_ASSETS}
 
 
+
+
+def _sent(out):
+    """What chat_completion / text_completion returned, as the HTTP response: a Response as
+    it is, a dict as JSON, an async iterator of chunk dicts as server-sent events."""
+    if isinstance(out, Response):
+        return out
+    if isinstance(out, dict):
+        return JSONResponse(out)
+
+    async def events():
+        async for c in out:
+            yield sse(c)
+    return _event_stream(events())
 
 
 def _event_stream(events) -> StreamingResponse:
