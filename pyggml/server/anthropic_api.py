@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyggml.errors import PyggmlError
 from pyggml.server.http import BadRequest, _json_body
-from pyggml.server.translate import (SAMPLING_EXTRAS, arguments_object, chat_with_limit,
+from pyggml.server.translate import (copy_sampling, arguments_object, chat_with_limit,
                                      chunk_finish, chunk_parts, is_obj, jtype, message_parts,
                                      need, response_error, sse_event, usage_numbers)
 
@@ -269,12 +269,7 @@ def to_chat(body: dict, count_only: bool = False) -> dict:
             chat["stop"] = ss
     if count_only:
         return chat
-    for k in ("temperature", "top_p", "top_k") + SAMPLING_EXTRAS:
-        if body.get(k) is not None:
-            chat[k] = body[k]
-    if body.get("stream") is not None:
-        need(isinstance(body["stream"], bool), "stream", "must be a boolean")
-        chat["stream"] = body["stream"]
+    copy_sampling(body, chat, ("temperature", "top_p", "top_k"))
     return chat
 
 

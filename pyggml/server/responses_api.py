@@ -29,7 +29,7 @@ import uuid
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pyggml.server.http import BadRequest, _json_body, error_response
-from pyggml.server.translate import (SAMPLING_EXTRAS, chat_with_limit, chunk_finish,
+from pyggml.server.translate import (copy_sampling, chat_with_limit, chunk_finish,
                                      chunk_parts, is_obj, jtype, message_parts, need,
                                      response_error, sse_event, usage_numbers)
 
@@ -231,12 +231,7 @@ def to_chat(body: dict) -> dict:
         need(is_obj(r), "reasoning", f"must be an object, got {jtype(r)}")
         if r.get("effort") is not None:
             chat["chat_template_kwargs"] = {"enable_thinking": r["effort"] != "none"}
-    for k in ("temperature", "top_p") + SAMPLING_EXTRAS:
-        if body.get(k) is not None:
-            chat[k] = body[k]
-    if body.get("stream") is not None:
-        need(isinstance(body["stream"], bool), "stream", "must be a boolean")
-        chat["stream"] = body["stream"]
+    copy_sampling(body, chat, ("temperature", "top_p"))
     return chat
 
 

@@ -21,6 +21,17 @@ SAMPLING_EXTRAS = ("top_k", "min_p", "repeat_penalty", "seed", "presence_penalty
                    "frequency_penalty")
 
 
+def copy_sampling(body: dict, chat: dict, own: tuple = ()) -> None:
+    """Into the chat body: the API's own sampling fields `own` and SAMPLING_EXTRAS that the
+    request sets (not null), and "stream" (a boolean, else BadRequest naming it)."""
+    for k in own + SAMPLING_EXTRAS:
+        if body.get(k) is not None:
+            chat[k] = body[k]
+    if body.get("stream") is not None:
+        need(isinstance(body["stream"], bool), "stream", "must be a boolean")
+        chat["stream"] = body["stream"]
+
+
 def jtype(v) -> str:
     """A JSON value's type, for error messages."""
     if v is None:
