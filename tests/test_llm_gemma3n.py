@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pyggml.backend import vulkan
 from pyggml.errors import ModelError, PyggmlError
 from pyggml.llm.runtime import LLM
 
@@ -97,15 +98,10 @@ def test_shared_kv_in_own_sliding_window_space(model):
     A.check_against_llamacpp("gemma3n", 1, np.concatenate(rows))
 
 
-def _vulkan_missing():
-    try:
-        from pyggml.backend import vulkan
-        return vulkan.unavailable_reason()
-    except Exception as e:                 # noqa: BLE001 - reported as the skip reason
-        return str(e)
+VULKAN_MISSING = vulkan.unavailable_reason()      # None, or why no device can be used
 
 
-@pytest.mark.skipif(_vulkan_missing() is not None, reason=f"no Vulkan device: {_vulkan_missing()}")
+@pytest.mark.skipif(VULKAN_MISSING is not None, reason=f"no Vulkan device: {VULKAN_MISSING}")
 def test_fully_offloaded_runs_altup_on_vulkan(model):
     """-ngl 99: the layers' ops run on the device, AltUp's and the sparsity's among them; the
     CPU keeps the lookups and what reads the tensors outside the layers that llama.cpp keeps

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import pyggml
+from pyggml.backend import vulkan
 from pyggml.cli import main as cli_main
 from pyggml.llm.lora import LoraError
 from pyggml.llm.runtime import LLM
@@ -109,12 +110,7 @@ def test_greedy_path_matches_llamacpp(files, case):
             assert got == [int(t) for t in ref[:n]]
 
 
-vulkan_missing = None
-try:
-    from pyggml.backend import vulkan
-    vulkan_missing = vulkan.unavailable_reason()
-except Exception as e:                     # noqa: BLE001 - reported as the skip reason
-    vulkan_missing = str(e)
+vulkan_missing = vulkan.unavailable_reason()      # None, or why no device can be used
 
 
 @pytest.mark.skipif(vulkan_missing is not None, reason=f"no Vulkan device: {vulkan_missing}")
