@@ -439,18 +439,30 @@ def tensors_of(s: Spec, rng) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def _vocab():
-    """A SentencePiece ('llama') vocabulary: <unk> <s> </s>, the 256 byte tokens,
-    <|endoftext|> (llama.cpp's vocab loader looks it up in Phi-3 models), pieces."""
+def _vocab(n_vocab: int = N_VOCAB):
+    """A SentencePiece ('llama') vocabulary of n_vocab tokens: <unk> <s> </s>, the 256 byte
+    tokens, <|endoftext|> (llama.cpp's vocab loader looks it up in Phi-3 models), pieces."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["<|endoftext|>"]
     types = [2, 3, 3] + [6] * 256 + [3]
-    i = 0
-    while len(tokens) < N_VOCAB:
-        tokens.append(f"{SPACE}w{i}")
-        types.append(1)
-        i += 1
-    scores = [0.0] * 260 + [-float(j) for j in range(N_VOCAB - 260)]
+    tokens += [f"{SPACE}w{i}" for i in range(n_vocab - len(tokens))]
+    types += [1] * (n_vocab - len(types))
+    scores = [0.0] * 260 + [-float(j) for j in range(n_vocab - 260)]
     return tokens, scores, types
+
+
+def add_vocab(w: gguf.GGUFWriter, n_vocab: int = N_VOCAB, vocab=None,
+              add_bos: bool = False) -> None:
+    """Write a SentencePiece vocabulary's keys (`vocab` = (tokens, scores, types), default
+    _vocab(n_vocab)): <s> = 1 the BOS, </s> = 2 the EOS, <unk> = 0."""
+    tokens, scores, types = vocab or _vocab(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(add_bos)
 
 
 def write_variant(name: str, path) -> Path:
@@ -516,15 +528,7 @@ def write_variant(name: str, path) -> Path:
         else:
             w.add_uint32(f"{a}.{key}", v)
     w.add_file_type(15)             # MOSTLY_Q4_K_M (informational: the types are mixed)
-    tokens, scores, types = _vocab()
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(False)
+    add_vocab(w)
     k = 0
     for tname, arr in tensors_of(s, rng):
         if arr.ndim == 1 or tname.endswith((".bias", ".scale")):

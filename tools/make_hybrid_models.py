@@ -227,15 +227,7 @@ def write_model(s: Hybrid, path, name: str) -> Path:
     if a.startswith("lfm2"):
         w.add_uint32(f"{a}.shortconv.l_cache", s.l_cache)
     w.add_file_type(15)
-    tokens, scores, types = M._vocab()
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(False)
+    M.add_vocab(w)
     k = 0
     for tname, arr in tensors_of(s, rng):
         if arr.ndim == 1 or arr.shape[-1] % 256:

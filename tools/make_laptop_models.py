@@ -36,7 +36,8 @@ import numpy as np
 import gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_moe_bench_model import _QT, POOL_ROWS, use_more_bits  # noqa: E402
+from make_arch_models import add_vocab  # noqa: E402
+from make_moe_bench_model import POOL_ROWS, add_tensor_infos, use_more_bits  # noqa: E402
 
 from pyggml import quants  # noqa: E402
 
@@ -186,27 +187,9 @@ def write(path: Path, s: Shape, seed: int = 17) -> Path:
         w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
         w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff)
     w.add_file_type(38 if s.oai else 15)                    # MOSTLY_MXFP4_MOE / Q4_K_M
-    tokens = (["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-              + ["<|endoftext|>"])
-    types = [2, 3, 3] + [6] * 256 + [3]
-    tokens += [f"\u2581w{i}" for i in range(s.n_vocab - len(tokens))]
-    types += [1] * (s.n_vocab - len(types))
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * 260 + [-float(j) for j in range(s.n_vocab - 260)])
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(False)
-    for name, ne, t in plan:
-        n_rows = int(np.prod(ne[1:])) if len(ne) > 1 else 1
-        if t == "f32":
-            w.add_tensor_info(name, ne[::-1], np.dtype(np.float32), 4 * n_rows * ne[0])
-        else:
-            rb = pools[(t, ne[0], row_scale(name, s))].shape[1]
-            w.add_tensor_info(name, (*ne[:0:-1], rb), np.dtype(np.uint8), n_rows * rb,
-                              raw_dtype=_QT.get(t) or gguf.GGMLQuantizationType[t.upper()])
+    add_vocab(w, s.n_vocab)
+    add_tensor_infos(w, plan,
+                     lambda name, ne, t: pools[(t, ne[0], row_scale(name, s))].shape[1])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

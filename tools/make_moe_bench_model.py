@@ -33,11 +33,26 @@ from gguf import GGMLQuantizationType as QT
 
 from pyggml import quants
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_arch_models import add_vocab  # noqa: E402
+
 N_LAYER, N_EMBD, N_HEAD, HEAD_DIM = 16, 2048, 16, 128
 N_EXPERT, N_EXPERT_USED, N_FF_EXP, N_VOCAB = 64, 8, 1024, 50304
 POOL_ROWS = 4096
 DEFAULT_OUT = Path.home() / ".cache/pyggml/bench/olmoe-1b-7b-shape-q4_k_m.gguf"
-_QT = {"q4_k": QT.Q4_K, "q6_k": QT.Q6_K}
+
+
+def add_tensor_infos(w: gguf.GGUFWriter, plan, row_bytes) -> None:
+    """The tensor infos of `plan` ((name, ne in ggml order, type) each) ahead of data written
+    one tensor at a time: f32 as is, a quantized type as rows of row_bytes(name, ne, type)."""
+    for name, ne, t in plan:
+        n_rows = int(np.prod(ne[1:])) if len(ne) > 1 else 1
+        if t == "f32":
+            w.add_tensor_info(name, ne[::-1], np.dtype(np.float32), 4 * n_rows * ne[0])
+        else:
+            rb = row_bytes(name, ne, t)
+            w.add_tensor_info(name, (*ne[:0:-1], rb), np.dtype(np.uint8), n_rows * rb,
+                              raw_dtype=QT[t.upper()])
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -115,27 +130,8 @@ def write(path: Path) -> Path:
     w.add_uint32(f"{a}.expert_count", N_EXPERT)
     w.add_uint32(f"{a}.expert_used_count", N_EXPERT_USED)
     w.add_file_type(15)                                     # MOSTLY_Q4_K_M
-    tokens = (["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-              + ["<|endoftext|>"])
-    types = [2, 3, 3] + [6] * 256 + [3]
-    tokens += [f"\u2581w{i}" for i in range(N_VOCAB - len(tokens))]
-    types += [1] * (N_VOCAB - len(types))
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * 260 + [-float(j) for j in range(N_VOCAB - 260)])
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(False)
-    for name, ne, t in plan:
-        n_rows = int(np.prod(ne[1:])) if len(ne) > 1 else 1
-        if t == "f32":
-            w.add_tensor_info(name, ne[::-1], np.dtype(np.float32), 4 * n_rows * ne[0])
-        else:
-            rb = pools[(t, ne[0], row_scale(name))].shape[1]
-            w.add_tensor_info(name, (*ne[:0:-1], rb), np.dtype(np.uint8), n_rows * rb,
-                              raw_dtype=_QT[t])
+    add_vocab(w, N_VOCAB)
+    add_tensor_infos(w, plan, lambda name, ne, t: pools[(t, ne[0], row_scale(name))].shape[1])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

@@ -103,14 +103,7 @@ def write_model(name: str, path) -> Path:
     tokens, scores, ttypes = M._vocab()
     # control tokens for the template and the separator (in place of the last three pieces)
     tokens[-3:], ttypes[-3:] = ["<|im_start|>", "<|im_end|>", "<sep>"], [3, 3, 3]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(ttypes)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(add_bos)
+    M.add_vocab(w, vocab=(tokens, scores, ttypes), add_bos=add_bos)
     w.add_add_eos_token(False)
     if add_sep:
         w.add_sep_token_id(SEP)
