@@ -360,6 +360,24 @@ def test_server_lora_adapters(client, files):
         assert _complete(c).json()["choices"][0]["text"] == with_lora
 
 
+def test_server_picks_the_slot_computed_under_the_same_scales(client):
+    """Two slots holding the same prompt under different scales: a request goes to the one
+    whose cells it can reuse (cached_tokens), even when the other was used less recently."""
+    c, _ = client
+    assert c.post("/lora-adapters", json=[{"id": 0, "scale": 1}]).status_code == 200
+
+    def cached(**kw):
+        r = _complete(c, **kw).json()
+        return r["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    off = [{"id": 0, "scale": 0}]
+    cached(lora=off)                        # one slot: the prompt without LoRA
+    cached()                                # the other: with it
+    assert cached() == 10                   # not the less recently used no-LoRA slot
+    assert cached(lora=off) == 10
+    assert cached() == 10
+
+
 @pytest.mark.parametrize("body,needle", [
     ([{"id": 5, "scale": 1}], "no LoRA adapter 5"), ([{"id": 0, "scale": "x"}], "finite"),
     ({"id": 0}, "array"), ([{"id": 0, "scale": 1, "x": 2}], "object")])

@@ -176,6 +176,12 @@ class Context:
             scales = self.lora_scales
         return Loras(zip(self.adapters, scales))
 
+    def lora_tag(self, scales=None) -> tuple:
+        """The tag (Loras.tag) of a sequence decoded with `scales` (one per adapter; None:
+        the global ones)."""
+        scales = self.lora_scales if scales is None else self.check_lora_scales(scales)
+        return Loras(zip(self.adapters, scales)).tag
+
     def seq_lora_tag(self, seq_id: int) -> tuple | None:
         """The tag (Loras.tag) of the adapter set the sequence's cells were computed under
         (() without LoRA; None: under several, or unknown)."""
