@@ -119,6 +119,10 @@ void pg_fill_legacy_neon(pg_type_traits *tbl, uint32_t features);
 void pg_fill_kquants_neon(pg_type_traits *tbl, uint32_t features);
 void pg_fill_gemm_neon(pg_type_traits *tbl, uint32_t features);
 void pg_fill_iquants_neon(pg_type_traits *tbl, uint32_t features);   /* quants_iq_neon.c */
+/* quants_iq_tq_neon.c: the codebook i-quants and TQ1_0/TQ2_0 (vec_dot, vec_dot8, gemm), the
+ * dotprod ones (quants_iq_tq_dotprod.c) where `features` has it; called by pg_fill_iquants_neon */
+void pg_fill_iq_tq_neon(pg_type_traits *tbl, uint32_t features);
+void pg_fill_iq_tq_dotprod(pg_type_traits *tbl);
 #endif
 
 #endif

@@ -1,7 +1,8 @@
 /* IQ4_NL, IQ4_XS and MXFP4 (iquants.h): NEON dot kernels (armv8-a, no dot-product extension
  * needed), bit-exact with the scalar ones (quants_iq.c): the 4-bit codes become int8 values by
  * one table lookup (vqtbl1q_s8), exact int32 block sums (widening multiplies, pairwise adds),
- * then the scalar kernel's fp32 term per block in block order. Tested under qemu-aarch64. */
+ * then the scalar kernel's fp32 term per block in block order. Tested under qemu-aarch64.
+ * The fill also installs the codebook and ternary kernels (quants_iq_tq_neon.c). */
 #include <arm_neon.h>
 
 #include "iquants.h"
@@ -63,8 +64,8 @@ static void vec_dot_iq4_xs_q8_K(int64_t n, float *restrict s, const void *restri
 }
 
 void pg_fill_iquants_neon(pg_type_traits *tbl, uint32_t features) {
-    (void)features;
     tbl[PG_TYPE_IQ4_NL].vec_dot = vec_dot_iq4_nl_q8_0;
     tbl[PG_TYPE_MXFP4].vec_dot = vec_dot_mxfp4_q8_0;
     tbl[PG_TYPE_IQ4_XS].vec_dot = vec_dot_iq4_xs_q8_K;
+    pg_fill_iq_tq_neon(tbl, features);
 }

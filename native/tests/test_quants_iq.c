@@ -310,29 +310,55 @@ static void random_grid(int32_t type, uint8_t *buf, int nb) {
     }
 }
 
+/* The kernel tables the grid / ternary tests check: every compiled path's and, on AArch64, one
+ * filled as on a CPU without the dot-product extension (the neon path takes the dotprod kernels
+ * where the CPU has them, as under qemu: the plain ones are checked here too). */
+typedef struct {
+    const char *name;
+    const pg_type_traits *tbl;   /* PG_TYPE_COUNT entries */
+} iq_table;
+
+static int iq_tables(iq_table *out) {
+    static const char *names[PG_PATH_COUNT] = {"scalar", "avx2", "avx512", "neon", "amx"};
+    int n = 0;
+    for (int32_t p = 0; p < PG_PATH_COUNT; p++)
+        if (pg_path_compiled(p)) out[n++] = (iq_table){names[p], pg_get_type_traits_for_path(0, p)};
+#if defined(__aarch64__)
+    static pg_type_traits plain[PG_TYPE_COUNT];
+    for (int32_t t = 0; t < PG_TYPE_COUNT; t++) plain[t] = *str(t);
+    pg_fill_iquants_neon(plain, PG_CPU_NEON);
+    out[n++] = (iq_table){"neon-no-dotprod", plain};
+#endif
+    return n;
+}
+#define IQ_MAX_TABLES (PG_PATH_COUNT + 1)
+
 PG_TEST(test_iq_grid_paths_and_bounds) {
     static uint8_t w[9 * 110], a[9 * 292];   /* (110: the largest of these blocks) */
     static float y0[9 * 256], y1[9 * 256];
+    iq_table tabs[IQ_MAX_TABLES];
+    const int ntab = iq_tables(tabs);
     for (int it = 0; it < 9; it++) {
         const int32_t type = k_grid[it];
         const pg_type_traits *ts = str(type);
         CHECK(ts->to_float && ts->vec_dot && ts->vec_dot_type == PG_TYPE_Q8_K &&
                   !ts->from_float_ref == (it < 7),
               "type %d traits", type);
-        for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
-            if (!pg_path_compiled(p)) continue;
-            const pg_type_traits *tp = pg_get_type_traits_for_path(type, p);
-            for (int nb = 1; nb <= 9; nb += 4) {
+        for (int p = 0; p < ntab; p++) {
+            const pg_type_traits *tp = &tabs[p].tbl[type];
+            for (int k = 0; k < 9; k++) {
+                const int nb = 1 + 4 * (k % 3);   /* 1, 5, 9 blocks, three times each */
                 const int64_t n = (int64_t)nb * 256;
                 random_grid(type, w, nb);
                 random_act(type, a, n);
                 float s0, s1;
                 ts->vec_dot(n, &s0, w, a);
                 tp->vec_dot(n, &s1, w, a);
-                CHECK(memcmp(&s0, &s1, 4) == 0, "type %d path %d nb %d: dot", type, p, nb);
+                CHECK(memcmp(&s0, &s1, 4) == 0, "type %d %s nb %d: dot %.9g scalar %.9g", type, tabs[p].name, nb,
+                      (double)s1, (double)s0);
                 ts->to_float(w, y0, n);
                 tp->to_float(w, y1, n);
-                CHECK(memcmp(y0, y1, (size_t)n * 4) == 0, "type %d path %d: to_float", type, p);
+                CHECK(memcmp(y0, y1, (size_t)n * 4) == 0, "type %d %s: to_float", type, tabs[p].name);
                 void *mx, *my;
                 size_t sx, sy;
                 unsigned char *x = row_before_guard(row_bytes(type, n), &mx, &sx);
@@ -342,12 +368,40 @@ PG_TEST(test_iq_grid_paths_and_bounds) {
                 memcpy(y, a, row_bytes(PG_TYPE_Q8_K, n));
                 tp->to_float(x, y1, n);
                 tp->vec_dot(n, &s1, x, y);
-                CHECK(memcmp(&s0, &s1, 4) == 0, "type %d path %d: guarded dot", type, p);
+                CHECK(memcmp(&s0, &s1, 4) == 0, "type %d %s: guarded dot", type, tabs[p].name);
                 munmap(mx, sx);
                 munmap(my, sy);
             }
         }
     }
+}
+
+/* Every SIMD table has its own vec_dot, vec_dot8 and gemm for each codebook and ternary type
+ * (not the scalar kernels it starts from); on AArch64 the neon path's are the dotprod ones
+ * where the CPU has the extension, and the plain table's are NEON kernels too. */
+PG_TEST(test_iq_tq_simd_kernels_installed) {
+    iq_table tabs[IQ_MAX_TABLES];
+    const int ntab = iq_tables(tabs);
+    int simd = 0;
+    for (int p = 1; p < ntab; p++) {   /* tabs[0]: the scalar path */
+        simd++;
+        for (int it = 0; it < 9; it++) {
+            const int32_t type = k_grid[it];
+            const pg_type_traits *tp = &tabs[p].tbl[type];
+            CHECK(tp->vec_dot && tp->vec_dot != str(type)->vec_dot && tp->vec_dot8 &&
+                      tp->vec_dot8_rows >= 1 && tp->gemm,
+                  "%s type %d: no SIMD vec_dot / vec_dot8 / gemm", tabs[p].name, type);
+        }
+    }
+#if defined(__aarch64__)
+    const pg_type_traits *neon = pg_get_type_traits_for_path(PG_TYPE_IQ2_XXS, PG_PATH_NEON);
+    CHECK((neon->vec_dot != tabs[ntab - 1].tbl[PG_TYPE_IQ2_XXS].vec_dot) ==
+              !!(pg_cpu_features() & PG_CPU_DOTPROD),
+          "neon path: dotprod kernels %s", pg_cpu_features() & PG_CPU_DOTPROD ? "missing" : "on a CPU without SDOT");
+#endif
+#if defined(__x86_64__) || defined(__aarch64__)
+    CHECK(simd > 0, "no SIMD table compiled");
+#endif
 }
 
 /* ---- multi-row decode and batches (every i-quant type and every path that has the kernel) --- */
@@ -369,11 +423,12 @@ static void random_row(int32_t type, uint8_t *buf, int nb) {
 PG_TEST(test_iq_vec_dot8_bits_and_bounds) {
     static const int counts32[] = {1, 2, 7, 20, 33}, counts256[] = {1, 2, 3};
     int tested = 0;
-    for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
-        if (!pg_path_compiled(p)) continue;
+    iq_table tabs[IQ_MAX_TABLES];
+    const int ntab = iq_tables(tabs);
+    for (int p = 0; p < ntab; p++) {
         for (int it = 0; it < N_EVERY; it++) {
             const int32_t type = k_every[it];
-            const pg_type_traits *ts = str(type), *tp = pg_get_type_traits_for_path(type, p);
+            const pg_type_traits *ts = str(type), *tp = &tabs[p].tbl[type];
             if (!tp->vec_dot8) continue;
             const int big = ts->block_size == 256, ncount = big ? 3 : 5;
             for (int ic = 0; ic < ncount; ic++)
@@ -399,16 +454,16 @@ PG_TEST(test_iq_vec_dot8_bits_and_bounds) {
                         for (int i = 0; i < 8; i++)
                             ts->vec_dot(n, &want[j][i], w + (size_t)i * wrow,
                                         y + (size_t)j * ystride);
-                    CHECK(memcmp(got, want, sizeof(got)) == 0, "type %d path %d, %d blocks, %d "
+                    CHECK(memcmp(got, want, sizeof(got)) == 0, "type %d %s, %d blocks, %d "
                           "activation rows: vec_dot8 differs from the scalar vec_dot (or wrote "
-                          "outside)", type, p, nb, nc);
+                          "outside)", type, tabs[p].name, nb, nc);
                     tested++;
                     munmap(mw, sw);
                     munmap(my, sy);
                 }
         }
     }
-#if defined(__x86_64__)
+#if defined(__x86_64__) || defined(__aarch64__)
     CHECK(tested > 0, "no path has an i-quant vec_dot8");
 #endif
 }
@@ -418,11 +473,12 @@ PG_TEST(test_iq_vec_dot8_bits_and_bounds) {
 PG_TEST(test_iq_every_gemm_equals_vec_dot) {
     enum { NR = PG_GEMM_MAX_NR, NC = PG_GEMM_MAX_NC, NB = 3 };
     static uint8_t w[NR][NB * 256], a[NC][NB * 292];
-    for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
-        if (!pg_path_compiled(p)) continue;
+    iq_table tabs[IQ_MAX_TABLES];
+    const int ntab = iq_tables(tabs);
+    for (int p = 0; p < ntab; p++) {
         for (int it = 0; it < N_EVERY; it++) {
             const int32_t type = k_every[it];
-            const pg_type_traits *ts = str(type), *tp = pg_get_type_traits_for_path(type, p);
+            const pg_type_traits *ts = str(type), *tp = &tabs[p].tbl[type];
             if (!tp->gemm) continue;
             const int nb = ts->block_size == 256 ? 2 : NB * 3;
             const int64_t n = (int64_t)nb * ts->block_size;
@@ -448,7 +504,7 @@ PG_TEST(test_iq_every_gemm_equals_vec_dot) {
                             }
                         }
                 }
-            CHECK(same && clean, "type %d path %d: gemm %s", type, p,
+            CHECK(same && clean, "type %d %s: gemm %s", type, tabs[p].name,
                   same ? "wrote outside its block" : "differs from the scalar vec_dot");
         }
     }
