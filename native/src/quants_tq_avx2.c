@@ -4,7 +4,7 @@
  * (at most sixteen products |t·a| <= 3·128 per int16 lane: <= 6144), Σ a from the
  * activation block's bsums; exact int32 lanes, the block term (d·d_y)·isum in block order.
  * TQ1_0's trit n of a byte b is the top trit of b·3^n mod 256, i.e. (q·3) >> 8 of
- * q = b·3^n mod 256, which is [q >= 86] + [q >= 171]; b·3 mod 256 is two byte adds. */
+ * q = b·3^n mod 256, which is [q > 85] + [q > 170]; b·3 mod 256 is two byte adds. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -17,14 +17,15 @@ _Static_assert(sizeof(pg_block_tq2_0_x86) == 66, "TQ2_0 block must be 66 bytes")
 typedef struct { uint8_t qs[48]; uint8_t qh[4]; uint16_t d; } pg_block_tq1_0_x86;
 _Static_assert(sizeof(pg_block_tq1_0_x86) == 54, "TQ1_0 block must be 54 bytes");
 
-/* b·3 mod 256 per byte */
+/* b·3 mod 256 per byte; on x = b ^ 0x80 it gives 3b ^ 0x80 (3·128 = 128 mod 256), so the codes
+ * are kept with their top bit flipped and compared signed */
 static inline __m256i times3(__m256i b) { return _mm256_add_epi8(b, _mm256_add_epi8(b, b)); }
 static inline __m128i times3_128(__m128i b) { return _mm_add_epi8(b, _mm_add_epi8(b, b)); }
 
-/* the top trit (0..2) of every byte q: (q·3) >> 8 */
-static inline __m256i top_trit(__m256i q) {
-    const __m256i m1 = _mm256_cmpeq_epi8(_mm256_max_epu8(q, _mm256_set1_epi8(86)), q);
-    const __m256i m2 = _mm256_cmpeq_epi8(_mm256_max_epu8(q, _mm256_set1_epi8((char)171)), q);
+/* the top trit (0..2) of every byte q = x ^ 0x80: (q·3) >> 8 = [q > 85] + [q > 170] */
+static inline __m256i top_trit(__m256i x) {
+    const __m256i m1 = _mm256_cmpgt_epi8(x, _mm256_set1_epi8((char)(85 ^ 0x80)));
+    const __m256i m2 = _mm256_cmpgt_epi8(x, _mm256_set1_epi8((char)(170 ^ 0x80)));
     return _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), m1), m2);
 }
 
@@ -36,7 +37,8 @@ static inline __attribute__((always_inline)) void tq1_row(const pg_block_tq1_0_x
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc16[IQX_MAX_C];
     IQX_UNROLL for (int j = 0; j < C; j++) acc16[j] = _mm256_setzero_si256();
-    __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x->qs), flip);
     IQX_UNROLL for (int n = 0; n < 5; n++) {
         const __m256i t = top_trit(q);
         IQX_UNROLL for (int j = 0; j < C; j++)
@@ -44,7 +46,8 @@ static inline __attribute__((always_inline)) void tq1_row(const pg_block_tq1_0_x
                 (const __m256i *)(y[j]->qs + 32 * n))));
         if (n < 4) q = times3(q);
     }
-    const __m128i c = _mm_loadu_si128((const __m128i *)(x->qs + 32));
+    const __m128i c = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(x->qs + 32)),
+                                    _mm256_castsi256_si128(flip));
     const __m256i w0 = _mm256_set_m128i(times3_128(c), c);       /* trits 0 | 1 */
     const __m256i w1 = times3(times3(w0));                        /* trits 2 | 3 */
     /* qh's byte j times 3^n in byte 4n + j: one multiplier per 16-bit lane, the low and the
@@ -52,8 +55,10 @@ static inline __attribute__((always_inline)) void tq1_row(const pg_block_tq1_0_x
     uint32_t h4;
     memcpy(&h4, x->qh, 4);
     const __m128i h = _mm_set1_epi32((int)h4), pw = _mm_setr_epi16(1, 1, 3, 3, 9, 9, 27, 27);
-    const __m128i hp = _mm_or_si128(_mm_and_si128(_mm_mullo_epi16(h, pw), _mm_set1_epi16(0xff)),
-                                    _mm_mullo_epi16(_mm_and_si128(h, _mm_set1_epi16((short)0xff00)), pw));
+    const __m128i hp = _mm_xor_si128(
+        _mm_or_si128(_mm_and_si128(_mm_mullo_epi16(h, pw), _mm_set1_epi16(0xff)),
+                     _mm_mullo_epi16(_mm_and_si128(h, _mm_set1_epi16((short)0xff00)), pw)),
+        _mm256_castsi256_si128(flip));
     const __m128i c81 = times3_128(times3_128(_mm256_castsi256_si128(w1)));
     const __m256i w2 = _mm256_set_m128i(hp, c81);                 /* trit 4 | qh */
     const __m256i t0 = top_trit(w0), t1 = top_trit(w1), t2 = top_trit(w2);
