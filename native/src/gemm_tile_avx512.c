@@ -27,6 +27,7 @@
 
 #include "fp16.h"
 #include "gemm_tile.h"
+#include "iquants.h"
 #include "kquants.h"
 #include "quants_legacy.h"
 #include "pg_internal.h"
@@ -40,13 +41,16 @@
 /* The legacy packs are vectorized (a block is only 32 elements, so the per-row work of a
  * portable pack would cost as much as the dots of ~100 activation rows): G(o) gathers the dword
  * at byte o of block b of the 16 rows (lane r = row r), and the scalar decode runs on 4 bytes
- * per lane. TYPE 0: Q4_0, 1: Q5_0, 2: Q8_0. */
+ * per lane. TYPE 0: Q4_0, 1: Q5_0, 2: Q8_0, 3: IQ4_NL, 4: MXFP4 (the codebook types: each
+ * nibble's int8 value by a VPSHUFB lookup; the scale an fp16 d or MXFP4's E8M0 byte e). */
 AINL void pack_leg(const int TYPE, size_t bsize, int64_t n, const void *x, size_t bx, int nr,
                    void *tile) {
     int32_t off[16];
     for (int r = 0; r < 16; r++) off[r] = r < nr ? (int32_t)((size_t)r * bx) : 0;
     const __m512i idx = _mm512_loadu_si512((const void *)off);
     const __m512i m4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+    const __m512i lut = _mm512_broadcast_i32x4(
+        _mm_loadu_si128((const __m128i *)(TYPE == 4 ? pg_kv_mxfp4 : pg_kv_iq4nl)));
 #define G(o) _mm512_i32gather_epi32(idx, (const void *)(base + (o)), 1)
     for (int64_t b = 0; b < n / PG_QK32; b++) {
         const char *base = (const char *)x + (size_t)b * bsize;
@@ -57,7 +61,7 @@ AINL void pack_leg(const int TYPE, size_t bsize, int64_t n, const void *x, size_
         } else {
             const __m512i qh = TYPE == 1 ? G(2) : _mm512_setzero_si512();
             PG_UNROLL for (int k = 0; k < 4; k++) {
-                const __m512i q = G(TYPE == 1 ? 6 + 4 * k : 2 + 4 * k);
+                const __m512i q = G(TYPE == 1 ? 6 + 4 * k : TYPE == 4 ? 1 + 4 * k : 2 + 4 * k);
                 __m512i lo = _mm512_and_si512(q, m4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
                 if (TYPE == 1) {   /* qh bit j -> 0x10 of element j: 4 bits to 4 bytes */
@@ -70,6 +74,11 @@ AINL void pack_leg(const int TYPE, size_t bsize, int64_t n, const void *x, size_
                     hi = _mm512_or_si512(
                         hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_mullo_epi32(hh, sp), b1), 4));
                 }
+                if (TYPE >= 3) {
+                    v[k] = _mm512_shuffle_epi8(lut, lo);
+                    v[4 + k] = _mm512_shuffle_epi8(lut, hi);
+                    continue;
+                }
                 const __m512i c = _mm512_set1_epi8(TYPE == 1 ? 16 : 8);
                 v[k] = _mm512_sub_epi8(lo, c);
                 v[4 + k] = _mm512_sub_epi8(hi, c);
@@ -81,8 +90,16 @@ AINL void pack_leg(const int TYPE, size_t bsize, int64_t n, const void *x, size_
             sum = _mm512_dpbusd_epi32(sum, ones, v[k]);
         }
         _mm512_storeu_si512((void *)(t + PG_TILE_LEG_CORR), _mm512_slli_epi32(sum, 7));
-        const __m256i h = _mm512_cvtepi32_epi16(G(0));   /* d: the low 16 bits of the dword */
-        _mm512_storeu_ps((void *)(t + PG_TILE_LEG_D), _mm512_cvtph_ps(h));
+        if (TYPE == 4) {   /* pg_e8m0_half(e): 0x00200000 << e for e < 2, else (e − 1) << 23 */
+            const __m512i e = _mm512_and_si512(G(0), _mm512_set1_epi32(0xFF));
+            const __mmask16 sub = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+            const __m512i nrm = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+            const __m512i den = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+            _mm512_storeu_si512((void *)(t + PG_TILE_LEG_D), _mm512_mask_blend_epi32(sub, nrm, den));
+        } else {
+            const __m256i h = _mm512_cvtepi32_epi16(G(0));   /* d: the low 16 bits of the dword */
+            _mm512_storeu_ps((void *)(t + PG_TILE_LEG_D), _mm512_cvtph_ps(h));
+        }
     }
 #undef G
 }
@@ -95,6 +112,57 @@ static void pack_q5_0(int64_t n, const void *x, size_t bx, int nr, void *tile) {
 }
 static void pack_q8_0(int64_t n, const void *x, size_t bx, int nr, void *tile) {
     pack_leg(2, sizeof(pg_block_q8_0), n, x, bx, nr, tile);
+}
+static void pack_iq4_nl(int64_t n, const void *x, size_t bx, int nr, void *tile) {
+    pack_leg(3, sizeof(pg_block_iq4_nl), n, x, bx, nr, tile);
+}
+static void pack_mxfp4(int64_t n, const void *x, size_t bx, int nr, void *tile) {
+    pack_leg(4, sizeof(pg_block_mxfp4), n, x, bx, nr, tile);
+}
+
+/* ---- IQ4_XS: the K-quant tile with groups of 32 and an offset -------------------------------- */
+
+/* The levels are the codebook values + 128 (1..241: VPDPBUSD's unsigned side), so a group's
+ * dot has 128·Σa too; bw holds 128·(ls − 32) per 16-element half, which the kernel's
+ * dot with the activations' bsums takes off (as Q3_K's and Q6_K's offsets): isum exactly. Per
+ * super-block the 16 rows' dwords are gathered as in pack_leg: qs[16ib + 4k..] holds elements
+ * 32ib + 4k.. (low nibbles) and 32ib + 16 + 4k.. (high). */
+static void pack_iq4_xs(int64_t n, const void *x, size_t bx, int nr, void *tile) {
+    int32_t off[16];
+    for (int r = 0; r < 16; r++) off[r] = r < nr ? (int32_t)((size_t)r * bx) : 0;
+    const __m512i idx = _mm512_loadu_si512((const void *)off);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lut = _mm512_add_epi8(
+        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pg_kv_iq4nl)),
+        _mm512_set1_epi8((char)0x80));
+#define G(o) _mm512_i32gather_epi32(idx, (const void *)(base + (o)), 1)
+    for (int64_t b = 0; b < n / PG_QK_K; b++) {
+        const char *base = (const char *)x + (size_t)b * sizeof(pg_block_iq4_xs);
+        uint8_t *t = (uint8_t *)tile + (size_t)b * PG_TILE_SB_BYTES;
+        PG_UNROLL for (int ib = 0; ib < 8; ib++)
+            PG_UNROLL for (int k = 0; k < 4; k++) {
+                const __m512i q = G(8 + 16 * ib + 4 * k);
+                const __m512i lo = _mm512_and_si512(q, m4);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                _mm512_storeu_si512((void *)(t + PG_TILE_LV + 64 * (8 * ib + k)),
+                                    _mm512_shuffle_epi8(lut, lo));
+                _mm512_storeu_si512((void *)(t + PG_TILE_LV + 64 * (8 * ib + 4 + k)),
+                                    _mm512_shuffle_epi8(lut, hi));
+            }
+        const __m512i w0 = G(0), sl = G(4);   /* d | scales_h << 16; scales_l[0..3] */
+        PG_UNROLL for (int ib = 0; ib < 8; ib++) {
+            const __m512i lo4 = _mm512_and_si512(_mm512_srli_epi32(sl, 4 * ib), _mm512_set1_epi32(0xF));
+            const __m512i hi2 = _mm512_and_si512(_mm512_srli_epi32(w0, 16 + 2 * ib), _mm512_set1_epi32(3));
+            const __m512i sc = _mm512_sub_epi32(_mm512_or_si512(lo4, _mm512_slli_epi32(hi2, 4)),
+                                                _mm512_set1_epi32(32));
+            _mm512_storeu_si512((void *)(t + PG_TILE_SC + 64 * ib), sc);
+            const __m512i w = _mm512_and_si512(_mm512_slli_epi32(sc, 7), _mm512_set1_epi32(0xFFFF));
+            _mm512_storeu_si512((void *)(t + PG_TILE_BW + 64 * ib),
+                                _mm512_or_si512(w, _mm512_slli_epi32(w, 16)));
+        }
+        _mm512_storeu_ps((void *)(t + PG_TILE_D), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0)));
+    }
+#undef G
 }
 
 /* ---- the kernel: a tile × C activation rows ------------------------------------------------- */
@@ -191,7 +259,8 @@ AINL void tile_rows_leg(int64_t n, const uint8_t *tile, const pg_block_q8_0 *con
 #define PG_TILE_C 8   /* activation rows per pass over the tile */
 
 /* KIND: 0 K-quant groups of 16 with a min (Q2_K), 1 of 16 with an offset (Q3_K, Q6_K), 2 of
- * 32 with a min (Q4_K, Q5_K); 3 Q4_0 / Q5_0, 4 Q8_0 */
+ * 32 with a min (Q4_K, Q5_K), 5 of 32 with an offset (IQ4_XS); 3 Q4_0 / Q5_0, 4 Q8_0, IQ4_NL,
+ * MXFP4 */
 AINL void tile_gemm(int64_t n, const void *tile, const void *y, size_t by, int64_t nc, float *s,
                     size_t bs, int nr, const int KIND) {
     for (int64_t j0 = 0; j0 < nc; j0 += PG_TILE_C) {
@@ -204,10 +273,10 @@ AINL void tile_gemm(int64_t n, const void *tile, const void *y, size_t by, int64
             out[j] = (float *)((char *)s + (size_t)jj * bs);
         }
         const int C = c > 4 ? PG_TILE_C : 4;
-        if (KIND < 3) {
+        if (KIND < 3 || KIND == 5) {
             const pg_block_q8_K *yk[PG_TILE_C];
             for (int j = 0; j < PG_TILE_C; j++) yk[j] = yr[j];
-            const int GS = KIND == 2 ? 32 : 16, HAS_MIN = KIND != 1;
+            const int GS = KIND >= 2 ? 32 : 16, HAS_MIN = KIND == 0 || KIND == 2;
             if (C == PG_TILE_C) tile_rows(n, tile, yk, out, nr, PG_TILE_C, GS, HAS_MIN);
             else tile_rows(n, tile, yk, out, nr, 4, GS, HAS_MIN);
         } else {
@@ -228,7 +297,8 @@ PG_TILE_GEMM(tile_g16_min, 0)   /* Q2_K */
 PG_TILE_GEMM(tile_g16_off, 1)   /* Q3_K, Q6_K */
 PG_TILE_GEMM(tile_g32_min, 2)   /* Q4_K, Q5_K */
 PG_TILE_GEMM(tile_leg, 3)       /* Q4_0, Q5_0 */
-PG_TILE_GEMM(tile_leg_q8, 4)    /* Q8_0 */
+PG_TILE_GEMM(tile_leg_q8, 4)    /* Q8_0, IQ4_NL, MXFP4 */
+PG_TILE_GEMM(tile_g32_off, 5)   /* IQ4_XS */
 
 void pg_fill_gemm_tile_avx512(pg_type_traits *tbl) {
     if (!(pg_g_cpu_features & PG_CPU_AVX512VNNI)) return;
@@ -248,4 +318,11 @@ void pg_fill_gemm_tile_avx512(pg_type_traits *tbl) {
     tbl[PG_TYPE_Q5_0].tile_gemm = tile_leg;
     tbl[PG_TYPE_Q8_0].tile_pack = pack_q8_0;
     tbl[PG_TYPE_Q8_0].tile_gemm = tile_leg_q8;
+    /* the codebook types: IQ4_NL and MXFP4's (d_y·d_x)·isum is Q8_0's term (products commute) */
+    tbl[PG_TYPE_IQ4_XS].tile_pack = pack_iq4_xs;
+    tbl[PG_TYPE_IQ4_XS].tile_gemm = tile_g32_off;
+    tbl[PG_TYPE_IQ4_NL].tile_pack = pack_iq4_nl;
+    tbl[PG_TYPE_IQ4_NL].tile_gemm = tile_leg_q8;
+    tbl[PG_TYPE_MXFP4].tile_pack = pack_mxfp4;
+    tbl[PG_TYPE_MXFP4].tile_gemm = tile_leg_q8;
 }

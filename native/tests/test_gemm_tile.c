@@ -1,7 +1,7 @@
 /* The repacked 16-row tiles of prompt-sized MUL_MATs (pg_type_traits.tile_pack / tile_gemm,
  * gemm_tile*.c), on every path this CPU runs that has them:
  *   - every result has the scalar vec_dot's bits (memcmp), for every type with a tile (the
- *     K-quants, Q4_0, Q5_0, Q8_0), rows of 1, 2 and 7 super-blocks (legacy: 1, 2, 7, 33
+ *     K-quants, Q4_0, Q5_0, Q8_0, IQ4_XS, IQ4_NL, MXFP4), rows of 1, 2 and 7 super-blocks (legacy: 1, 2, 7, 33
  *     blocks), 1..16 weight rows, 1..19 activation rows (the kernels' 4- and 8-row passes and
  *     their tails), padded row strides;
  *   - all-ones scales with small integer levels: every term exact, which pins the integer sums
@@ -24,8 +24,9 @@ static uint64_t g_rng = 0x13198A2E03707344ull;
 static uint64_t rnd(void) { return pg_test_splitmix(&g_rng); }
 static float rndf(void) { return pg_test_unit(rnd()); }
 
-static const int32_t k_types[] = {PG_TYPE_Q2_K, PG_TYPE_Q3_K, PG_TYPE_Q4_K, PG_TYPE_Q5_K,
-                                  PG_TYPE_Q6_K, PG_TYPE_Q4_0, PG_TYPE_Q5_0, PG_TYPE_Q8_0};
+static const int32_t k_types[] = {PG_TYPE_Q2_K,   PG_TYPE_Q3_K,   PG_TYPE_Q4_K, PG_TYPE_Q5_K,
+                                  PG_TYPE_Q6_K,   PG_TYPE_Q4_0,   PG_TYPE_Q5_0, PG_TYPE_Q8_0,
+                                  PG_TYPE_IQ4_XS, PG_TYPE_IQ4_NL, PG_TYPE_MXFP4};
 #define N_TYPES ((int)(sizeof(k_types) / sizeof(k_types[0])))
 
 static const pg_type_traits *scalar_tr(int32_t type) {
@@ -34,7 +35,7 @@ static const pg_type_traits *scalar_tr(int32_t type) {
 
 /* byte offsets of the fp16 fields d and dmin (-1: none) in a block */
 static void fp16_fields(int32_t type, int *d_off, int *m_off) {
-    *d_off = 0;
+    *d_off = type == PG_TYPE_MXFP4 ? -1 : 0;
     *m_off = -1;
     if (type == PG_TYPE_Q2_K) { *d_off = 80; *m_off = 82; }
     else if (type == PG_TYPE_Q3_K) *d_off = 108;
@@ -52,7 +53,11 @@ static void weight_row(int32_t type, uint8_t *w, int nb, int exact) {
     fp16_fields(type, &d_off, &m_off);
     for (int i = 0; i < nb * ts; i++) w[i] = (uint8_t)rnd();
     for (int b = 0; b < nb; b++) {
-        set_h(w + b * ts + d_off, exact ? 1.0f : rndf() * 0.05f);
+        if (d_off >= 0) set_h(w + b * ts + d_off, exact ? 1.0f : rndf() * 0.05f);
+        /* MXFP4's E8M0 scale 2^(e − 128): 1 (exact), else 2^-10..2^5 and now and then the
+         * subnormal e 0, 1 */
+        if (type == PG_TYPE_MXFP4)
+            w[b * ts] = (uint8_t)(exact ? 128 : rnd() % 8 == 0 ? rnd() % 2 : 118 + rnd() % 16);
         if (m_off >= 0) set_h(w + b * ts + m_off, exact ? 1.0f : rndf() * 0.05f);
     }
 }
@@ -148,8 +153,12 @@ PG_TEST(test_tile_gemm_bits_and_bounds) {
         }
     }
 #if defined(__x86_64__)
+    /* with VNNI the avx512 path has a tile for every type listed here */
     if (pg_cpu_features() & PG_CPU_AVX512VNNI)
-        CHECK(tested > 0, "no tile kernel tested on a CPU with AVX512-VNNI");
+        for (int it = 0; it < N_TYPES; it++)
+            CHECK(pg_get_type_traits_for_path(k_types[it], PG_PATH_AVX512)->tile_pack != NULL,
+                  "type %d: no tile on the avx512 path of a CPU with AVX512-VNNI",
+                  (int)k_types[it]);
 #endif
 }
 
