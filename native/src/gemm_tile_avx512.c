@@ -234,19 +234,21 @@ AINL void tile_rows_leg(int64_t n, const uint8_t *tile, const pg_block_q8_0 *con
     PG_UNROLL for (int j = 0; j < C; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / PG_QK32; b++) {
         const uint8_t *t = tile + (size_t)b * PG_TILE_LEG_BYTES;
+        /* the sums start at −128·Σq (exact modulo 2^32, as every partial sum) */
+        const __m512i ncorr = _mm512_sub_epi32(
+            _mm512_setzero_si512(), _mm512_loadu_si512((const void *)(t + PG_TILE_LEG_CORR)));
         __m512i s[8];
-        PG_UNROLL for (int j = 0; j < C; j++) s[j] = _mm512_setzero_si512();
+        PG_UNROLL for (int j = 0; j < C; j++) s[j] = ncorr;
         PG_UNROLL for (int e = 0; e < 8; e++) {
             const __m512i lv = _mm512_loadu_si512((const void *)(t + PG_TILE_LV + 64 * e));
             PG_UNROLL for (int j = 0; j < C; j++)
                 s[j] = _mm512_dpbusd_epi32(
                     s[j], _mm512_xor_si512(bcast32(y[j][b].qs + 4 * e), flip), lv);
         }
-        const __m512i corr = _mm512_loadu_si512((const void *)(t + PG_TILE_LEG_CORR));
         const __m512 dx = _mm512_loadu_ps((const void *)(t + PG_TILE_LEG_D));
         PG_UNROLL for (int j = 0; j < C; j++) {
             const __m512 dy = _mm512_set1_ps(_cvtsh_ss(y[j][b].d));
-            const __m512 si = _mm512_cvtepi32_ps(_mm512_sub_epi32(s[j], corr));
+            const __m512 si = _mm512_cvtepi32_ps(s[j]);
             const __m512 term = Q8 ? _mm512_mul_ps(si, _mm512_mul_ps(dx, dy))
                                    : _mm512_mul_ps(_mm512_mul_ps(si, dx), dy);
             acc[j] = _mm512_add_ps(acc[j], term);
