@@ -21,7 +21,9 @@
  *
  * The tile's layout is in gemm_tile.h, its pack in gemm_tile.c (portable). The legacy formats
  * without a min (Q4_0, Q5_0, Q8_0) have a tile per block of 32: signed levels, dotted (VPDPBUSD
- * wants one unsigned side) with the activations + 128, less 128·Σq of the row, kept in the tile. */
+ * wants one unsigned side) with the activations + 128, less 128·Σq of the row, kept in the tile.
+ * The codebook types reuse both: IQ4_XS is a K-quant tile (groups of 32 with an offset), IQ4_NL
+ * and MXFP4 are Q8_0's, their levels looked up from the 16-entry codebook by VPSHUFB. */
 #include <immintrin.h>
 #include <string.h>
 
