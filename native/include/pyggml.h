@@ -275,6 +275,15 @@ int32_t pg_graph_compute_validated(pg_tensor *t, int32_t n_tensors, const int32_
                                    int32_t n_nodes, pg_threadpool *tp, int32_t n_threads,
                                    void *work, size_t work_size, pg_eval_cb cb, void *cb_user,
                                    int32_t *bad_node);
+/* The executor's schedule (graph.c) for the whole process: mode 0 a barrier after every node;
+ * 1 barriers only where a node needs another thread's results, and element-wise nodes after a
+ * decode MUL_MAT fused into it; 2 (the default) also a thread early at a barrier prefetching its
+ * next weight rows into L2. Every mode gives the same bits. For A/B measurements and tests; an
+ * eval callback runs its compute in mode 0. */
+void    pg_graph_set_schedule(int32_t mode);
+/* How many barriers (between nodes) and fused nodes a compute of the graph takes. */
+int32_t pg_graph_schedule_stats(pg_tensor *t, int32_t n_tensors, const int32_t *order,
+                                int32_t n_nodes, int32_t *n_barriers, int32_t *n_fused);
 
 /* ---- KV cache ----------------------------------------------------------------------------- */
 /* The attention mask of n_tokens new tokens over the first n_kv cells, fp16, row t at

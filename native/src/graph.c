@@ -1,6 +1,7 @@
 /* The CPU graph executor: validation of a marshalled graph, work-buffer sizing, and the run loop
  * (every thread walks the node list; a barrier between nodes). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops.h"
@@ -290,6 +291,242 @@ int32_t pg_graph_work_size(const pg_tensor *t, int32_t n_tensors, const int32_t 
     return PG_OK;
 }
 
+
+/* ---- schedule -------------------------------------------------------------------------------
+ * Every thread walks the same node list. A barrier is needed before a node only where it could
+ * touch bytes another thread is still reading or writing for a node since the last barrier; in
+ * decode most nodes are one row, which pg_split gives to thread 0 whole, so a chain like
+ * ADD -> RMS_NORM -> MUL runs on thread 0 without one. And an element-wise node right after a
+ * MUL_MAT on the vec_dot8 path (bias, residual, SiLU/GELU gate, the gate's product) is fused into
+ * it: each thread applies it to the output columns it has just computed (pg_fwd_epilogue).
+ * Neither changes a result: every element is computed by the same arithmetic, only the time at
+ * which another thread may look at it moves. The schedule is made once per compute (single
+ * threaded, before the job is published), so all threads take the same barriers. */
+
+enum { PART_NONE, PART_ROWS, PART_COLS };   /* how the threads divide a tensor's elements */
+
+typedef struct {
+    const uint8_t *lo, *hi;   /* bytes [lo, hi) */
+    int            part;      /* PART_ROWS: pg_split of nrows; PART_COLS: pg_mul_mat_cols of ne0 */
+    int32_t        type;      /* with data, ne0, nrows: equal keys mean the same thread owns */
+    int64_t        ne0, nrows;/* each element on both sides */
+} sched_access;
+
+#define SCHED_MAX_RD  (PG_MAX_SRC + 2)
+#define SCHED_WINDOW  16      /* units since the last barrier tracked; more: a barrier */
+
+typedef struct {
+    sched_access rd[SCHED_MAX_RD];
+    sched_access wr[2];
+    int          n_rd, n_wr;
+    int64_t      work;        /* 0: no work buffer; > 0: each thread its own stride; -1: shared */
+    int          opaque;      /* not analysed: a barrier before and after */
+} sched_unit;
+
+static sched_access access_of(const pg_tensor *s, int part) {
+    sched_access a;
+    const int64_t n = span_bytes(s);
+    a.lo = (const uint8_t *)s->data;
+    a.hi = a.lo + (n > 0 ? n : 0);
+    a.part = part != PART_NONE && is_contiguous(s) ? part : PART_NONE;
+    a.type = s->type;
+    a.ne0 = s->ne[0];
+    a.nrows = pg_nrows(s);
+    return a;
+}
+
+static int overlap(const sched_access *a, const sched_access *b) {
+    return a->lo < b->hi && b->lo < a->hi;
+}
+
+/* each element of a and b handled by the same thread on both sides */
+static int same_owner(const sched_access *a, const sched_access *b) {
+    return a->part != PART_NONE && a->part == b->part && a->lo == b->lo && a->hi == b->hi &&
+           a->type == b->type && a->ne0 == b->ne0 && a->nrows == b->nrows;
+}
+
+static int row_op(int32_t op) {
+    switch (op) {
+    case PG_OP_ADD: case PG_OP_SUB: case PG_OP_MUL: case PG_OP_DIV:
+    case PG_OP_SQR: case PG_OP_SQRT: case PG_OP_SCALE: case PG_OP_GELU: case PG_OP_SILU:
+    case PG_OP_TANH: case PG_OP_SIGMOID: case PG_OP_CLAMP: case PG_OP_NORM: case PG_OP_RMS_NORM:
+    case PG_OP_ROPE: case PG_OP_SOFT_MAX: case PG_OP_DIAG_MASK_INF:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int g_schedule = 2;   /* pg_graph_set_schedule */
+
+void pg_graph_set_schedule(int32_t mode) {
+    __atomic_store_n(&g_schedule, mode < 0 ? 0 : mode > 2 ? 2 : mode, __ATOMIC_RELAXED);
+}
+
+/* Whether element-wise node e can be computed inside MUL_MAT t's threads (pg_fwd_epilogue). */
+static int can_fuse(pg_tensor *all, int32_t ti, const pg_tensor *e) {
+    const pg_tensor *t = &all[ti];
+    int cols;
+    int64_t ws;
+    if (t->op != PG_OP_MUL_MAT) return 0;
+    pg_mul_mat_schedule_info(all, t, &cols, &ws);
+    if (!cols || !is_contiguous(t) || t->ne[2] != 1 || t->ne[3] != 1) return 0;
+    if (e->type != PG_TYPE_F32 || !same_ne(e, t) || !is_contiguous(e)) return 0;
+    const sched_access ea = access_of(e, PART_NONE), ta = access_of(t, PART_NONE);
+    if (overlap(&ea, &ta) && (e->data != t->data)) return 0;     /* in place on t: fine */
+    for (int k = 0; k < 2; k++) {                               /* weights, activations */
+        const sched_access sa = access_of(&all[t->src[k]], PART_NONE);
+        if (overlap(&ea, &sa)) return 0;
+    }
+    if (e->op == PG_OP_SILU || e->op == PG_OP_GELU) return e->src[0] == ti;
+    if (e->op != PG_OP_ADD && e->op != PG_OP_SUB && e->op != PG_OP_MUL && e->op != PG_OP_DIV)
+        return 0;
+    if (e->src[0] != ti && e->src[1] != ti) return 0;
+    const pg_tensor *o = &all[e->src[e->src[0] == ti ? 1 : 0]];
+    if (o->type != PG_TYPE_F32 || o->ne[0] != t->ne[0] || !dense_rows(o) || o->ne[2] != 1 ||
+        o->ne[3] != 1 || (o->ne[1] != 1 && o->ne[1] != t->ne[1]))
+        return 0;
+    const sched_access oa = access_of(o, PART_NONE);
+    /* written in place over the other source: each element read before it is written, by the
+     * same thread */
+    if (overlap(&ea, &oa) && !(e->data == o->data && same_ne(e, o) &&
+                               memcmp(e->nb, o->nb, sizeof(e->nb)) == 0))
+        return 0;
+    return 1;
+}
+
+/* What unit (node t, fused node e or NULL) reads and writes, and how the threads divide it. */
+static void unit_of(pg_tensor *all, const pg_tensor *t, const pg_tensor *e, sched_unit *u) {
+    memset(u, 0, sizeof(*u));
+    if (t->op == PG_OP_MUL_MAT) {
+        int cols;
+        pg_mul_mat_schedule_info(all, t, &cols, &u->work);
+        for (int k = 0; k < 2; k++) u->rd[u->n_rd++] = access_of(&all[t->src[k]], PART_NONE);
+        const int part = cols ? PART_COLS : PART_NONE;
+        u->wr[u->n_wr++] = access_of(t, part);
+        if (e) {
+            for (int k = 0; k < 2; k++) {
+                if (e->src[k] < 0 || &all[e->src[k]] == t) continue;
+                const pg_tensor *o = &all[e->src[k]];
+                u->rd[u->n_rd++] = access_of(o, same_ne(o, t) ? PART_COLS : PART_NONE);
+            }
+            u->wr[u->n_wr++] = access_of(e, PART_COLS);
+        }
+        return;
+    }
+    if (row_op(t->op) || t->op == PG_OP_GET_ROWS || t->op == PG_OP_SET_ROWS) {
+        for (int k = 0; k < PG_MAX_SRC; k++) {
+            if (t->src[k] < 0) continue;
+            const pg_tensor *s = &all[t->src[k]];
+            /* row r of the output reads row r of a source of its shape (SET_ROWS: its row r of
+             * src[0], pg_split over src[0]'s rows) */
+            const int rows = (row_op(t->op) && same_ne(s, t)) || (t->op == PG_OP_SET_ROWS && k == 0);
+            u->rd[u->n_rd++] = access_of(s, rows ? PART_ROWS : PART_NONE);
+        }
+        u->wr[u->n_wr++] = access_of(t, t->op == PG_OP_SET_ROWS ? PART_NONE : PART_ROWS);
+        if (t->op == PG_OP_ROPE) u->work = (int64_t)(t->ne[0] + 16) * (int64_t)sizeof(float);
+        return;
+    }
+    u->opaque = 1;
+}
+
+/* whether u may start on one thread while v is still running on another */
+static int conflict(const sched_unit *u, const sched_unit *v) {
+    if (u->opaque || v->opaque) return 1;
+    for (int i = 0; i < v->n_wr; i++) {
+        for (int j = 0; j < u->n_rd; j++)
+            if (overlap(&v->wr[i], &u->rd[j]) && !same_owner(&v->wr[i], &u->rd[j])) return 1;
+        for (int j = 0; j < u->n_wr; j++)
+            if (overlap(&v->wr[i], &u->wr[j]) && !same_owner(&v->wr[i], &u->wr[j])) return 1;
+    }
+    for (int i = 0; i < u->n_wr; i++)
+        for (int j = 0; j < v->n_rd; j++)
+            if (overlap(&u->wr[i], &v->rd[j]) && !same_owner(&u->wr[i], &v->rd[j])) return 1;
+    if (u->work && v->work && (u->work < 0 || v->work < 0 || u->work != v->work)) return 1;
+    return 0;
+}
+
+enum { SCHED_BARRIER = 1, SCHED_SKIP = 2 };
+
+typedef struct {
+    uint8_t *flags;   /* per position of order: SCHED_BARRIER before it, SCHED_SKIP (fused) */
+    int32_t *epi;     /* per position: the tensor index of the node fused into it, or -1 */
+    int32_t *pf;      /* per barrier position: the next MUL_MAT on the vec_dot8 path, or -1 */
+    int32_t  n_barriers, n_fused;
+} schedule;
+
+static void free_schedule(schedule *sc) {
+    free(sc->flags);
+    free(sc->epi);
+    free(sc->pf);
+}
+
+/* 0 on success; -1 when out of memory (the caller runs a barrier after every node) */
+static int make_schedule(pg_tensor *all, const int32_t *order, int32_t n_nodes, schedule *sc) {
+    sc->flags = calloc((size_t)n_nodes + 1, 1);
+    sc->epi = malloc(((size_t)n_nodes + 1) * sizeof(int32_t));
+    sc->pf = malloc(((size_t)n_nodes + 1) * sizeof(int32_t));
+    sc->n_barriers = sc->n_fused = 0;
+    sched_unit *w = malloc(sizeof(sched_unit) * SCHED_WINDOW);
+    if (!sc->flags || !sc->epi || !sc->pf || !w) { free_schedule(sc); free(w); return -1; }
+    int n_win = 0;
+    for (int32_t k = 0; k < n_nodes; k++) {
+        sc->epi[k] = -1;
+        pg_tensor *t = &all[order[k]];
+        if (is_view_op(t->op) || (sc->flags[k] & SCHED_SKIP)) continue;
+        const pg_tensor *e = NULL;
+        if (t->op == PG_OP_MUL_MAT) {
+            int32_t j = k + 1;
+            while (j < n_nodes && is_view_op(all[order[j]].op)) j++;
+            if (j < n_nodes && can_fuse(all, order[k], &all[order[j]])) {
+                e = &all[order[j]];
+                sc->epi[k] = order[j];
+                sc->flags[j] |= SCHED_SKIP;
+                sc->n_fused++;
+            }
+        }
+        sched_unit u;
+        unit_of(all, t, e, &u);
+        int need = n_win == SCHED_WINDOW;
+        for (int i = 0; i < n_win && !need; i++) need = conflict(&u, &w[i]);
+        if (need) {
+            sc->flags[k] |= SCHED_BARRIER;
+            sc->n_barriers++;
+            n_win = 0;
+        }
+        w[n_win++] = u;
+    }
+    free(w);
+    int32_t next_mm = -1;
+    for (int32_t k = n_nodes - 1; k >= 0; k--) {
+        sc->pf[k] = -1;
+        const pg_tensor *t = &all[order[k]];
+        if (is_view_op(t->op) || (sc->flags[k] & SCHED_SKIP)) continue;
+        if (t->op == PG_OP_MUL_MAT) {
+            int cols;
+            int64_t ws;
+            pg_mul_mat_schedule_info(all, t, &cols, &ws);
+            if (cols) next_mm = order[k];
+        }
+        if (sc->flags[k] & SCHED_BARRIER) sc->pf[k] = next_mm;
+    }
+    return 0;
+}
+
+/* Bytes of its next weight rows a thread asks L2 for when it reaches a barrier before the
+ * others: the memory would otherwise idle while one thread runs the one-row nodes of decode. */
+#define SCHED_PREFETCH_BYTES (64 << 10)
+
+static void prefetch_weights(const pg_cparams *p, const pg_tensor *all, int32_t mm) {
+    const pg_tensor *t = &all[mm], *w = &all[t->src[0]];
+    int64_t n0, n1;
+    pg_mul_mat_cols(t->ne[0], p->ith, p->nth, &n0, &n1);
+    const char *a = (const char *)w->data + n0 * w->nb[1];
+    int64_t len = (n1 - n0) * w->nb[1];
+    if (len > SCHED_PREFETCH_BYTES) len = SCHED_PREFETCH_BYTES;
+    for (int64_t i = 0; i < len; i += 64) __builtin_prefetch(a + i, 0, 2);
+}
+
 /* ---- run ------------------------------------------------------------------------------------ */
 
 typedef struct {
@@ -303,6 +540,8 @@ typedef struct {
     void          *cb_user;
     atomic_int     error_node;
     atomic_int     stop;
+    const schedule *sched;   /* NULL: a barrier after every node (and no fusion) */
+    int            prefetch; /* a thread early at a barrier prefetches its next weight rows */
 } graph_job;
 
 static void forward(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
@@ -330,7 +569,25 @@ static void forward(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
 
 static void graph_worker(void *arg, int ith, int nth) {
     graph_job *job = arg;
-    pg_cparams p = {ith, nth, job->work, job->work_size, job->tp, &job->error_node, -1};
+    pg_cparams p = {ith, nth, job->work, job->work_size, job->tp, &job->error_node, -1, NULL};
+    const schedule *sc = job->sched;
+    if (sc) {
+        for (int32_t k = 0; k < job->n_nodes; k++) {
+            pg_tensor *t = &job->all[job->order[k]];
+            if (is_view_op(t->op) || (sc->flags[k] & SCHED_SKIP)) continue;
+            if (sc->flags[k] & SCHED_BARRIER) {
+                /* not the last to arrive: use the wait to start the next weights' reads */
+                if (sc->pf[k] >= 0 && nth > 1 && job->prefetch &&
+                    atomic_load_explicit(&job->tp->bar_count, memory_order_relaxed) < nth - 1)
+                    prefetch_weights(&p, job->all, sc->pf[k]);
+                pg_sync(&p);
+            }
+            p.node_index = job->order[k];
+            p.epi = sc->epi[k] >= 0 ? &job->all[sc->epi[k]] : NULL;
+            forward(&p, job->all, t);
+        }
+        return;   /* pg_threadpool_run returns once every thread has */
+    }
     for (int32_t k = 0; k < job->n_nodes; k++) {
         pg_tensor *t = &job->all[job->order[k]];
         if (is_view_op(t->op)) continue;
@@ -360,9 +617,15 @@ static int32_t run_graph(pg_tensor *t, int32_t n_tensors, const int32_t *order, 
     }
     const size_t need = graph_work_size(t, order, n_nodes, n_threads);
     if (need > 0 && (!work || work_size < need)) return PG_ERR_INVALID_ARG;
-    graph_job job = {t, order, n_nodes, work, work_size, tp, cb, cb_user, -1, 0};
+    /* with an eval callback every node is complete (and alone) when the callback sees it */
+    schedule sc;
+    const int mode = __atomic_load_n(&g_schedule, __ATOMIC_RELAXED);
+    const int scheduled = !cb && mode > 0 && make_schedule(t, order, n_nodes, &sc) == 0;
+    graph_job job = {t, order, n_nodes, work, work_size, tp, cb, cb_user, -1, 0,
+                     scheduled ? &sc : NULL, mode >= 2};
     if (tp) pg_threadpool_run(tp, graph_worker, &job, n_threads);
     else graph_worker(&job, 0, 1);
+    if (scheduled) free_schedule(&sc);
     const int err = atomic_load(&job.error_node);
     if (err >= 0) {
         if (bad_node) *bad_node = err;
@@ -398,4 +661,18 @@ int32_t pg_graph_compute_validated(pg_tensor *t, int32_t n_tensors, const int32_
                                    int32_t *bad_node) {
     return compute(t, n_tensors, order, n_nodes, tp, n_threads, work, work_size, cb, cb_user,
                    bad_node, 0);
+}
+
+int32_t pg_graph_schedule_stats(pg_tensor *t, int32_t n_tensors, const int32_t *order,
+                                int32_t n_nodes, int32_t *n_barriers, int32_t *n_fused) {
+    int32_t bad;
+    if (!n_barriers || !n_fused) return PG_ERR_INVALID_ARG;
+    const int32_t st = pg_graph_validate(t, n_tensors, order, n_nodes, &bad);
+    if (st != PG_OK) return st;
+    schedule sc;
+    if (make_schedule(t, order, n_nodes, &sc) != 0) return PG_ERR_NOMEM;
+    *n_barriers = sc.n_barriers;
+    *n_fused = sc.n_fused;
+    free_schedule(&sc);
+    return PG_OK;
 }

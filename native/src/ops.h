@@ -20,6 +20,9 @@ typedef struct pg_cparams {
     pg_threadpool *tp;
     atomic_int    *error_node;  /* set to the node index by a kernel that meets bad data */
     int32_t        node_index;
+    const pg_tensor *epi;       /* MUL_MAT only: the element-wise node fused after it (graph.c's
+                                 * schedule), applied by each thread to the columns it computed;
+                                 * NULL for none */
 } pg_cparams;
 
 static inline void pg_sync(const pg_cparams *p) {
@@ -95,6 +98,19 @@ void pg_fwd_sum_rows(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
 void pg_fwd_argsort(const pg_cparams *p, pg_tensor *all, pg_tensor *t);
 
 size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth);
+/* How a MUL_MAT splits its work, for graph.c's schedule: *cols 1 when each thread computes the
+ * columns split_units(ne0, 8) of every output row (the vec_dot8 path of decode, which applies
+ * p->epi); *work_stride the bytes of work each thread uses at ith·stride when only that
+ * (activations converted privately), 0 when it uses none, -1 when the threads share it. */
+void pg_mul_mat_schedule_info(const pg_tensor *all, const pg_tensor *t, int *cols,
+                              int64_t *work_stride);
+/* [*n0, *n1): the columns thread ith of nth computes in a MUL_MAT with *cols (see above) */
+void pg_mul_mat_cols(int64_t N, int ith, int nth, int64_t *n0, int64_t *n1);
+/* The fused element-wise node e (ADD/SUB/MUL/DIV with the MUL_MAT output t as one source, or
+ * SILU/GELU of it) on columns [n0, n1) of every row: the same arithmetic per element as
+ * pg_fwd_binary/pg_fwd_unary, so the bits do not change. */
+void pg_fwd_epilogue(pg_tensor *all, const pg_tensor *t, const pg_tensor *e, int64_t n0,
+                     int64_t n1);
 size_t pg_flash_attn_work_size(const pg_tensor *all, const pg_tensor *t, int nth);
 size_t pg_mul_mat_id_work_size(const pg_tensor *all, const pg_tensor *t, int nth);
 

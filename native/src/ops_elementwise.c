@@ -269,3 +269,35 @@ void pg_fwd_diag_mask_inf(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
         for (int64_t i = 0; i < ne0; i++) y[i] = i > n_past + i1 ? -INFINITY : x[i];
     }
 }
+
+/* ---- a MUL_MAT's fused element-wise node ---------------------------------------------------- */
+void pg_fwd_epilogue(pg_tensor *all, const pg_tensor *t, const pg_tensor *e, int64_t n0,
+                     int64_t n1) {
+    const int64_t M = t->ne[1], n = n1 - n0;
+    const int32_t ti = (int32_t)(t - all);
+    for (int64_t m = 0; m < M; m++) {
+        float *y = (float *)pg_ptr(e, n0, m, 0, 0);
+        const float *x = (const float *)pg_ptr(t, n0, m, 0, 0);
+        if (e->op == PG_OP_SILU) { pg_get_attn_kernels()->silu(x, y, n); continue; }
+        if (e->op == PG_OP_GELU) {   /* pg_fwd_unary's GELU */
+            pthread_once(&g_gelu_once, gelu_table_init);
+            for (int64_t i = 0; i < n; i++) {
+                const float v = x[i];
+                y[i] = v <= -10.0f ? 0.0f : v >= 10.0f ? v
+                     : pg_fp16_to_fp32(g_gelu_table[pg_fp32_to_fp16(v)]);
+            }
+            continue;
+        }
+        /* binary: t is src0 or src1; the other source has the same row length, one row or M */
+        const int mm_first = e->src[0] == ti;
+        const pg_tensor *o = &all[e->src[mm_first ? 1 : 0]];
+        const float *z = (const float *)pg_ptr(o, n0, m % o->ne[1], 0, 0);
+        const float *a = mm_first ? x : z, *b = mm_first ? z : x;
+        switch (e->op) {
+        case PG_OP_ADD: for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i]; break;
+        case PG_OP_SUB: for (int64_t i = 0; i < n; i++) y[i] = a[i] - b[i]; break;
+        case PG_OP_MUL: for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i]; break;
+        default:        for (int64_t i = 0; i < n; i++) y[i] = a[i] / b[i]; break;
+        }
+    }
+}

@@ -185,6 +185,27 @@ static void mul_mat_gemm(const pg_cparams *p, pg_tensor *t, const pg_tensor *w,
     }
 }
 
+/* decode and a few tokens: each thread its weight rows (columns of the output), vec_dot8 */
+static int dot8_path(const pg_type_traits *tr, const pg_tensor *x) {
+    return x->ne[2] == 1 && x->ne[3] == 1 && tr->vec_dot8 && x->ne[1] <= tr->vec_dot8_rows;
+}
+
+void pg_mul_mat_cols(int64_t N, int ith, int nth, int64_t *n0, int64_t *n1) {
+    split_units(N, 8, ith, nth, n0, n1);
+}
+
+void pg_mul_mat_schedule_info(const pg_tensor *all, const pg_tensor *t, int *cols,
+                              int64_t *work_stride) {
+    const pg_tensor *w = PG_SRC(all, t, 0), *x = PG_SRC(all, t, 1);
+    const pg_type_traits *tr = pg_get_type_traits(w->type);
+    size_t rb;
+    const size_t bytes = act_bytes(w, x, &rb);
+    *cols = !use_amx(w, x) && dot8_path(tr, x);
+    if (use_amx(w, x)) *work_stride = -1;
+    else if (bytes == 0) *work_stride = 0;
+    else *work_stride = private_act(x) ? (int64_t)((bytes + 63) / 64 * 64) : -1;
+}
+
 void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const pg_tensor *w = PG_SRC(all, t, 0), *x = PG_SRC(all, t, 1);
     const pg_type_traits *tr = pg_get_type_traits(w->type);
@@ -216,12 +237,15 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     /* decode and a few tokens (speculative verification, a few server streams): each thread
      * its weight rows, each weight row read once for all activation rows (vec_dot8) */
     const int64_t MM = M * B2 * B3;
-    if (MM == M && tr->vec_dot8 && M <= tr->vec_dot8_rows) {
+    if (dot8_path(tr, x)) {
         int64_t n0, n1;
-        split_units(N, 8, p->ith, p->nth, &n0, &n1);
+        pg_mul_mat_cols(N, p->ith, p->nth, &n0, &n1);
         const void *xr = convert ? (const void *)act : (const void *)x->data;
         pg_dot_rows(tr, K, (float *)t->data, (size_t)t->nb[1], (const uint8_t *)w->data,
                     (size_t)w->nb[1], n0, n1, xr, convert ? rb : (size_t)x->nb[1], (int)M);
+        /* the fused element-wise node on this thread's columns, while they are in L1 and
+         * without a barrier: no other thread reads or writes them (graph.c) */
+        if (p->epi && n1 > n0) pg_fwd_epilogue(all, t, p->epi, n0, n1);
         return;
     }
     /* many activation rows: each thread its weight rows, 16 at a time repacked into a tile
