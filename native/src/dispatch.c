@@ -65,6 +65,7 @@ static void build_tables(void) {
     pg_fill_kquants_avx512(avx512);
     pg_fill_gemm_avx512(avx512);
     pg_fill_iquants_avx512(avx512);
+    pg_fill_iq_grid_avx512(avx512);
     pg_fill_attn_avx512(&g_attn[PG_PATH_AVX512]);
     pg_fill_ssm_avx512(&g_ssm[PG_PATH_AVX512]);
     pg_type_traits *amx = g_tables[PG_PATH_AMX];

@@ -112,6 +112,7 @@ void pg_fill_gemm_tile_avx2(pg_type_traits *tbl);     /* called by pg_fill_gemm_
 void pg_fill_iquants_avx2(pg_type_traits *tbl);
 void pg_fill_iq_grid_avx2(pg_type_traits *tbl);     /* quants_iq_grid_avx2.c */
 void pg_fill_iquants_avx512(pg_type_traits *tbl);   /* quants_iq_avx512.c (VNNI only) */
+void pg_fill_iq_grid_avx512(pg_type_traits *tbl);   /* quants_iq_grid_avx512.c (VBMI + VNNI) */
 void pg_fill_tq_avx2(pg_type_traits *tbl);          /* quants_tq_avx2.c: TQ1_0, TQ2_0 */
 #endif
 #if defined(__aarch64__)
