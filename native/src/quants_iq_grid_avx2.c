@@ -202,57 +202,78 @@ GRID_ROW(row_iq3_s, pg_block_iq3_s, sub_iq3_s)
 /* the fp16 d at byte 0 of every one of these blocks */
 #define GRID_DX8(x, bx, b, size) iqx_rows8_fp16(x, bx, b, size)
 
-/* IQ1: lanes of (2s+1)·(8·Σ g·a + dsign·Σ a) for one 32-element group */
-static inline __m256i iq1_lanes(__m256i g, const int8_t *q8, __m256i sc, __m256i dsign) {
-    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-    const __m256i a = _mm256_loadu_si256((const __m256i *)q8);
-    const __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a), ones16);
-    const __m256i gp = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_add_epi8(g, ones8), a),
-                                         ones16);
-    const __m256i ga = _mm256_sub_epi32(gp, sa);
-    const __m256i t = _mm256_add_epi32(_mm256_slli_epi32(ga, 3), _mm256_sign_epi32(sa, dsign));
-    return _mm256_mullo_epi32(t, sc);
+/* IQ1: per weight the level v = 8g + dsign (g in {-1, 0, 1}, dsign = ±1 per group of 8: the
+ * scalar kernel's 8·Σ g·a + dsign·Σ a per group), so T = Σ_scale groups (2s+1)·Σ v·a. VPMADDUBSW
+ * takes v + 9 (0..18, unsigned; pairs <= 2·18·128) and the 9·Σ a per scale group comes back
+ * from the Q8_K bsums (exact sums of 16 activations, made by the quantizer that MUL_MAT runs;
+ * the IQ4_XS kernels rely on them too). k_iq1_v9[i] = entry i of the codebook as 8g + 9. */
+static uint64_t k_iq1_v9[2048];
+
+static void fill_iq1_table(void) {
+    for (int i = 0; i < 2048; i++) {
+        uint64_t v = 0;
+        for (int j = 0; j < 8; j++)
+            v |= (uint64_t)(uint8_t)(8 * (int8_t)(pg_iq1s_grid[i] >> 8 * j) + 9) << 8 * j;
+        k_iq1_v9[i] = v;
+    }
 }
 
-static inline __m256i lane_signs(int d0, int d1, int d2, int d3) {
-    return _mm256_setr_epi32(d0, d0, d1, d1, d2, d2, d3, d3);
+/* int16 pairs Σ (v + 9)·a, times the int16 scales: int32 lanes */
+static inline __m256i iq1_lanes(__m256i v9, const int8_t *q8, __m256i sc16) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(v9, _mm256_loadu_si256((const __m256i *)q8)), sc16);
 }
 
 static inline __attribute__((always_inline)) void row_iq1_s(const pg_block_iq1_s *x,
         const pg_block_q8_K *const *y, const int C, __m256i *is) {
+    int32_t corr[IQX_MAX_C] = {0};
     IQX_UNROLL for (int j = 0; j < C; j++) is[j] = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ib++) {
         const int qh = x->qh[ib];
         const uint8_t *qs = x->qs + 4 * ib;
-        const __m256i g = grid4(pg_iq1s_grid[qs[0] | ((qh & 7) << 8)],
-                                pg_iq1s_grid[qs[1] | (((qh >> 3) & 7) << 8)],
-                                pg_iq1s_grid[qs[2] | (((qh >> 6) & 7) << 8)],
-                                pg_iq1s_grid[qs[3] | (((qh >> 9) & 7) << 8)]);
-        const int sb = (qh >> 12) & 7, ds = qh & 0x8000 ? -1 : 1;
-        const __m256i sc = lane_scales(sb, sb, sb, sb), dsv = lane_signs(ds, ds, ds, ds);
-        IQX_UNROLL for (int j = 0; j < C; j++)
-            is[j] = _mm256_add_epi32(is[j], iq1_lanes(g, y[j]->qs + 32 * ib, sc, dsv));
+        /* dsign = +1: v + 9 = 8g + 10, -1: 8g + 8 */
+        const __m256i g = _mm256_add_epi8(
+            grid4(k_iq1_v9[qs[0] | ((qh & 7) << 8)], k_iq1_v9[qs[1] | (((qh >> 3) & 7) << 8)],
+                  k_iq1_v9[qs[2] | (((qh >> 6) & 7) << 8)], k_iq1_v9[qs[3] | (((qh >> 9) & 7) << 8)]),
+            _mm256_set1_epi8(qh & 0x8000 ? -1 : 1));
+        const int sc = 2 * ((qh >> 12) & 7) + 1;
+        const __m256i scv = _mm256_set1_epi16((short)sc);
+        IQX_UNROLL for (int j = 0; j < C; j++) {
+            is[j] = _mm256_add_epi32(is[j], iq1_lanes(g, y[j]->qs + 32 * ib, scv));
+            corr[j] += sc * (y[j]->bsums[2 * ib] + y[j]->bsums[2 * ib + 1]);
+        }
     }
+    IQX_UNROLL for (int j = 0; j < C; j++)
+        is[j] = _mm256_sub_epi32(is[j], _mm256_setr_epi32(9 * corr[j], 0, 0, 0, 0, 0, 0, 0));
 }
 
 static inline __attribute__((always_inline)) void row_iq1_m(const pg_block_iq1_m *x,
         const pg_block_q8_K *const *y, const int C, __m256i *is) {
     uint16_t sc[4];
     memcpy(sc, x->scales, 8);
+    /* qword e (entry e of the group) of the delta: -1 bytes where bit 3 (e = 0), 7, 11 or 15
+     * of qh[2ib] | qh[2ib + 1] << 8 is set, else +1 (vector ops on a broadcast: building the
+     * lanes from scalars cost more than the dot) */
+    const __m256i dbit = _mm256_setr_epi64x(0x8, 0x80, 0x800, 0x8000);
+    const __m256i one = _mm256_set1_epi8(1);
+    int32_t corr[IQX_MAX_C] = {0};
     IQX_UNROLL for (int j = 0; j < C; j++) is[j] = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ib++) {
         const uint8_t *qs = x->qs + 4 * ib, *qh = x->qh + 2 * ib;
-        const __m256i g = grid4(pg_iq1s_grid[qs[0] | ((qh[0] << 8) & 0x700)],
-                                pg_iq1s_grid[qs[1] | ((qh[0] << 4) & 0x700)],
-                                pg_iq1s_grid[qs[2] | ((qh[1] << 8) & 0x700)],
-                                pg_iq1s_grid[qs[3] | ((qh[1] << 4) & 0x700)]);
-        const int s1 = (sc[ib / 2] >> (6 * (ib % 2))) & 7, s2 = (sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7;
-        const __m256i scv = lane_scales(s1, s1, s2, s2);
-        const __m256i dsv = lane_signs(qh[0] & 0x08 ? -1 : 1, qh[0] & 0x80 ? -1 : 1,
-                                       qh[1] & 0x08 ? -1 : 1, qh[1] & 0x80 ? -1 : 1);
-        IQX_UNROLL for (int j = 0; j < C; j++)
-            is[j] = _mm256_add_epi32(is[j], iq1_lanes(g, y[j]->qs + 32 * ib, scv, dsv));
+        const __m256i h = _mm256_and_si256(_mm256_set1_epi64x(qh[0] | qh[1] << 8), dbit);
+        const __m256i g = _mm256_add_epi8(
+            grid4(k_iq1_v9[qs[0] | ((qh[0] << 8) & 0x700)], k_iq1_v9[qs[1] | ((qh[0] << 4) & 0x700)],
+                  k_iq1_v9[qs[2] | ((qh[1] << 8) & 0x700)], k_iq1_v9[qs[3] | ((qh[1] << 4) & 0x700)]),
+            _mm256_or_si256(_mm256_cmpeq_epi64(h, dbit), one));
+        const int s = sc[ib / 2] >> (6 * (ib % 2));
+        const int s1 = 2 * (s & 7) + 1, s2 = 2 * ((s >> 3) & 7) + 1;
+        const __m256i scv = _mm256_set_m128i(_mm_set1_epi16((short)s2), _mm_set1_epi16((short)s1));
+        IQX_UNROLL for (int j = 0; j < C; j++) {
+            is[j] = _mm256_add_epi32(is[j], iq1_lanes(g, y[j]->qs + 32 * ib, scv));
+            corr[j] += s1 * y[j]->bsums[2 * ib] + s2 * y[j]->bsums[2 * ib + 1];
+        }
     }
+    IQX_UNROLL for (int j = 0; j < C; j++)
+        is[j] = _mm256_sub_epi32(is[j], _mm256_setr_epi32(9 * corr[j], 0, 0, 0, 0, 0, 0, 0));
 }
 
 static inline float iq1m_d(const pg_block_iq1_m *x) {
@@ -271,14 +292,21 @@ GRID_KERNELS(iq1_s, pg_block_iq1_s, row_iq1_s, 0.125f)
 
 /* IQ1_M's d: the top nibbles of its four scale words */
 static inline __m256 iq1m_dx8(const char *x, size_t bx, int64_t b, size_t size) {
-    float d[8];
-    for (int r = 0; r < 8; r++) d[r] = iq1m_d((const pg_block_iq1_m *)(x + (size_t)r * bx + (size_t)b * size));
-    return _mm256_loadu_ps(d);
+    uint16_t h[8];
+    for (int r = 0; r < 8; r++) {
+        uint16_t sc[4];
+        memcpy(sc, x + (size_t)r * bx + (size_t)b * size + 48, 8);
+        h[r] = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |
+                          (sc[3] & 0xf000));
+    }
+    /* F16C (exact, as pg_fp16_to_fp32): the scalar conversion's loop cost 8 calls per block */
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 GRID_KERNELS_D(iq1_m, pg_block_iq1_m, row_iq1_m, 0.125f, iq1m_d, iq1m_dx8)
 
 void pg_fill_iq_grid_avx2(pg_type_traits *tbl) {
     fill_sign_masks();
+    fill_iq1_table();
     IQX_SET(tbl, PG_TYPE_IQ2_XXS, vec_dot_iq2_xxs_q8_K, vec_dot8_iq2_xxs_q8_K, gemm_iq2_xxs_q8_K);
     IQX_SET(tbl, PG_TYPE_IQ2_XS, vec_dot_iq2_xs_q8_K, vec_dot8_iq2_xs_q8_K, gemm_iq2_xs_q8_K);
     IQX_SET(tbl, PG_TYPE_IQ2_S, vec_dot_iq2_s_q8_K, vec_dot8_iq2_s_q8_K, gemm_iq2_s_q8_K);
