@@ -6,7 +6,7 @@
  *
  * Why registers: a codebook entry is 8 (IQ2) or 4 (IQ3) magnitudes out of 3 (IQ2: 8, 25, 43) or
  * 8 (IQ3) levels, so it packs into 16 bits of 2- or 3-bit level codes and a 256-entry codebook
- * is 512 bytes: 8 zmm, looked up 32 entries at once, 64 per VPERMT2W (the index's low 6 bits),
+ * is 512 bytes: 8 zmm (IQ2_XS, IQ3_S: 16, partly from memory), looked up 32 entries at once, 64 per VPERMT2W (the index's low 6 bits),
  * the quarter chosen by the index's high bits with bit selects. VPMULTISHIFTQB then moves one
  * weight's code to bits 0.. of its byte and its sign bit to bit 6, and VPERMI2B maps that byte
  * to the signed level. The AVX2 kernels load each entry with a scalar load and insert it (what
@@ -20,7 +20,9 @@
  *     Σ ±g·a = Σ |a| · (g with the sign of the product)    (VPDPBUSD: exact)
  * The lanes' total is the scalar kernel's T exactly; the block term (d·d_y)·T, the block order
  * and the final power of two are the scalar kernel's (the fold and fp32 steps of iq_x86.h).
- * No mask registers in the loop: on Zen 4 each write of one costs ~1.7 cycles. */
+ * No mask registers in the loop: on Zen 4 each write of one costs ~1.7 cycles. IQ2_S (1024
+ * entries: 16 VPERMT2W and 15 selects per 32 entries) was no faster than its AVX2 kernel this
+ * way and keeps it. */
 #include <immintrin.h>
 #include <string.h>
 

@@ -468,6 +468,60 @@ PG_TEST(test_iq_vec_dot8_bits_and_bounds) {
 #endif
 }
 
+/* Activations at the ends of Q8_K's range (-128 never comes out of the quantizer but is a valid
+ * byte; 127, 0): every path's vec_dot8 of the codebook types still has the scalar bits (the
+ * AVX-512 kernels take |a|, -128 included, as an unsigned byte; the IQ1 kernels take Σ a from
+ * the bsums, set here as the quantizer sets them) */
+PG_TEST(test_iq_grid_vec_dot8_extreme_activations) {
+    enum { NB = 2 };
+    static uint8_t w[8][NB * 110];
+    static pg_block_q8_K a[4][NB];
+    static const int32_t types[] = {PG_TYPE_IQ2_XXS, PG_TYPE_IQ2_XS, PG_TYPE_IQ2_S, PG_TYPE_IQ3_XXS,
+                                    PG_TYPE_IQ3_S, PG_TYPE_IQ1_S, PG_TYPE_IQ1_M};
+    int tested = 0;
+    for (int it = 0; it < 7; it++) {
+        const int32_t type = types[it];
+        const pg_type_traits *ts = str(type);
+        const int64_t n = NB * 256;
+        for (int i = 0; i < 8; i++) random_grid(type, w[i], NB);
+        for (int j = 0; j < 4; j++)
+            for (int b = 0; b < NB; b++) {
+                pg_block_q8_K *q = &a[j][b];
+                q->d = 0.0123f * (float)(j + 1);
+                for (int e = 0; e < 256; e++) {
+                    const uint64_t r = rnd() % 8;   /* mostly -128, some 127 and 0, some random */
+                    q->qs[e] = (int8_t)(r < 4 ? -128 : r == 4 ? 127 : r == 5 ? 0 : (int8_t)rnd());
+                }
+                for (int g = 0; g < 16; g++) {
+                    int sum = 0;
+                    for (int e = 0; e < 16; e++) sum += q->qs[16 * g + e];
+                    q->bsums[g] = (int16_t)sum;
+                }
+            }
+        for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
+            if (!pg_path_compiled(p)) continue;
+            const pg_type_traits *tp = pg_get_type_traits_for_path(type, p);
+            if (!tp->vec_dot8) continue;
+            for (int nc = 1; nc <= 4; nc++) {
+                float got[4][8], want[4][8];
+                tp->vec_dot8(n, &got[0][0], sizeof(got[0]), w, sizeof(w[0]), a, sizeof(a[0]), nc);
+                int same = 1;
+                for (int j = 0; j < nc; j++)
+                    for (int i = 0; i < 8; i++) {
+                        ts->vec_dot(n, &want[j][i], w[i], a[j]);
+                        same &= memcmp(&got[j][i], &want[j][i], 4) == 0;
+                    }
+                CHECK(same, "type %d path %d, %d activation rows of -128/127/0: vec_dot8 differs "
+                      "from the scalar vec_dot", type, p, nc);
+                tested++;
+            }
+        }
+    }
+#if defined(__x86_64__)
+    CHECK(tested > 0, "no path has a codebook vec_dot8");
+#endif
+}
+
 /* every gemm of every path: each nr × nc block (PG_GEMM_MAX_NR × PG_GEMM_MAX_NC at most) equals
  * the scalar vec_dot pair by pair, and nothing outside the block is written */
 PG_TEST(test_iq_every_gemm_equals_vec_dot) {
