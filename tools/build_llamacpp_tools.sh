@@ -12,6 +12,11 @@
 # amx_tile/amx_int8, yet llama.cpp's AMX extra buffer type raises SIGILL on this VM (the
 # hypervisor does not grant the AMX tile state). The AVX-512 repack path stays on.
 #
+# LLAMACPP_ISA=avx2: llama-bench alone, built for what an AVX2-only laptop runs (Intel before
+# Ice Lake / Alder Lake, AMD Zen 2/3): GGML_NATIVE=OFF with SSE4.2, AVX, AVX2, FMA, F16C, BMI2 and
+# nothing newer (no AVX-VNNI, no AVX-512), into ~/.cache/pyggml/llamacpp-0.3.36-avx2/bin/ — the
+# reference for pyggml's forced avx2 path (PYGGML_CPU_PATH=avx2) on a machine that has more.
+#
 # Usage: tools/build_llamacpp_tools.sh [PYTHON]   (PYTHON: a python with pip; default
 #        .venv/bin/python, else python3; used only to download the sdist when it is absent)
 # Env:   PYGGML_LLAMACPP_SDIST_DIR  an unpacked sdist to build from (default
@@ -19,17 +24,39 @@
 #                                   build/llama-cpp-python-0.3.36, downloaded and unpacked)
 #        LLAMACPP_BUILD_JOBS        parallel compile jobs (default 2)
 #        PYGGML_CACHE_DIR           cache root (default ~/.cache/pyggml)
+#        LLAMACPP_ISA               native (default) or avx2 (see above)
 set -eu
 VERSION=0.3.36
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${1:-$ROOT/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 JOBS=${LLAMACPP_BUILD_JOBS:-2}
-CACHE=${PYGGML_CACHE_DIR:-$HOME/.cache/pyggml}/llamacpp-$VERSION
-BIN=$CACHE/bin
-SCRATCH=$ROOT/build/llamacpp-tools
+ISA=${LLAMACPP_ISA:-native}
 DL=$ROOT/build/downloads
-TOOLS="llama-server llama-bench llama-speculative llama-speculative-simple llama-cli rpc-server"
+case $ISA in
+native)
+    CACHE=${PYGGML_CACHE_DIR:-$HOME/.cache/pyggml}/llamacpp-$VERSION
+    SCRATCH=$ROOT/build/llamacpp-tools
+    TOOLS="llama-server llama-bench llama-speculative llama-speculative-simple llama-cli rpc-server"
+    NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    ISA_FLAGS="-DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    ;;
+avx2)
+    CACHE=${PYGGML_CACHE_DIR:-$HOME/.cache/pyggml}/llamacpp-$VERSION-avx2
+    SCRATCH=$ROOT/build/llamacpp-tools-avx2
+    TOOLS="llama-bench"
+    NOAMX=""
+    ISA_FLAGS="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+        -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF
+        -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
+        -DGGML_AMX_BF16=OFF"
+    ;;
+*)
+    echo "llamacpp-tools: LLAMACPP_ISA=$ISA: expected native or avx2"
+    exit 1
+    ;;
+esac
+BIN=$CACHE/bin
 
 missing=""
 for t in $TOOLS; do [ -x "$BIN/$t" ] || missing="$missing $t"; done
@@ -62,18 +89,19 @@ if [ -z "$SRC" ] || [ ! -d "$SRC/vendor/llama.cpp" ]; then
 fi
 LLAMA=$SRC/vendor/llama.cpp
 echo "llamacpp-tools: building$missing from $LLAMA with $JOBS jobs (log: $SCRATCH.build.log)"
-NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 mkdir -p "$SCRATCH"
+# shellcheck disable=SC2086  # ISA_FLAGS: one word per cmake option
 cmake -S "$LLAMA" -B "$SCRATCH" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_RPC=ON -DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+    -DGGML_RPC=ON $ISA_FLAGS \
     -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX" \
     -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF -DGGML_OPENMP=ON \
     -DGGML_RPC_RDMA=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >"$SCRATCH.cmake.log" 2>&1 \
     || { tail -30 "$SCRATCH.cmake.log"; exit 1; }
-cmake --build "$SCRATCH" -j "$JOBS" --target llama-server llama-bench llama-speculative \
-    llama-speculative-simple llama-cli ggml-rpc-server >"$SCRATCH.build.log" 2>&1 \
+TARGETS=$(echo "$TOOLS" | sed 's/\brpc-server\b/ggml-rpc-server/')
+# shellcheck disable=SC2086
+cmake --build "$SCRATCH" -j "$JOBS" --target $TARGETS >"$SCRATCH.build.log" 2>&1 \
     || { tail -30 "$SCRATCH.build.log"; exit 1; }
 mkdir -p "$BIN"
 for t in $TOOLS; do
@@ -84,7 +112,8 @@ for t in $TOOLS; do
     cp "$built" "$BIN/$t.tmp" && mv "$BIN/$t.tmp" "$BIN/$t"
 done
 # Smoke check: each binary starts (a SIGILL here would mean the AMX guard did not hold).
-for t in llama-server llama-bench llama-speculative llama-speculative-simple llama-cli; do
+for t in $TOOLS; do
+    [ "$t" = rpc-server ] && continue
     "$BIN/$t" --help >/dev/null 2>&1 || { echo "llamacpp-tools: $BIN/$t --help failed"; exit 1; }
 done
 echo "llamacpp-tools: built into $BIN"
