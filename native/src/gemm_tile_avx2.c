@@ -2,14 +2,18 @@
  * path's form of gemm_tile_avx512.c (layout: gemm_tile.h, pack: gemm_tile.c). Each 64-byte
  * tile vector is two halves of 8 rows (lane r of half h = weight row 8h + r).
  *
- * Per chunk of 4 elements and activation row, one maddubs of the 8 rows' levels with the
- * activation's 4 bytes broadcast gives int16 pair sums; the chunks of a scale group add up in
- * int16 as far as they cannot overflow (|q·a| pairs ≤ 2·max·128: 4 chunks for levels ≤ 31
- * (Q5_K) and ≤ 7 (Q3_K), 2 for Q6_K's ≤ 63, 4 for Q2_K's groups of 16), then one madd with the
- * rows' scales (int16 pairs) makes int32. Installed for Q2_K, Q3_K, Q5_K and Q6_K (1.1-1.4x
- * the avx2 gemm in cache on AMD Zen 4); for Q4_K it was no faster. Integer sums exact, the
- * scalar vec_dot's fp32 super-block term per row in block order: the bits of vec_dot
- * (native/tests/test_gemm_tile.c). */
+ * Per chunk of 4 elements and activation row, the activation's 4 bytes are broadcast once and
+ * one maddubs per half (with the 8 rows' levels) gives int16 pair sums; the chunks of a scale
+ * group add up in int16 as far as they cannot overflow (|q·a| pairs ≤ 2·max·128: all 8 of a
+ * group of 32 for Q4_K's levels ≤ 15, 4 for levels ≤ 31 (Q5_K) and ≤ 7 (Q3_K), 2 for Q6_K's
+ * ≤ 63, 4 for Q2_K's groups of 16), then one madd with the rows' scales (int16 pairs) makes
+ * int32. Without VNNI that is one maddubs and one add per 32 products, and AMD Zen 4 issues a
+ * maddubs + add pair per 0.63 cycles: the kernel is bound by those two, so everything else
+ * (scales, mins, the fp32 term) is kept per group or per super-block, the level vectors are
+ * reused by 3 activation rows and the activation broadcasts by both halves. In cache, 1
+ * thread, Zen 4 forced to avx2: Q4_K 266 GOP/s against the avx2 gemm's 147 (36 of the 51
+ * products per cycle the pairs allow). Integer sums exact, the scalar vec_dot's fp32
+ * super-block term per row in block order: the bits of vec_dot (native/tests/test_gemm_tile.c). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -33,78 +37,113 @@ AINL __m256i bcast32(const void *p) {
     return _mm256_set1_epi32(v);
 }
 
-#define PG_TILE2_C 4   /* activation rows per pass over the tile */
+/* v is taken as it is here: GCC would otherwise reassociate a chain of adds into a tree whose
+ * products all wait in registers (spilled to the stack, twice slower); no instruction */
+#define PG_IN_ORDER(v) __asm__("" : "+x"(v))
 
-/* y[j] (j < C): activation rows (Q8_K); acc[j][16]: their running sums. GS: elements per scale,
- * CH: chunks per int16 partial sum, HAS_MIN as in the avx512 form. */
+/* activation rows per pass over the tile: 3 keeps the 6 int16 partials, the 6 int32 sums, two
+ * level vectors and a broadcast in the 16 registers (4: the int32 sums spill, 5% slower) */
+#define PG_TILE2_C 3
+
+/* y[j] (j < C): activation rows (Q8_K); out[j]: their 16 outputs (nr stored). GS: elements per
+ * scale, CH: chunks per int16 partial sum, HAS_MIN as in the avx512 form. Both halves of the
+ * tile per activation broadcast: a broadcast feeds two maddubs, a level vector C. */
 AINL void tile_rows(int64_t n, const uint8_t *tile, const pg_block_q8_K *const *y,
-                    float acc[PG_TILE2_C][16], const int GS, const int CH, const int HAS_MIN) {
-    const int C = PG_TILE2_C;
+                    const pg_block_q8_K *const *ynext, float **out, int nr, const int C,
+                    const int GS, const int CH, const int HAS_MIN) {
+    const int64_t nb = n / PG_QK_K;
     const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
-    for (int64_t b = 0; b < n / PG_QK_K; b++) {
+    float acc[PG_TILE2_C][16] __attribute__((aligned(32))) = {{0}};
+    for (int64_t b = 0; b < nb; b++) {
         const uint8_t *t = tile + (size_t)b * PG_TILE_SB_BYTES;
         const pg_block_q8_K *yb[PG_TILE2_C];
         PG_UNROLL for (int j = 0; j < C; j++) yb[j] = y[j] + b;
-        for (int h = 0; h < 2; h++) {
-            __m256i isum[PG_TILE2_C];
-            PG_UNROLL for (int j = 0; j < C; j++) isum[j] = _mm256_setzero_si256();
-            for (int g = 0; g < PG_QK_K / GS; g++) {
-                const __m256i s32 =
-                    _mm256_loadu_si256((const void *)(t + PG_TILE_SC + 64 * g + 32 * h));
-                const __m256i scw = _mm256_or_si256(_mm256_and_si256(s32, lo16),
-                                                    _mm256_slli_epi32(s32, 16));
-                PG_UNROLL for (int p = 0; p < GS / 4 / CH; p++) {
-                    __m256i s16[PG_TILE2_C];
-                    PG_UNROLL for (int j = 0; j < C; j++) s16[j] = _mm256_setzero_si256();
-                    PG_UNROLL for (int e = 0; e < CH; e++) {
-                        const int ch = g * (GS / 4) + p * CH + e;
-                        const __m256i lv =
-                            _mm256_loadu_si256((const void *)(t + PG_TILE_LV + 64 * ch + 32 * h));
-                        PG_UNROLL for (int j = 0; j < C; j++)
-                            s16[j] = _mm256_add_epi16(
-                                s16[j], _mm256_maddubs_epi16(lv, bcast32(yb[j]->qs + 4 * ch)));
+        __m256i isum[2][PG_TILE2_C];
+        PG_UNROLL for (int j = 0; j < C; j++) isum[0][j] = isum[1][j] = _mm256_setzero_si256();
+        for (int g = 0; g < PG_QK_K / GS; g++) {
+            /* the activations' next super-block (of these rows, or the next pass's first):
+             * the rows are ~1-5 KB apart, each super-block 292 B; without this the loads wait
+             * on L2 (M 512: 25% slower) */
+            PG_UNROLL for (int j = 0; j < C; j++)
+                if (g < 8)
+                    _mm_prefetch((const char *)(b + 1 < nb ? yb[j] + 1 : ynext[j]) + 40 * g,
+                                 _MM_HINT_T0);
+            PG_UNROLL for (int p = 0; p < GS / 4 / CH; p++) {
+                __m256i s16[2][PG_TILE2_C];
+                PG_UNROLL for (int e = 0; e < CH; e++) {
+                    const int ch = g * (GS / 4) + p * CH + e;
+                    const __m256i lv0 = _mm256_loadu_si256((const void *)(t + PG_TILE_LV + 64 * ch));
+                    const __m256i lv1 =
+                        _mm256_loadu_si256((const void *)(t + PG_TILE_LV + 64 * ch + 32));
+                    PG_UNROLL for (int j = 0; j < C; j++) {
+                        const __m256i a = bcast32(yb[j]->qs + 4 * ch);
+                        const __m256i p0 = _mm256_maddubs_epi16(lv0, a);
+                        const __m256i p1 = _mm256_maddubs_epi16(lv1, a);
+                        s16[0][j] = e ? _mm256_add_epi16(s16[0][j], p0) : p0;
+                        s16[1][j] = e ? _mm256_add_epi16(s16[1][j], p1) : p1;
+                        PG_IN_ORDER(s16[0][j]);
+                        PG_IN_ORDER(s16[1][j]);
                     }
+                }
+                PG_UNROLL for (int h = 0; h < 2; h++) {
+                    const __m256i s32 =
+                        _mm256_loadu_si256((const void *)(t + PG_TILE_SC + 64 * g + 32 * h));
+                    const __m256i scw = _mm256_or_si256(_mm256_and_si256(s32, lo16),
+                                                        _mm256_slli_epi32(s32, 16));
                     PG_UNROLL for (int j = 0; j < C; j++)
-                        isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(s16[j], scw));
+                        isum[h][j] = _mm256_add_epi32(isum[h][j], _mm256_madd_epi16(s16[h][j], scw));
                 }
             }
+        }
+        /* the bsums term of the 16 rows and C activation rows: each weight vector loaded once */
+        __m256i m[2][PG_TILE2_C];
+        PG_UNROLL for (int k = 0; k < 8; k++) {
+            const __m256i w0 = _mm256_loadu_si256((const void *)(t + PG_TILE_BW + 64 * k));
+            const __m256i w1 = _mm256_loadu_si256((const void *)(t + PG_TILE_BW + 64 * k + 32));
+            PG_UNROLL for (int j = 0; j < C; j++) {
+                const __m256i a = bcast32(yb[j]->bsums + 2 * k);
+                const __m256i p0 = _mm256_madd_epi16(w0, a), p1 = _mm256_madd_epi16(w1, a);
+                m[0][j] = k ? _mm256_add_epi32(m[0][j], p0) : p0;
+                m[1][j] = k ? _mm256_add_epi32(m[1][j], p1) : p1;
+                PG_IN_ORDER(m[0][j]);
+                PG_IN_ORDER(m[1][j]);
+            }
+        }
+        PG_UNROLL for (int h = 0; h < 2; h++) {
             const __m256 d = _mm256_loadu_ps((const void *)(t + PG_TILE_D + 32 * h));
             PG_UNROLL for (int j = 0; j < C; j++) {
-                __m256i m = _mm256_setzero_si256();
-                PG_UNROLL for (int k = 0; k < 8; k++)
-                    m = _mm256_add_epi32(
-                        m, _mm256_madd_epi16(
-                               _mm256_loadu_si256((const void *)(t + PG_TILE_BW + 64 * k + 32 * h)),
-                               bcast32(yb[j]->bsums + 2 * k)));
                 const __m256 dy = _mm256_set1_ps(yb[j]->d);
                 __m256 term;
                 if (HAS_MIN) {   /* (dy·d)·isum − (dy·dmin)·summs */
                     const __m256 dmin = _mm256_loadu_ps((const void *)(t + PG_TILE_DMIN + 32 * h));
                     term = _mm256_sub_ps(
-                        _mm256_mul_ps(_mm256_mul_ps(dy, d), _mm256_cvtepi32_ps(isum[j])),
-                        _mm256_mul_ps(_mm256_mul_ps(dy, dmin), _mm256_cvtepi32_ps(m)));
+                        _mm256_mul_ps(_mm256_mul_ps(dy, d), _mm256_cvtepi32_ps(isum[h][j])),
+                        _mm256_mul_ps(_mm256_mul_ps(dy, dmin), _mm256_cvtepi32_ps(m[h][j])));
                 } else {         /* (d·dy)·isum, isum with the levels' offset */
                     term = _mm256_mul_ps(_mm256_mul_ps(d, dy),
-                                         _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[j], m)));
+                                         _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[h][j], m[h][j])));
                 }
                 float *a = acc[j] + 8 * h;
-                _mm256_storeu_ps(a, _mm256_add_ps(_mm256_loadu_ps(a), term));
+                _mm256_store_ps(a, _mm256_add_ps(_mm256_load_ps(a), term));
             }
         }
     }
+    for (int j = 0; j < C; j++) memcpy(out[j], acc[j], (size_t)nr * sizeof(float));
 }
 
 AINL void tile_gemm(int64_t n, const void *tile, const void *y, size_t by, int64_t nc, float *s,
                     size_t bs, int nr, const int GS, const int CH, const int HAS_MIN) {
     for (int64_t j0 = 0; j0 < nc; j0 += PG_TILE2_C) {
         const int c = (int)(nc - j0 < PG_TILE2_C ? nc - j0 : PG_TILE2_C);
-        const pg_block_q8_K *yr[PG_TILE2_C];
-        for (int j = 0; j < PG_TILE2_C; j++)   /* past c: row j0 again, never stored */
-            yr[j] = (const pg_block_q8_K *)((const char *)y + (size_t)(j0 + (j < c ? j : 0)) * by);
-        float acc[PG_TILE2_C][16] = {{0}};
-        tile_rows(n, (const uint8_t *)tile, yr, acc, GS, CH, HAS_MIN);
-        for (int j = 0; j < c; j++)
-            memcpy((char *)s + (size_t)(j0 + j) * bs, acc[j], (size_t)nr * sizeof(float));
+        const pg_block_q8_K *yr[PG_TILE2_C], *yn[PG_TILE2_C];
+        float *out[PG_TILE2_C];
+        for (int j = 0; j < PG_TILE2_C; j++) {   /* past c: row j0 again (same bits, stored twice) */
+            const int64_t jj = j0 + (j < c ? j : 0), jn = j0 + PG_TILE2_C + j;
+            yr[j] = (const pg_block_q8_K *)((const char *)y + (size_t)jj * by);
+            yn[j] = (const pg_block_q8_K *)((const char *)y + (size_t)(jn < nc ? jn : jj) * by);
+            out[j] = (float *)((char *)s + (size_t)jj * bs);
+        }
+        tile_rows(n, (const uint8_t *)tile, yr, yn, out, nr, PG_TILE2_C, GS, CH, HAS_MIN);
     }
 }
 
@@ -115,6 +154,7 @@ AINL void tile_gemm(int64_t n, const void *tile, const void *y, size_t by, int64
     }
 PG_TILE2_GEMM(tile_q2_K, 16, 4, 1)
 PG_TILE2_GEMM(tile_q3_K, 16, 4, 0)
+PG_TILE2_GEMM(tile_q4_K, 32, 8, 1)
 PG_TILE2_GEMM(tile_q5_K, 32, 4, 1)
 PG_TILE2_GEMM(tile_q6_K, 16, 2, 0)
 
@@ -123,8 +163,8 @@ void pg_fill_gemm_tile_avx2(pg_type_traits *tbl) {
     tbl[PG_TYPE_Q2_K].tile_gemm = tile_q2_K;
     tbl[PG_TYPE_Q3_K].tile_pack = pg_tile_pack_q3_K;
     tbl[PG_TYPE_Q3_K].tile_gemm = tile_q3_K;
-    /* not Q4_K: measured no faster than the avx2 gemm here (in cache, 1 thread, K 1536, M 512,
-     * AMD Zen 4: 145 GOP/s both, with 8 or 4 chunks per int16 partial) */
+    tbl[PG_TYPE_Q4_K].tile_pack = pg_tile_pack_q4_K;
+    tbl[PG_TYPE_Q4_K].tile_gemm = tile_q4_K;
     tbl[PG_TYPE_Q5_K].tile_pack = pg_tile_pack_q5_K;
     tbl[PG_TYPE_Q5_K].tile_gemm = tile_q5_K;
     tbl[PG_TYPE_Q6_K].tile_pack = pg_tile_pack_q6_K;
