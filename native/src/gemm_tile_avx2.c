@@ -14,8 +14,9 @@
  * thread, Zen 4 forced to avx2: Q4_K 266 GOP/s against the avx2 gemm's 147 (36 of the 51
  * products per cycle the pairs allow). Integer sums exact, the scalar vec_dot's fp32
  * super-block term per row in block order: the bits of vec_dot (native/tests/test_gemm_tile.c).
- * Q5_0 (Gemma's main type) has the legacy tile of gemm_tile_avx512.c, packed and dotted below
- * with maddubs: 99 -> 140 GOP/s at 512 activation rows. */
+ * Q4_0 and Q5_0 (Gemma's main type) have the legacy tile of gemm_tile_avx512.c, packed and
+ * dotted below with maddubs: Q5_0 100 -> 135 / 149 GOP/s at 64 / 512 activation rows, Q4_0
+ * 115 -> 139 / 149. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -164,43 +165,64 @@ PG_TILE2_GEMM(tile_q6_K, 16, 2, 0)
 
 /* ---- Q4_0 and Q5_0: a tile per block of 32 (layout: gemm_tile.h) -------------------------- */
 
-/* The pack in 32-bit words, 4 elements per word (no gathers on AVX2 worth having): per row and
- * block, the levels u (0..15 or 0..31, the 5th bit spread from qh by a multiply) less the
- * offset c byte by byte (borrow-free: the bytes are first raised by 0x80), 128·Σq, d. */
-static void pack_leg(const int Q5, size_t bsize, int64_t n, const void *x, size_t bx, int nr,
-                     void *tile) {
-    const uint32_t m4 = 0x0F0F0F0Fu, hi = 0x80808080u, c = Q5 ? 0x10101010u : 0x08080808u;
+/* The pack, 8 rows at a time (as gemm_tile_avx512.c's, at half the width): G(o) gathers the
+ * dword at byte o of block b of the 8 rows, the scalar decode runs on 4 bytes per lane, the 5th
+ * bit of Q5_0 spread from qh by a multiply; Σq per row by maddubs with ones. Q5: Q5_0, else
+ * Q4_0. (A pack in 32-bit words per row cost 30% of the dots of 64 activation rows.) */
+AINL void pack_leg(const int Q5, size_t bsize, int64_t n, const void *x, size_t bx, int nr,
+                   void *tile) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1), c = _mm256_set1_epi8(Q5 ? 16 : 8);
+    __m256i idx[2];
+    for (int hh = 0; hh < 2; hh++) {
+        int32_t off[8];
+        for (int r = 0; r < 8; r++)
+            off[r] = 8 * hh + r < nr ? (int32_t)((size_t)(8 * hh + r) * bx) : 0;
+        idx[hh] = _mm256_loadu_si256((const void *)off);
+    }
     for (int64_t b = 0; b < n / PG_QK32; b++) {
+        const char *base = (const char *)x + (size_t)b * bsize;
         uint8_t *t = (uint8_t *)tile + (size_t)b * PG_TILE_LEG_BYTES;
-        for (int r = 0; r < PG_TILE_ROWS; r++) {
-            const uint8_t *p = (const uint8_t *)x + (size_t)(r < nr ? r : 0) * bx + (size_t)b * bsize;
-            uint32_t qh = 0;
-            if (Q5) memcpy(&qh, p + 2, 4);
-            const uint8_t *qs = p + (Q5 ? 6 : 2);
-            int32_t sum = 0;
-            for (int k = 0; k < 4; k++) {
-                uint32_t q;
-                memcpy(&q, qs + 4 * k, 4);
-                uint32_t u[2] = {q & m4, (q >> 4) & m4};   /* elements 4k.., 16 + 4k.. */
-                for (int half = 0; half < 2; half++) {
-                    if (Q5)
-                        u[half] |= ((((qh >> (16 * half + 4 * k)) & 0xF) * 0x00204081u) &
-                                    0x01010101u) << 4;
-                    sum += (int)((u[half] * 0x01010101u) >> 24);   /* its 4 bytes (< 256) */
-                    const uint32_t v = ((u[half] | hi) - c) ^ hi;   /* u − c per byte */
-                    memcpy(t + PG_TILE_LV + 64 * (4 * half + k) + 4 * r, &v, 4);
+        for (int hh = 0; hh < 2; hh++) {
+#define G(o) _mm256_i32gather_epi32((const int *)(const void *)(base + (o)), idx[hh], 1)
+            const __m256i qh = Q5 ? G(2) : _mm256_setzero_si256();
+            __m256i s16 = _mm256_setzero_si256();
+            PG_UNROLL for (int k = 0; k < 4; k++) {
+                const __m256i q = G((Q5 ? 6 : 2) + 4 * k);
+                __m256i lo = _mm256_and_si256(q, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if (Q5) {   /* qh bit j -> 0x10 of element j: 4 bits to 4 bytes */
+                    const __m256i sp = _mm256_set1_epi32(0x00204081);
+                    const __m256i b1 = _mm256_set1_epi32(0x01010101), f = _mm256_set1_epi32(0xF);
+                    const __m256i hl = _mm256_and_si256(_mm256_srli_epi32(qh, 4 * k), f);
+                    const __m256i hu = _mm256_and_si256(_mm256_srli_epi32(qh, 16 + 4 * k), f);
+                    lo = _mm256_or_si256(
+                        lo, _mm256_slli_epi32(_mm256_and_si256(_mm256_mullo_epi32(hl, sp), b1), 4));
+                    hi = _mm256_or_si256(
+                        hi, _mm256_slli_epi32(_mm256_and_si256(_mm256_mullo_epi32(hu, sp), b1), 4));
                 }
+                const __m256i vl = _mm256_sub_epi8(lo, c), vh = _mm256_sub_epi8(hi, c);
+                _mm256_storeu_si256((void *)(t + PG_TILE_LV + 64 * k + 32 * hh), vl);
+                _mm256_storeu_si256((void *)(t + PG_TILE_LV + 64 * (4 + k) + 32 * hh), vh);
+                s16 = _mm256_add_epi16(s16, _mm256_add_epi16(_mm256_maddubs_epi16(ones8, vl),
+                                                              _mm256_maddubs_epi16(ones8, vh)));
             }
-            const int32_t corr = 128 * (sum - 32 * (Q5 ? 16 : 8));
-            memcpy(t + PG_TILE_LEG_CORR + 4 * r, &corr, 4);
-            pg_fp16 h;
-            memcpy(&h, p, 2);
-            const float d = pg_fp16_to_fp32(h);
-            memcpy(t + PG_TILE_LEG_D + 4 * r, &d, 4);
+            _mm256_storeu_si256((void *)(t + PG_TILE_LEG_CORR + 32 * hh),
+                                _mm256_slli_epi32(_mm256_madd_epi16(s16, ones16), 7));
+            /* d: the low 16 bits of the dword at 0, packed to 8 words in order */
+            const __m256i d16 =
+                _mm256_packus_epi32(_mm256_and_si256(G(0), _mm256_set1_epi32(0xFFFF)),
+                                    _mm256_setzero_si256());
+            const __m128i h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(d16, 0x08));
+            _mm256_storeu_ps((void *)(t + PG_TILE_LEG_D + 32 * hh), _mm256_cvtph_ps(h));
+#undef G
         }
     }
 }
 
+static void pack_q4_0(int64_t n, const void *x, size_t bx, int nr, void *tile) {
+    pack_leg(0, sizeof(pg_block_q4_0), n, x, bx, nr, tile);
+}
 static void pack_q5_0(int64_t n, const void *x, size_t bx, int nr, void *tile) {
     pack_leg(1, sizeof(pg_block_q5_0), n, x, bx, nr, tile);
 }
@@ -271,6 +293,10 @@ AINL void tile_gemm_leg(int64_t n, const void *tile, const void *y, size_t by, i
     }
 }
 
+static void tile_q4_0(int64_t n, const void *tile, const void *y, size_t by, int64_t nc, float *s,
+                      size_t bs, int nr) {
+    tile_gemm_leg(n, tile, y, by, nc, s, bs, nr, 8);
+}
 static void tile_q5_0(int64_t n, const void *tile, const void *y, size_t by, int64_t nc, float *s,
                       size_t bs, int nr) {
     tile_gemm_leg(n, tile, y, by, nc, s, bs, nr, 4);
@@ -287,9 +313,8 @@ void pg_fill_gemm_tile_avx2(pg_type_traits *tbl) {
     tbl[PG_TYPE_Q5_K].tile_gemm = tile_q5_K;
     tbl[PG_TYPE_Q6_K].tile_pack = pg_tile_pack_q6_K;
     tbl[PG_TYPE_Q6_K].tile_gemm = tile_q6_K;
-    /* not Q4_0 (pack_leg(0, ...), tile_gemm_leg(..., CH 8) gave the bits of vec_dot): 1.25x the
-     * avx2 gemm at 512 activation rows but 0.93x at 64, the pack's share (in cache, 1 thread,
-     * K 1536, Zen 4 forced to avx2: 114 -> 142 and 116 -> 107 GOP/s) */
+    tbl[PG_TYPE_Q4_0].tile_pack = pack_q4_0;
+    tbl[PG_TYPE_Q4_0].tile_gemm = tile_q4_0;
     tbl[PG_TYPE_Q5_0].tile_pack = pack_q5_0;
     tbl[PG_TYPE_Q5_0].tile_gemm = tile_q5_0;
 }
