@@ -94,6 +94,8 @@ PROBES = [
     (["mem", "-m", "{m}", "--plan-only", "--json", "{d}/no/such/dir/x.json"], 1, "cannot write"),
     (["mem", "-m", "{m}", "--fit", "--budget", "nosize"], 1, "expected DEVICE=SIZE"),
     (["mem", "-m", "{m}", "--fit", "--budget", "CPU=lots"], 1, "'lots'"),
+    (["mem", "-m", "{m}", "--budget", "nosize"], 1, "expected DEVICE=SIZE"),
+    (["mem", "-m", "{m}", "--budget", "CPU=2GiB"], 1, "add --fit"),
     (["mem", "-m", "{m}", "--warmup", "bogus"], 2, "invalid choice: 'bogus'"),
     (["mem", "-m", "{m}", "--sweep-ctx", "a,b"], 2, "comma-separated integers"),
     (["mem", "-m", "{m}", "--plan-only", "-c", "-1"], 1, "n_ctx"),

@@ -29,6 +29,9 @@ def budgets_arg(items) -> dict[str, str]:
 
 def cmd_mem(args) -> int:
     from pyggml.planning import measure
+    budgets = budgets_arg(args.budget)      # a malformed one is an error with or without --fit
+    if budgets and not args.fit:
+        raise ConfigError("--budget sets what --fit may use; add --fit")
     virtual = virtual_specs(args)
     cfg = planning_config(args, virtual)
     planning_only = args.plan_only or bool(virtual) or bool(cfg.get(("virtual_devices",)))
@@ -40,7 +43,7 @@ def cmd_mem(args) -> int:
             writable(out)                   # before minutes of work, not after
     if args.fit:
         from pyggml.planning.fit import fit
-        res = fit(args.model, budgets_arg(args.budget), config=cfg, virtual=virtual,
+        res = fit(args.model, budgets, config=cfg, virtual=virtual,
                   min_ctx=args.min_ctx, max_ctx=args.max_ctx, prefer=args.prefer, **common)
         print(res.summary())
         if args.emit_yaml:
