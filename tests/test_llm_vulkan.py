@@ -214,3 +214,30 @@ def test_2026_weight_types_run_on_vulkan(tmp_path, name):
         _assert_all_on_vulkan(m, {"inp_embd"}, {"MUL_MAT"})
     assert set(ARCH.VARIANTS[name].types) <= types | {"q6_k", "q8_0", "q4_k", "q5_k"}
     assert types & {"iq4_xs", "iq4_nl", "mxfp4", "iq2_xxs", "tq1_0", "tq2_0"}
+
+
+@pytest.mark.parametrize("flash_attn", [True, False])
+def test_kv_cells_never_written_do_not_reach_the_logits(tiny_models, monkeypatch, flash_attn):
+    """Device memory is not zeroed when allocated (a real GPU's, an rpc-server's): the K/V of
+    cells not yet written may hold anything, NaN included, and the attention reads them (up to
+    n_kv, padded) at probability 0, where 0 · NaN is NaN. The cache is cleared when allocated,
+    as llama.cpp clears it; here its device buffers start filled with NaN bytes."""
+    import pyggml.llm.kv_cache as kv_cache
+    from pyggml.backend.planning import PlanningBuffer
+    alloc = kv_cache.alloc_tensors
+
+    def dirty(bt, tensors, usage):
+        buf = alloc(bt, tensors, usage)
+        if not isinstance(buf, PlanningBuffer) and not getattr(bt, "is_host", False):
+            buf.clear(0xFF)                 # every F16 / F32 value a NaN
+        return buf
+
+    tm = tiny_models.get(arch="gemma3", weight_type="f16")
+    kw = dict(n_ctx=64, n_threads=1, n_gpu_layers=99, device="Vulkan0", flash_attn=flash_attn)
+    with LLM(tm.path, **kw) as g:
+        ref = [g.eval(PROMPT)] + [g.eval([t]) for t in (5, 6, 7)]
+    monkeypatch.setattr(kv_cache, "alloc_tensors", dirty)
+    with LLM(tm.path, **kw) as g:
+        got = [g.eval(PROMPT)] + [g.eval([t]) for t in (5, 6, 7)]
+    for a, b in zip(got, ref):
+        assert np.array_equal(a, b)

@@ -329,6 +329,12 @@ class KVCache:
             buf = alloc_tensors(bt, [t for il in layers for t in (self.k[il], self.v[il])]
                                 + list(rots.values()), BufferUsage.ANY)
             if not isinstance(buf, PlanningBuffer):
+                # cells not yet written are read too (up to n_kv, at probability 0, and 0 · NaN
+                # is NaN): device memory (a GPU's, an rpc-server's) starts as anything, so it is
+                # cleared as llama.cpp clears its cache; host memory comes zeroed (anonymous
+                # pages) and clearing it would make every page of the cache resident at once
+                if not getattr(bt, "is_host", False):
+                    buf.clear(0)
                 for n, t in rots.items():
                     tensor_set(t, hadamard(n))
             self.buffers.append(buf)
