@@ -75,11 +75,13 @@ class RunStats:
 
 @dataclass
 class _BuiltGraph:
-    """A graph of a recent ubatch, kept for reuse: its inputs' numpy views and its output."""
+    """A graph of a recent ubatch, kept for reuse: its inputs' numpy views and its output (and
+    a numpy view of the output when it is in host memory: made once, not per token)."""
     graph: object
     output: object
     views: dict
     sched: Scheduler
+    out_view: np.ndarray | None = None
 
 
 class Context:
@@ -494,7 +496,9 @@ class Context:
             pin_phase_ops(sched, g, self.offload, phase, self.run.weights, n_tokens=T)
             sched.alloc_graph(g)
             self.stats.allocator_plans += sched.n_reserves - before
-            built = self._graphs[key] = _BuiltGraph(g, res, self._input_views(inp, T), sched)
+            built = self._graphs[key] = _BuiltGraph(
+                g, res, self._input_views(inp, T), sched,
+                host_array(res) if is_host_tensor(res) else None)
             while len(self._graphs) > GRAPHS_KEPT:
                 self._graphs.popitem(last=False)
             self.stats.graphs_built += 1
@@ -504,12 +508,12 @@ class Context:
         sched.graph_compute(built.graph)
         if output == "hidden":      # every row: the normed hidden state of all T tokens
             E = self.hparams.n_embd
-            if is_host_tensor(built.output):
-                return host_array(built.output).reshape(T, E).copy()
+            if built.out_view is not None:
+                return built.out_view.reshape(T, E).copy()
             return tensor_get_into(built.output, np.empty((T, E), np.float32))
         V = self.hparams.n_vocab
-        if is_host_tensor(built.output):
-            out = host_array(built.output).reshape(len(out_ids), V)[:n_wanted].copy()
+        if built.out_view is not None:
+            out = built.out_view.reshape(len(out_ids), V)[:n_wanted].copy()
         else:
             out = tensor_get_into(built.output, np.empty((n_wanted, V), np.float32))
         # NaN or +inf anywhere makes the maximum non-finite: one pass over the logits (1 MiB a

@@ -140,6 +140,14 @@ class CellSpace:
         such cells are free, the lowest free ones (as find_slot)."""
         n = len(seq_ids)
         free = self.pos < 0
+        if n == 1:                      # a decode step: the first free cell after the sequence's
+            bit = np.uint64(1) << np.uint64(int(seq_ids[0]))
+            held = np.flatnonzero(self.seqs & bit)
+            floor = int(held[-1]) + 1 if held.size else 0
+            cand = np.flatnonzero(free[floor:])
+            if cand.size:
+                return cand[:1] + floor
+            return self.find_slot(1, n_ctx)
         if int(np.count_nonzero(free)) < n:
             return self.find_slot(n, n_ctx)
         out = np.empty(n, np.int64)
