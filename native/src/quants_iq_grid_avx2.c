@@ -223,57 +223,73 @@ static inline __m256i iq1_lanes(__m256i v9, const int8_t *q8, __m256i sc16) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(v9, _mm256_loadu_si256((const __m256i *)q8)), sc16);
 }
 
+/* IQ1_S: the table's 8g + 9 without the delta, which goes into the correction with the scale:
+ * (2s+1)·(Σ (8g + 9)·a − (9 − dsign)·Σ a) = (2s+1)·(8·Σ g·a + dsign·Σ a), the per-group
+ * coefficients (9 − dsign)·(2s+1) <= 150 as int16 against the 16 bsums by one VPMADDWD per block
+ * (a scalar multiply-add and a ±1 vector per group before). */
 static inline __attribute__((always_inline)) void row_iq1_s(const pg_block_iq1_s *x,
         const pg_block_q8_K *const *y, const int C, __m256i *is) {
-    int32_t corr[IQX_MAX_C] = {0};
-    IQX_UNROLL for (int j = 0; j < C; j++) is[j] = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ib++) {
-        const int qh = x->qh[ib];
-        const uint8_t *qs = x->qs + 4 * ib;
-        /* dsign = +1: v + 9 = 8g + 10, -1: 8g + 8 */
-        const __m256i g = _mm256_add_epi8(
-            grid4(k_iq1_v9[qs[0] | ((qh & 7) << 8)], k_iq1_v9[qs[1] | (((qh >> 3) & 7) << 8)],
-                  k_iq1_v9[qs[2] | (((qh >> 6) & 7) << 8)], k_iq1_v9[qs[3] | (((qh >> 9) & 7) << 8)]),
-            _mm256_set1_epi8(qh & 0x8000 ? -1 : 1));
-        const int sc = 2 * ((qh >> 12) & 7) + 1;
-        const __m256i scv = _mm256_set1_epi16((short)sc);
-        IQX_UNROLL for (int j = 0; j < C; j++) {
-            is[j] = _mm256_add_epi32(is[j], iq1_lanes(g, y[j]->qs + 32 * ib, scv));
-            corr[j] += sc * (y[j]->bsums[2 * ib] + y[j]->bsums[2 * ib + 1]);
-        }
-    }
+    const __m128i qh = _mm_loadu_si128((const __m128i *)x->qh);
+    /* 2s+1 per group (int16 lane ib), then (9 - dsign)·(2s+1): 8·sc, + 2·sc where bit 15 */
+    const __m128i sc = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(qh, 11), _mm_set1_epi16(14)),
+                                    _mm_set1_epi16(1));
+    const __m128i coef = _mm_add_epi16(_mm_slli_epi16(sc, 3),
+                                       _mm_and_si128(_mm_srai_epi16(qh, 15), _mm_add_epi16(sc, sc)));
+    const __m256i coef2 = _mm256_set_m128i(_mm_unpackhi_epi16(coef, coef), _mm_unpacklo_epi16(coef, coef));
+    const __m256i sc2 = _mm256_set_m128i(sc, sc);
     IQX_UNROLL for (int j = 0; j < C; j++)
-        is[j] = _mm256_sub_epi32(is[j], _mm256_setr_epi32(9 * corr[j], 0, 0, 0, 0, 0, 0, 0));
+        is[j] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(
+            _mm256_loadu_si256((const __m256i *)y[j]->bsums), coef2));
+    IQX_UNROLL for (int ib = 0; ib < 8; ib++) {
+        const int h = x->qh[ib];
+        const uint8_t *qs = x->qs + 4 * ib;
+        const __m256i g = grid4(k_iq1_v9[qs[0] | ((h << 8) & 0x700)], k_iq1_v9[qs[1] | ((h << 5) & 0x700)],
+                                k_iq1_v9[qs[2] | ((h << 2) & 0x700)], k_iq1_v9[qs[3] | ((h >> 1) & 0x700)]);
+        /* (2s+1) of group ib in every int16 lane */
+        const __m256i scv = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(2 * ib | (2 * ib + 1) << 8)));
+        IQX_UNROLL for (int j = 0; j < C; j++)
+            is[j] = _mm256_add_epi32(is[j], iq1_lanes(g, y[j]->qs + 32 * ib, scv));
+    }
 }
 
+/* IQ1_M: the 16 scales (one per 16 elements, as the bsums) as int16 2s+1 by vector ops on the
+ * broadcast scale words, the 9·Σ (2s+1)·bsum correction by one VPMADDWD per block */
 static inline __attribute__((always_inline)) void row_iq1_m(const pg_block_iq1_m *x,
         const pg_block_q8_K *const *y, const int C, __m256i *is) {
-    uint16_t sc[4];
-    memcpy(sc, x->scales, 8);
+    uint64_t sc64;
+    memcpy(&sc64, x->scales, 8);
+    /* int16 lane k: word k/4, its 3-bit field k%4 moved to bits 13..15 by a multiply */
+    const __m256i w = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)sc64),
+        _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
+                         4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7));
+    const __m256i s3 = _mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_set1_epi64x(
+        (long long)(8192 | 1024ull << 16 | 128ull << 32 | 16ull << 48))), 13);
+    const __m256i sc = _mm256_or_si256(_mm256_add_epi16(s3, s3), _mm256_set1_epi16(1));
+    const __m256i sc9 = _mm256_add_epi16(_mm256_slli_epi16(sc, 3), sc);
+    IQX_UNROLL for (int j = 0; j < C; j++)
+        is[j] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(
+            _mm256_loadu_si256((const __m256i *)y[j]->bsums), sc9));
     /* qword e (entry e of the group) of the delta: -1 bytes where bit 3 (e = 0), 7, 11 or 15
      * of qh[2ib] | qh[2ib + 1] << 8 is set, else +1 (vector ops on a broadcast: building the
      * lanes from scalars cost more than the dot) */
     const __m256i dbit = _mm256_setr_epi64x(0x8, 0x80, 0x800, 0x8000);
     const __m256i one = _mm256_set1_epi8(1);
-    int32_t corr[IQX_MAX_C] = {0};
-    IQX_UNROLL for (int j = 0; j < C; j++) is[j] = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ib++) {
+    IQX_UNROLL for (int ib = 0; ib < 8; ib++) {
         const uint8_t *qs = x->qs + 4 * ib, *qh = x->qh + 2 * ib;
-        const __m256i h = _mm256_and_si256(_mm256_set1_epi64x(qh[0] | qh[1] << 8), dbit);
+        uint16_t hw;
+        memcpy(&hw, qh, 2);
+        const __m256i h = _mm256_and_si256(_mm256_set1_epi64x(hw), dbit);
         const __m256i g = _mm256_add_epi8(
-            grid4(k_iq1_v9[qs[0] | ((qh[0] << 8) & 0x700)], k_iq1_v9[qs[1] | ((qh[0] << 4) & 0x700)],
-                  k_iq1_v9[qs[2] | ((qh[1] << 8) & 0x700)], k_iq1_v9[qs[3] | ((qh[1] << 4) & 0x700)]),
+            grid4(k_iq1_v9[qs[0] | ((hw << 8) & 0x700)], k_iq1_v9[qs[1] | ((hw << 4) & 0x700)],
+                  k_iq1_v9[qs[2] | (hw & 0x700)], k_iq1_v9[qs[3] | ((hw >> 4) & 0x700)]),
             _mm256_or_si256(_mm256_cmpeq_epi64(h, dbit), one));
-        const int s = sc[ib / 2] >> (6 * (ib % 2));
-        const int s1 = 2 * (s & 7) + 1, s2 = 2 * ((s >> 3) & 7) + 1;
-        const __m256i scv = _mm256_set_m128i(_mm_set1_epi16((short)s2), _mm_set1_epi16((short)s1));
-        IQX_UNROLL for (int j = 0; j < C; j++) {
+        /* lanes 0..7: scale 2ib, 8..15: scale 2ib + 1 */
+        const __m256i scv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(ib)),
+            _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                             2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+        IQX_UNROLL for (int j = 0; j < C; j++)
             is[j] = _mm256_add_epi32(is[j], iq1_lanes(g, y[j]->qs + 32 * ib, scv));
-            corr[j] += s1 * y[j]->bsums[2 * ib] + s2 * y[j]->bsums[2 * ib + 1];
-        }
     }
-    IQX_UNROLL for (int j = 0; j < C; j++)
-        is[j] = _mm256_sub_epi32(is[j], _mm256_setr_epi32(9 * corr[j], 0, 0, 0, 0, 0, 0, 0));
 }
 
 static inline float iq1m_d(const pg_block_iq1_m *x) {
