@@ -269,20 +269,27 @@ static inline __attribute__((always_inline)) void row_iq1_m(const pg_block_iq1_m
     IQX_UNROLL for (int j = 0; j < C; j++)
         is[j] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(
             _mm256_loadu_si256((const __m256i *)y[j]->bsums), sc9));
-    /* qword e (entry e of the group) of the delta: -1 bytes where bit 3 (e = 0), 7, 11 or 15
-     * of qh[2ib] | qh[2ib + 1] << 8 is set, else +1 (vector ops on a broadcast: building the
-     * lanes from scalars cost more than the dot) */
-    const __m256i dbit = _mm256_setr_epi64x(0x8, 0x80, 0x800, 0x8000);
-    const __m256i one = _mm256_set1_epi8(1);
+    /* byte n of dl: the delta of entry n % 4 of group n / 4 (-1 where bit 3 + 4·(n % 2) of
+     * qh[n / 2] is set, else +1), for the whole block at once; group ib's four deltas spread
+     * over its four qwords by one VPSHUFB from the lane that holds them (6 vector ops per
+     * group before) */
+    const __m128i qhv = _mm_loadu_si128((const __m128i *)x->qh);
+    const __m256i dbit = _mm256_set1_epi16(0x8008);
+    const __m256i dpair = _mm256_set_m128i(_mm_unpackhi_epi8(qhv, qhv), _mm_unpacklo_epi8(qhv, qhv));
+    const __m256i dl = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(dpair, dbit), dbit),
+                                       _mm256_set1_epi8(1));
+    const __m256i dlo = _mm256_permute2x128_si256(dl, dl, 0x00), dhi = _mm256_permute2x128_si256(dl, dl, 0x11);
     IQX_UNROLL for (int ib = 0; ib < 8; ib++) {
-        const uint8_t *qs = x->qs + 4 * ib, *qh = x->qh + 2 * ib;
+        const uint8_t *qs = x->qs + 4 * ib;
         uint16_t hw;
-        memcpy(&hw, qh, 2);
-        const __m256i h = _mm256_and_si256(_mm256_set1_epi64x(hw), dbit);
+        memcpy(&hw, x->qh + 2 * ib, 2);
+        const long long k = 0x0101010101010101LL * (4 * (ib % 4));
+        const __m256i dsel = _mm256_shuffle_epi8(ib < 4 ? dlo : dhi, _mm256_setr_epi64x(
+            k, k + 0x0101010101010101LL, k + 0x0202020202020202LL, k + 0x0303030303030303LL));
         const __m256i g = _mm256_add_epi8(
             grid4(k_iq1_v9[qs[0] | ((hw << 8) & 0x700)], k_iq1_v9[qs[1] | ((hw << 4) & 0x700)],
                   k_iq1_v9[qs[2] | (hw & 0x700)], k_iq1_v9[qs[3] | ((hw >> 4) & 0x700)]),
-            _mm256_or_si256(_mm256_cmpeq_epi64(h, dbit), one));
+            dsel);
         /* lanes 0..7: scale 2ib, 8..15: scale 2ib + 1 */
         const __m256i scv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(ib)),
             _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
