@@ -84,10 +84,24 @@ static inline uint32_t ksigns4(uint32_t aux) {
            (uint32_t)pg_ksigns_iq2xs[(aux >> 21) & 127] << 24;
 }
 
-/* [lo × 8 | hi × 8] as int16 2s+1 (IQ2_XS, IQ2_S: a scale per 16 elements) */
-static inline __m256i scales_lo_hi(int sb) {
-    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * (sb >> 4) + 1)),
-                            _mm_set1_epi16((short)(2 * (sb & 0xf) + 1)));
+/* IQ2_XS, IQ2_S: a scale per 16 elements. The block's 16 scales as bytes 2s+1 (byte 2ib: the
+ * low nibble of scales[ib], 2ib + 1: the high one) in both lanes, made once per block (the
+ * unrolled groups share it), and group ib's [lo × 8 | hi × 8] as int16 by one VPSHUFB (a scalar
+ * extract and two broadcasts per group before) */
+static inline __m256i scale_bytes(const uint8_t *scales) {
+    uint64_t v;
+    memcpy(&v, scales, 8);
+    const __m128i b = _mm_set_epi64x(0, (long long)v);
+    const __m128i m4 = _mm_set1_epi8(0xf);
+    const __m128i lh = _mm_unpacklo_epi8(_mm_and_si128(b, m4), _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+    const __m128i s = _mm_or_si128(_mm_add_epi8(lh, lh), _mm_set1_epi8(1));
+    return _mm256_set_m128i(s, s);
+}
+
+static inline __m256i scales_lo_hi(__m256i sb, int ib) {
+    const char l = (char)(2 * ib), h = (char)(2 * ib + 1), z = (char)0x80;
+    return _mm256_shuffle_epi8(sb, _mm256_setr_epi8(l, z, l, z, l, z, l, z, l, z, l, z, l, z, l, z,
+                                                    h, z, h, z, h, z, h, z, h, z, h, z, h, z, h, z));
 }
 
 static inline __attribute__((always_inline)) void sub_iq2_xxs(const pg_block_iq2_xxs *x, int ib,
@@ -107,7 +121,7 @@ static inline __attribute__((always_inline)) void sub_iq2_xs(const pg_block_iq2_
                pg_iq2xs_grid[v[3] & 511]);
     *m = grid4(k_sign_mask[v[0] >> 9], k_sign_mask[v[1] >> 9], k_sign_mask[v[2] >> 9],
                k_sign_mask[v[3] >> 9]);
-    *sc = scales_lo_hi(x->scales[ib]);
+    *sc = scales_lo_hi(scale_bytes(x->scales), ib);
 }
 
 static inline __attribute__((always_inline)) void sub_iq2_s(const pg_block_iq2_s *x, int ib,
@@ -119,7 +133,7 @@ static inline __attribute__((always_inline)) void sub_iq2_s(const pg_block_iq2_s
     uint32_t s4;
     memcpy(&s4, x->qs + 32 + 4 * ib, 4);
     *m = sign_mask(s4);
-    *sc = scales_lo_hi(x->scales[ib]);
+    *sc = scales_lo_hi(scale_bytes(x->scales), ib);
 }
 
 static inline __attribute__((always_inline)) void sub_iq3_xxs(const pg_block_iq3_xxs *x, int ib,
