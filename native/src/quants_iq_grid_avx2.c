@@ -280,6 +280,8 @@ static inline __attribute__((always_inline)) void row_iq1_m(const pg_block_iq1_m
         (long long)(8192 | 1024ull << 16 | 128ull << 32 | 16ull << 48))), 13);
     const __m256i sc = _mm256_or_si256(_mm256_add_epi16(s3, s3), _mm256_set1_epi16(1));
     const __m256i sc9 = _mm256_add_epi16(_mm256_slli_epi16(sc, 3), sc);
+    /* the 16 scales as bytes in both lanes */
+    const __m256i scb = _mm256_permute4x64_epi64(_mm256_packus_epi16(sc, sc), _MM_SHUFFLE(2, 0, 2, 0));
     IQX_UNROLL for (int j = 0; j < C; j++)
         is[j] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(
             _mm256_loadu_si256((const __m256i *)y[j]->bsums), sc9));
@@ -304,10 +306,10 @@ static inline __attribute__((always_inline)) void row_iq1_m(const pg_block_iq1_m
             grid4(k_iq1_v9[qs[0] | ((hw << 8) & 0x700)], k_iq1_v9[qs[1] | ((hw << 4) & 0x700)],
                   k_iq1_v9[qs[2] | (hw & 0x700)], k_iq1_v9[qs[3] | ((hw >> 4) & 0x700)]),
             dsel);
-        /* lanes 0..7: scale 2ib, 8..15: scale 2ib + 1 */
-        const __m256i scv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(ib)),
-            _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                             2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+        /* lanes 0..7: scale 2ib, 8..15: scale 2ib + 1, by one VPSHUFB of the scale bytes */
+        const char l = (char)(2 * ib), hb = (char)(2 * ib + 1), z = (char)0x80;
+        const __m256i scv = _mm256_shuffle_epi8(scb, _mm256_setr_epi8(
+            l, z, l, z, l, z, l, z, l, z, l, z, l, z, l, z, hb, z, hb, z, hb, z, hb, z, hb, z, hb, z, hb, z, hb, z));
         IQX_UNROLL for (int j = 0; j < C; j++)
             is[j] = _mm256_add_epi32(is[j], iq1_lanes(g, y[j]->qs + 32 * ib, scv));
     }
