@@ -22,6 +22,7 @@
 
 #include "gemm_tile.h"
 #include "fp16.h"
+#include "iquants.h"
 #include "kquants.h"
 #include "pg_internal.h"
 #include "quants.h"
@@ -167,12 +168,17 @@ PG_TILE2_GEMM(tile_q6_K, 16, 2, 0)
 
 /* The pack, 8 rows at a time (as gemm_tile_avx512.c's, at half the width): G(o) gathers the
  * dword at byte o of block b of the 8 rows, the scalar decode runs on 4 bytes per lane, the 5th
- * bit of Q5_0 spread from qh by a multiply; Σq per row by maddubs with ones. Q5: Q5_0, else
- * Q4_0. (A pack in 32-bit words per row cost 30% of the dots of 64 activation rows.) */
-AINL void pack_leg(const int Q5, size_t bsize, int64_t n, const void *x, size_t bx, int nr,
+ * bit of Q5_0 spread from qh by a multiply; Σq per row by maddubs with ones. TYPE 0: Q4_0,
+ * 1: Q5_0, 3: IQ4_NL, 4: MXFP4 (as gemm_tile_avx512.c: the levels by VPSHUFB from the codebook,
+ * MXFP4's scale its E8M0 byte). (A pack in 32-bit words per row cost 30% of the dots of 64
+ * activation rows.) */
+AINL void pack_leg(const int TYPE, size_t bsize, int64_t n, const void *x, size_t bx, int nr,
                    void *tile) {
+    const int Q5 = TYPE == 1;
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones8 = _mm256_set1_epi8(1);
     const __m256i ones16 = _mm256_set1_epi16(1), c = _mm256_set1_epi8(Q5 ? 16 : 8);
+    const __m256i lut = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(TYPE == 4 ? pg_kv_mxfp4 : pg_kv_iq4nl)));
     __m256i idx[2];
     for (int hh = 0; hh < 2; hh++) {
         int32_t off[8];
@@ -188,7 +194,7 @@ AINL void pack_leg(const int Q5, size_t bsize, int64_t n, const void *x, size_t 
             const __m256i qh = Q5 ? G(2) : _mm256_setzero_si256();
             __m256i s16 = _mm256_setzero_si256();
             PG_UNROLL for (int k = 0; k < 4; k++) {
-                const __m256i q = G((Q5 ? 6 : 2) + 4 * k);
+                const __m256i q = G(Q5 ? 6 + 4 * k : TYPE == 4 ? 1 + 4 * k : 2 + 4 * k);
                 __m256i lo = _mm256_and_si256(q, m4);
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
                 if (Q5) {   /* qh bit j -> 0x10 of element j: 4 bits to 4 bytes */
@@ -201,7 +207,8 @@ AINL void pack_leg(const int Q5, size_t bsize, int64_t n, const void *x, size_t 
                     hi = _mm256_or_si256(
                         hi, _mm256_slli_epi32(_mm256_and_si256(_mm256_mullo_epi32(hu, sp), b1), 4));
                 }
-                const __m256i vl = _mm256_sub_epi8(lo, c), vh = _mm256_sub_epi8(hi, c);
+                const __m256i vl = TYPE >= 3 ? _mm256_shuffle_epi8(lut, lo) : _mm256_sub_epi8(lo, c);
+                const __m256i vh = TYPE >= 3 ? _mm256_shuffle_epi8(lut, hi) : _mm256_sub_epi8(hi, c);
                 _mm256_storeu_si256((void *)(t + PG_TILE_LV + 64 * k + 32 * hh), vl);
                 _mm256_storeu_si256((void *)(t + PG_TILE_LV + 64 * (4 + k) + 32 * hh), vh);
                 s16 = _mm256_add_epi16(s16, _mm256_add_epi16(_mm256_maddubs_epi16(ones8, vl),
@@ -209,6 +216,15 @@ AINL void pack_leg(const int Q5, size_t bsize, int64_t n, const void *x, size_t 
             }
             _mm256_storeu_si256((void *)(t + PG_TILE_LEG_CORR + 32 * hh),
                                 _mm256_slli_epi32(_mm256_madd_epi16(s16, ones16), 7));
+            if (TYPE == 4) {   /* pg_e8m0_half(e): 0x00200000 << e for e < 2, else (e − 1) << 23 */
+                const __m256i e = _mm256_and_si256(G(0), _mm256_set1_epi32(0xFF));
+                const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+                const __m256i nrm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+                const __m256i den = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+                _mm256_storeu_si256((void *)(t + PG_TILE_LEG_D + 32 * hh),
+                                    _mm256_blendv_epi8(nrm, den, sub));
+                continue;
+            }
             /* d: the low 16 bits of the dword at 0, packed to 8 words in order */
             const __m256i d16 =
                 _mm256_packus_epi32(_mm256_and_si256(G(0), _mm256_set1_epi32(0xFFFF)),
@@ -226,13 +242,22 @@ static void pack_q4_0(int64_t n, const void *x, size_t bx, int nr, void *tile) {
 static void pack_q5_0(int64_t n, const void *x, size_t bx, int nr, void *tile) {
     pack_leg(1, sizeof(pg_block_q5_0), n, x, bx, nr, tile);
 }
+static void pack_iq4_nl(int64_t n, const void *x, size_t bx, int nr, void *tile) {
+    pack_leg(3, sizeof(pg_block_iq4_nl), n, x, bx, nr, tile);
+}
+static void pack_mxfp4(int64_t n, const void *x, size_t bx, int nr, void *tile) {
+    pack_leg(4, sizeof(pg_block_mxfp4), n, x, bx, nr, tile);
+}
 
 /* y[j]: activation rows (Q8_0). Per block, Σ (a + 128)·q by maddubs (the activation side is the
  * unsigned one), int16 partials over CH chunks (pairs ≤ 2·255·16: 4 chunks for Q5_0, 8 for
- * Q4_0's |q| ≤ 8), madd by ones, less 128·Σq; then the scalar kernel's ((float)sumi·dx)·dy
- * added in block order. */
+ * Q4_0's |q| ≤ 8, 4 for MXFP4's ≤ 12), madd by ones, less 128·Σq; then the scalar kernel's
+ * ((float)sumi·dx)·dy added in block order ((float)sumi·(dx·dy) for Q8: IQ4_NL, MXFP4).
+ * SGN (IQ4_NL, |q| ≤ 127: a pair 2·255·127 would saturate): maddubs(|a|, q signed as a) instead,
+ * pairs ≤ 2·128·127 (|−128| is 128 unsigned, q is never −128), madd per chunk, no 128·Σq. */
 AINL void tile_rows_leg(int64_t n, const uint8_t *tile, const pg_block_q8_0 *const *y,
-                        float **out, int nr, const int C, const int CH) {
+                        float **out, int nr, const int C, const int CH, const int Q8,
+                        const int SGN) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     float acc[PG_TILE2_C][16] __attribute__((aligned(32))) = {{0}};
     for (int64_t b = 0; b < n / PG_QK32; b++) {
@@ -246,9 +271,12 @@ AINL void tile_rows_leg(int64_t n, const uint8_t *tile, const pg_block_q8_0 *con
                 const __m256i lv0 = _mm256_loadu_si256((const void *)(t + PG_TILE_LV + 64 * ch));
                 const __m256i lv1 = _mm256_loadu_si256((const void *)(t + PG_TILE_LV + 64 * ch + 32));
                 PG_UNROLL for (int j = 0; j < C; j++) {
-                    const __m256i a = _mm256_xor_si256(bcast32(y[j][b].qs + 4 * ch), flip);
-                    const __m256i p0 = _mm256_maddubs_epi16(a, lv0);
-                    const __m256i p1 = _mm256_maddubs_epi16(a, lv1);
+                    const __m256i ar = bcast32(y[j][b].qs + 4 * ch);
+                    const __m256i a = SGN ? _mm256_abs_epi8(ar) : _mm256_xor_si256(ar, flip);
+                    const __m256i p0 =
+                        _mm256_maddubs_epi16(a, SGN ? _mm256_sign_epi8(lv0, ar) : lv0);
+                    const __m256i p1 =
+                        _mm256_maddubs_epi16(a, SGN ? _mm256_sign_epi8(lv1, ar) : lv1);
                     s16[0][j] = e ? _mm256_add_epi16(s16[0][j], p0) : p0;
                     s16[1][j] = e ? _mm256_add_epi16(s16[1][j], p1) : p1;
                     PG_IN_ORDER(s16[0][j]);
@@ -262,7 +290,9 @@ AINL void tile_rows_leg(int64_t n, const uint8_t *tile, const pg_block_q8_0 *con
                 }
         }
         PG_UNROLL for (int h = 0; h < 2; h++) {
-            const __m256i corr = _mm256_loadu_si256((const void *)(t + PG_TILE_LEG_CORR + 32 * h));
+            const __m256i corr =
+                SGN ? _mm256_setzero_si256()
+                    : _mm256_loadu_si256((const void *)(t + PG_TILE_LEG_CORR + 32 * h));
             const __m256 dx = _mm256_loadu_ps((const void *)(t + PG_TILE_LEG_D + 32 * h));
             PG_UNROLL for (int j = 0; j < C; j++) {
                 pg_fp16 hd;
@@ -270,8 +300,9 @@ AINL void tile_rows_leg(int64_t n, const uint8_t *tile, const pg_block_q8_0 *con
                 const __m256 dy = _mm256_set1_ps(pg_fp16_to_fp32(hd));
                 const __m256 si = _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[h][j], corr));
                 float *a = acc[j] + 8 * h;
-                _mm256_store_ps(a, _mm256_add_ps(_mm256_load_ps(a),
-                                                 _mm256_mul_ps(_mm256_mul_ps(si, dx), dy)));
+                const __m256 term = Q8 ? _mm256_mul_ps(si, _mm256_mul_ps(dx, dy))
+                                       : _mm256_mul_ps(_mm256_mul_ps(si, dx), dy);
+                _mm256_store_ps(a, _mm256_add_ps(_mm256_load_ps(a), term));
             }
         }
     }
@@ -279,7 +310,8 @@ AINL void tile_rows_leg(int64_t n, const uint8_t *tile, const pg_block_q8_0 *con
 }
 
 AINL void tile_gemm_leg(int64_t n, const void *tile, const void *y, size_t by, int64_t nc,
-                        float *s, size_t bs, int nr, const int CH) {
+                        float *s, size_t bs, int nr, const int CH, const int Q8,
+                        const int SGN) {
     for (int64_t j0 = 0; j0 < nc; j0 += PG_TILE2_C) {
         const int c = (int)(nc - j0 < PG_TILE2_C ? nc - j0 : PG_TILE2_C);
         const pg_block_q8_0 *yr[PG_TILE2_C];
@@ -289,17 +321,26 @@ AINL void tile_gemm_leg(int64_t n, const void *tile, const void *y, size_t by, i
             yr[j] = (const pg_block_q8_0 *)((const char *)y + (size_t)jj * by);
             out[j] = (float *)((char *)s + (size_t)jj * bs);
         }
-        tile_rows_leg(n, (const uint8_t *)tile, yr, out, nr, PG_TILE2_C, CH);
+        tile_rows_leg(n, (const uint8_t *)tile, yr, out, nr, PG_TILE2_C, CH, Q8, SGN);
     }
 }
 
 static void tile_q4_0(int64_t n, const void *tile, const void *y, size_t by, int64_t nc, float *s,
                       size_t bs, int nr) {
-    tile_gemm_leg(n, tile, y, by, nc, s, bs, nr, 8);
+    tile_gemm_leg(n, tile, y, by, nc, s, bs, nr, 8, 0, 0);
 }
 static void tile_q5_0(int64_t n, const void *tile, const void *y, size_t by, int64_t nc, float *s,
                       size_t bs, int nr) {
-    tile_gemm_leg(n, tile, y, by, nc, s, bs, nr, 4);
+    tile_gemm_leg(n, tile, y, by, nc, s, bs, nr, 4, 0, 0);
+}
+/* the codebook types: (d_y·d_x)·isum as Q8_0's term (products commute) */
+static void tile_iq4_nl(int64_t n, const void *tile, const void *y, size_t by, int64_t nc,
+                        float *s, size_t bs, int nr) {
+    tile_gemm_leg(n, tile, y, by, nc, s, bs, nr, 1, 1, 1);
+}
+static void tile_mxfp4(int64_t n, const void *tile, const void *y, size_t by, int64_t nc,
+                       float *s, size_t bs, int nr) {
+    tile_gemm_leg(n, tile, y, by, nc, s, bs, nr, 4, 1, 0);
 }
 
 void pg_fill_gemm_tile_avx2(pg_type_traits *tbl) {
@@ -317,4 +358,8 @@ void pg_fill_gemm_tile_avx2(pg_type_traits *tbl) {
     tbl[PG_TYPE_Q4_0].tile_gemm = tile_q4_0;
     tbl[PG_TYPE_Q5_0].tile_pack = pack_q5_0;
     tbl[PG_TYPE_Q5_0].tile_gemm = tile_q5_0;
+    tbl[PG_TYPE_IQ4_NL].tile_pack = pack_iq4_nl;
+    tbl[PG_TYPE_IQ4_NL].tile_gemm = tile_iq4_nl;
+    tbl[PG_TYPE_MXFP4].tile_pack = pack_mxfp4;
+    tbl[PG_TYPE_MXFP4].tile_gemm = tile_mxfp4;
 }
