@@ -16,7 +16,10 @@
  * super-block term per row in block order: the bits of vec_dot (native/tests/test_gemm_tile.c).
  * Q4_0 and Q5_0 (Gemma's main type) have the legacy tile of gemm_tile_avx512.c, packed and
  * dotted below with maddubs: Q5_0 100 -> 135 / 149 GOP/s at 64 / 512 activation rows, Q4_0
- * 115 -> 139 / 149. */
+ * 115 -> 139 / 149. The codebook types reuse both: MXFP4 (|q| <= 12) the legacy tile as it is,
+ * IQ4_NL the legacy tile and IQ4_XS the K-quant one with signed codebook levels dotted as
+ * maddubs(|a|, sign(q, a)): with |q| up to 127 a maddubs pair of q and a + 128 (or of q + 128,
+ * as the avx512 tiles have them, and a) would saturate int16. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -56,7 +59,7 @@ AINL __m256i bcast32(const void *p) {
  * tile per activation broadcast: a broadcast feeds two maddubs, a level vector C. */
 AINL void tile_rows(int64_t n, const uint8_t *tile, const pg_block_q8_K *const *y,
                     const pg_block_q8_K *const *ynext, float **out, int nr, const int C,
-                    const int GS, const int CH, const int HAS_MIN) {
+                    const int GS, const int CH, const int HAS_MIN, const int SGN) {
     const int64_t nb = n / PG_QK_K;
     const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
     float acc[PG_TILE2_C][16] __attribute__((aligned(32))) = {{0}};
@@ -83,8 +86,12 @@ AINL void tile_rows(int64_t n, const uint8_t *tile, const pg_block_q8_K *const *
                         _mm256_loadu_si256((const void *)(t + PG_TILE_LV + 64 * ch + 32));
                     PG_UNROLL for (int j = 0; j < C; j++) {
                         const __m256i a = bcast32(yb[j]->qs + 4 * ch);
-                        const __m256i p0 = _mm256_maddubs_epi16(lv0, a);
-                        const __m256i p1 = _mm256_maddubs_epi16(lv1, a);
+                        const __m256i p0 =
+                            SGN ? _mm256_maddubs_epi16(_mm256_abs_epi8(a), _mm256_sign_epi8(lv0, a))
+                                : _mm256_maddubs_epi16(lv0, a);
+                        const __m256i p1 =
+                            SGN ? _mm256_maddubs_epi16(_mm256_abs_epi8(a), _mm256_sign_epi8(lv1, a))
+                                : _mm256_maddubs_epi16(lv1, a);
                         s16[0][j] = e ? _mm256_add_epi16(s16[0][j], p0) : p0;
                         s16[1][j] = e ? _mm256_add_epi16(s16[1][j], p1) : p1;
                         PG_IN_ORDER(s16[0][j]);
@@ -103,7 +110,8 @@ AINL void tile_rows(int64_t n, const uint8_t *tile, const pg_block_q8_K *const *
         }
         /* the bsums term of the 16 rows and C activation rows: each weight vector loaded once */
         __m256i m[2][PG_TILE2_C];
-        PG_UNROLL for (int k = 0; k < 8; k++) {
+        PG_UNROLL for (int j = 0; j < C; j++) m[0][j] = m[1][j] = _mm256_setzero_si256();
+        if (!SGN) PG_UNROLL for (int k = 0; k < 8; k++) {
             const __m256i w0 = _mm256_loadu_si256((const void *)(t + PG_TILE_BW + 64 * k));
             const __m256i w1 = _mm256_loadu_si256((const void *)(t + PG_TILE_BW + 64 * k + 32));
             PG_UNROLL for (int j = 0; j < C; j++) {
@@ -138,7 +146,8 @@ AINL void tile_rows(int64_t n, const uint8_t *tile, const pg_block_q8_K *const *
 }
 
 AINL void tile_gemm(int64_t n, const void *tile, const void *y, size_t by, int64_t nc, float *s,
-                    size_t bs, int nr, const int GS, const int CH, const int HAS_MIN) {
+                    size_t bs, int nr, const int GS, const int CH, const int HAS_MIN,
+                    const int SGN) {
     for (int64_t j0 = 0; j0 < nc; j0 += PG_TILE2_C) {
         const int c = (int)(nc - j0 < PG_TILE2_C ? nc - j0 : PG_TILE2_C);
         const pg_block_q8_K *yr[PG_TILE2_C], *yn[PG_TILE2_C];
@@ -149,20 +158,67 @@ AINL void tile_gemm(int64_t n, const void *tile, const void *y, size_t by, int64
             yn[j] = (const pg_block_q8_K *)((const char *)y + (size_t)(jn < nc ? jn : jj) * by);
             out[j] = (float *)((char *)s + (size_t)jj * bs);
         }
-        tile_rows(n, (const uint8_t *)tile, yr, yn, out, nr, PG_TILE2_C, GS, CH, HAS_MIN);
+        tile_rows(n, (const uint8_t *)tile, yr, yn, out, nr, PG_TILE2_C, GS, CH, HAS_MIN, SGN);
     }
 }
 
-#define PG_TILE2_GEMM(name, GS, CH, HAS_MIN)                                                       \
+#define PG_TILE2_GEMM(name, GS, CH, HAS_MIN, SGN)                                                  \
     static void name(int64_t n, const void *tile, const void *y, size_t by, int64_t nc,           \
                      float *s, size_t bs, int nr) {                                                \
-        tile_gemm(n, tile, y, by, nc, s, bs, nr, GS, CH, HAS_MIN);                                 \
+        tile_gemm(n, tile, y, by, nc, s, bs, nr, GS, CH, HAS_MIN, SGN);                            \
     }
-PG_TILE2_GEMM(tile_q2_K, 16, 4, 1)
-PG_TILE2_GEMM(tile_q3_K, 16, 4, 0)
-PG_TILE2_GEMM(tile_q4_K, 32, 8, 1)
-PG_TILE2_GEMM(tile_q5_K, 32, 4, 1)
-PG_TILE2_GEMM(tile_q6_K, 16, 2, 0)
+PG_TILE2_GEMM(tile_q2_K, 16, 4, 1, 0)
+PG_TILE2_GEMM(tile_q3_K, 16, 4, 0, 0)
+PG_TILE2_GEMM(tile_q4_K, 32, 8, 1, 0)
+PG_TILE2_GEMM(tile_q5_K, 32, 4, 1, 0)
+PG_TILE2_GEMM(tile_q6_K, 16, 2, 0, 0)
+/* IQ4_XS: signed codebook levels (|q| <= 127; + 128 as the avx512 tile has them, a maddubs pair
+ * would saturate), so maddubs(|a|, sign(q, a)) (pairs <= 2·128·127, one chunk per partial), no
+ * offset: the bsums term is 0 */
+PG_TILE2_GEMM(tile_iq4_xs, 32, 1, 0, 1)
+
+/* The IQ4_XS pack, 8 rows at a time by gathers (as pack_leg below): qs[16ib + 4k..] holds
+ * elements 32ib + 4k.. (low nibbles) and 32ib + 16 + 4k.. (high); sc[ib] = ls − 32; bw unused. */
+static void pack_iq4_xs(int64_t n, const void *x, size_t bx, int nr, void *tile) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), f = _mm256_set1_epi32(0xF);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pg_kv_iq4nl));
+    for (int hh = 0; hh < 2; hh++) {
+        int32_t off[8];
+        for (int r = 0; r < 8; r++)
+            off[r] = 8 * hh + r < nr ? (int32_t)((size_t)(8 * hh + r) * bx) : 0;
+        const __m256i idx = _mm256_loadu_si256((const void *)off);
+        for (int64_t b = 0; b < n / PG_QK_K; b++) {
+            const char *base = (const char *)x + (size_t)b * sizeof(pg_block_iq4_xs);
+            uint8_t *t = (uint8_t *)tile + (size_t)b * PG_TILE_SB_BYTES;
+#define G(o) _mm256_i32gather_epi32((const int *)(const void *)(base + (o)), idx, 1)
+            for (int ib = 0; ib < 8; ib++)
+                PG_UNROLL for (int k = 0; k < 4; k++) {
+                    const __m256i q = G(8 + 16 * ib + 4 * k);
+                    const __m256i lo = _mm256_and_si256(q, m4);
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    _mm256_storeu_si256((void *)(t + PG_TILE_LV + 64 * (8 * ib + k) + 32 * hh),
+                                        _mm256_shuffle_epi8(lut, lo));
+                    _mm256_storeu_si256((void *)(t + PG_TILE_LV + 64 * (8 * ib + 4 + k) + 32 * hh),
+                                        _mm256_shuffle_epi8(lut, hi));
+                }
+            const __m256i w0 = G(0), sl = G(4);   /* d | scales_h << 16; scales_l[0..3] */
+            for (int ib = 0; ib < 8; ib++) {
+                const __m256i lo4 = _mm256_and_si256(_mm256_srli_epi32(sl, 4 * ib), f);
+                const __m256i hi2 =
+                    _mm256_and_si256(_mm256_srli_epi32(w0, 16 + 2 * ib), _mm256_set1_epi32(3));
+                const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo4, _mm256_slli_epi32(hi2, 4)),
+                                                    _mm256_set1_epi32(32));
+                _mm256_storeu_si256((void *)(t + PG_TILE_SC + 64 * ib + 32 * hh), sc);
+            }
+            const __m256i d16 =
+                _mm256_packus_epi32(_mm256_and_si256(w0, _mm256_set1_epi32(0xFFFF)),
+                                    _mm256_setzero_si256());
+            const __m128i h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(d16, 0x08));
+            _mm256_storeu_ps((void *)(t + PG_TILE_D + 32 * hh), _mm256_cvtph_ps(h));
+#undef G
+        }
+    }
+}
 
 /* ---- Q4_0 and Q5_0: a tile per block of 32 (layout: gemm_tile.h) -------------------------- */
 
@@ -358,6 +414,8 @@ void pg_fill_gemm_tile_avx2(pg_type_traits *tbl) {
     tbl[PG_TYPE_Q4_0].tile_gemm = tile_q4_0;
     tbl[PG_TYPE_Q5_0].tile_pack = pack_q5_0;
     tbl[PG_TYPE_Q5_0].tile_gemm = tile_q5_0;
+    tbl[PG_TYPE_IQ4_XS].tile_pack = pack_iq4_xs;
+    tbl[PG_TYPE_IQ4_XS].tile_gemm = tile_iq4_xs;
     tbl[PG_TYPE_IQ4_NL].tile_pack = pack_iq4_nl;
     tbl[PG_TYPE_IQ4_NL].tile_gemm = tile_iq4_nl;
     tbl[PG_TYPE_MXFP4].tile_pack = pack_mxfp4;

@@ -159,6 +159,12 @@ PG_TEST(test_tile_gemm_bits_and_bounds) {
             CHECK(pg_get_type_traits_for_path(k_types[it], PG_PATH_AVX512)->tile_pack != NULL,
                   "type %d: no tile on the avx512 path of a CPU with AVX512-VNNI",
                   (int)k_types[it]);
+    /* AVX2 has them for all but Q8_0 (the gemm is as fast there) */
+    if (pg_path_compiled(PG_PATH_AVX2))
+        for (int it = 0; it < N_TYPES; it++)
+            CHECK(k_types[it] == PG_TYPE_Q8_0 ||
+                      pg_get_type_traits_for_path(k_types[it], PG_PATH_AVX2)->tile_pack != NULL,
+                  "type %d: no tile on the avx2 path", (int)k_types[it]);
 #endif
 }
 
