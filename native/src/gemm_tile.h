@@ -12,7 +12,8 @@
  *            scale (Q3_K: 4·sc, Q6_K: 32·sc; subtracted from the level sum)
  *   d, dmin: float (the fp16 fields; dmin 0 where there is none)
  *   IQ4_XS (gemm_tile_avx512.c) has the same layout: levels the codebook values + 128, sc[g]
- *   ls − 32 (g < 8), bw 128·sc, no dmin.
+ *   ls − 32 (g < 8), bw 128·sc, no dmin; gemm_tile_avx2.c's keeps the signed codebook values
+ *   (its maddubs takes |a| and the levels signed as a) and no bw.
  * Legacy formats without a min (Q4_0, Q5_0, Q8_0; IQ4_NL, MXFP4 with the codebook's levels and
  * d the fp32 scale), per block of 32 (PG_TILE_LEG_BYTES):
  *   lv[8]:   int8 levels q (−8..7, −16..15, −128..127); chunk e = elements 4e..4e+3
