@@ -72,7 +72,9 @@ rpc-server: venv
 
 # Benchmarks only (not part of setup or test): llama.cpp's command-line tools (llama-server,
 # llama-bench, llama-speculative(-simple), llama-cli, rpc-server) from the same sdist, built once
-# in build/llamacpp-tools/ and kept in ~/.cache/pyggml/llamacpp-0.3.36/bin/.
+# in build/llamacpp-tools/ and kept in ~/.cache/pyggml/llamacpp-0.3.36/bin/. With
+# LLAMACPP_ISA=avx2: llama-bench alone, built for an AVX2-only CPU (the reference for pyggml's
+# forced avx2 path), into ~/.cache/pyggml/llamacpp-0.3.36-avx2/bin/.
 llamacpp-tools:
 	@tools/build_llamacpp_tools.sh $(VPY)
 
