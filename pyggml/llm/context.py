@@ -171,18 +171,21 @@ class Context:
         with self.lock:
             self._seq_lora[seq_id] = scales
 
-    def seq_loras(self, seq_id: int) -> Loras:
-        """The adapters sequence seq_id is decoded with (those whose scale is not 0)."""
-        scales = self._seq_lora[seq_id]
-        if scales is None:
-            scales = self.lora_scales
-        return Loras(zip(self.adapters, scales))
+    def loras(self, scales=None) -> Loras:
+        """The adapters a sequence with `scales` (one per adapter; None: the global ones) is
+        decoded with (those whose scale is not 0)."""
+        return Loras(zip(self.adapters, self.lora_scales if scales is None else scales))
 
-    def lora_tag(self, scales=None) -> tuple:
-        """The tag (Loras.tag) of a sequence decoded with `scales` (one per adapter; None:
-        the global ones)."""
-        scales = self.lora_scales if scales is None else self.check_lora_scales(scales)
-        return Loras(zip(self.adapters, scales)).tag
+    def seq_loras(self, seq_id: int) -> Loras:
+        """The adapters sequence seq_id is decoded with."""
+        return self.loras(self._seq_lora[seq_id])
+
+    def reusable_prefix(self, ids: list[int], seq_id: int, lora_tag: tuple) -> int:
+        """Tokens at the start of `ids` whose cells sequence seq_id holds, computed under the
+        adapter set `lora_tag` (Loras.tag): 0 when its cells were computed under another."""
+        if self._seq_lora_tag[self.check_seq(seq_id)] != lora_tag:
+            return 0
+        return self.common_prefix(ids, seq_id)
 
     def seq_lora_tag(self, seq_id: int) -> tuple | None:
         """The tag (Loras.tag) of the adapter set the sequence's cells were computed under
@@ -321,11 +324,10 @@ class Context:
         kept (llama.cpp does the same)."""
         seq_id = self.check_seq(seq_id)
         with self.lock:
-            n = self.common_prefix(ids[:-2], seq_id)
+            # cells computed under other LoRA scales: nothing to reuse
+            n = self.reusable_prefix(ids[:-2], seq_id, self.seq_loras(seq_id).tag)
             if n > 0 and not self.kv.can_keep_prefix(seq_id, n):
                 n = 0
-            if n > 0 and self._seq_lora_tag[seq_id] != self.seq_loras(seq_id).tag:
-                n = 0           # computed under other LoRA scales: nothing to reuse
             if self.checkpoints is not None and n < self.seq_len(seq_id):
                 # recurrent state: resume from the nearest checkpoint at or before n
                 cp = self.checkpoints.nearest(seq_id, n)

@@ -140,24 +140,18 @@ class CellSpace:
         such cells are free, the lowest free ones (as find_slot)."""
         n = len(seq_ids)
         free = self.pos < 0
-        if n == 1:                      # a decode step: the first free cell after the sequence's
-            bit = np.uint64(1) << np.uint64(int(seq_ids[0]))
-            held = np.flatnonzero(self.seqs & bit)
-            floor = int(held[-1]) + 1 if held.size else 0
-            cand = np.flatnonzero(free[floor:])
-            if cand.size:
-                return cand[:1] + floor
-            return self.find_slot(1, n_ctx)
         if int(np.count_nonzero(free)) < n:
             return self.find_slot(n, n_ctx)
         out = np.empty(n, np.int64)
-        # the ubatch's tokens come grouped by sequence (Context.decode appends them so)
-        bounds = np.flatnonzero(np.diff(seq_ids)) + 1
-        starts = np.concatenate(([0], bounds))
-        ends = np.concatenate((bounds, [n]))
+        if n == 1:                      # a decode step: one sequence, no bounds to find
+            starts, ends = (0,), (1,)
+        else:           # the ubatch's tokens come grouped by sequence (Context.decode does so)
+            bounds = np.flatnonzero(np.diff(seq_ids)) + 1
+            starts = np.concatenate(([0], bounds))
+            ends = np.concatenate((bounds, [n]))
         for a, b in zip(starts, ends):
             bit = np.uint64(1) << np.uint64(int(seq_ids[a]))
-            held = np.flatnonzero((self.seqs & bit) != 0)
+            held = np.flatnonzero(self.seqs & bit)
             floor = int(held[-1]) + 1 if held.size else 0
             cand = np.flatnonzero(free[floor:])[:b - a] + floor
             if cand.size < b - a:

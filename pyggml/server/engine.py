@@ -284,7 +284,11 @@ class Engine:
 
             if len(free) < 1 + len(job.children):
                 return          # every choice of a request starts together (as llama-server)
-            slot = max(free, key=lambda s: (self._reusable(job, s), -s.last_used))
+            ctx = self.llm.context
+            # a slot's cells count only when computed under the LoRA scales job decodes with
+            tag = ctx.loras(job.gen.lora if job.gen is not None else None).tag
+            slot = max(free, key=lambda s: (ctx.reusable_prefix(job.ids, s.seq_id, tag),
+                                            -s.last_used))
             if job.kind == "complete" and not self._prompt_fits(job.ids, slot,
                                                                  len(job.children)):
                 return                      # it waits (first in line) for cells to free up
@@ -328,16 +332,6 @@ class Engine:
             if child.gen.done:
                 child.emit("done", child.gen)
                 self._release(s)
-
-    def _reusable(self, job: Job, slot: Slot) -> int:
-        """Prompt tokens slot's cells could give job: the common prefix, when they were
-        computed under the LoRA scales job decodes with (else none: Context.reuse_prefix
-        would drop them)."""
-        ctx = self.llm.context
-        if job.gen is not None and ctx.adapters and \
-                ctx.seq_lora_tag(slot.seq_id) != ctx.lora_tag(job.gen.lora):
-            return 0
-        return ctx.common_prefix(job.ids, slot.seq_id)
 
     def _prompt_fits(self, ids: list[int], slot: Slot, n_more: int = 0) -> bool:
         """Whether a prompt admitted to `slot` (with n_more further choices sharing its cells,
