@@ -316,6 +316,48 @@ def test_cli_flags(files, capsys):
     assert rc == 2 and "unknown flag '--lor'" in err
 
 
+# ---- planning: pyggml plan / pyggml mem --------------------------------------------------------
+def _file_tensor_bytes(path) -> int:
+    from gguf import GGUFReader
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
+
+
+def test_plan_counts_adapters(files):
+    from pyggml.planning.memory import plan_memory
+    ad = files["lora-qwen3-all"]
+    base = plan_memory(files["qwen3"], n_ctx=N_CTX)
+    with_ad = plan_memory(files["qwen3"], n_ctx=N_CTX, lora=[(ad, 0.5)])
+    n = _file_tensor_bytes(ad)
+    assert n > 0 and with_ad.loras == [(str(ad), 0.5, n)] and with_ad.lora_bytes == n
+    # the adapter's bytes are system RAM; the worst-case graphs apply it: no smaller a reserve
+    cpu, cpu0 = with_ad.device("CPU"), base.device("CPU")
+    assert cpu.weights == cpu0.weights and cpu.compute >= cpu0.compute
+    assert with_ad.system_ram == base.system_ram + n + (cpu.compute - cpu0.compute)
+    assert "--lora-scaled" in with_ad.llama and f"{ad}:0.5" in with_ad.llama
+    assert with_ad.to_dict()["loras"] == [{"path": str(ad), "scale": 0.5, "bytes": n}]
+    from pyggml.planning.fit import fit
+    res = fit(files["qwen3"], {"CPU": "1GiB"}, lora=[(ad, 1.0)], max_ctx=512)
+    assert res.fits and res.plan.lora_bytes == n and "LoRA adapters" in res.summary()
+
+
+def test_plan_and_mem_cli_take_lora_flags(files, capsys):
+    ad = str(files["lora-qwen3-all"])
+    n = _file_tensor_bytes(ad)
+    from pyggml.units import fmt_bytes
+    assert cli_main(["plan", "-m", str(files["qwen3"]), "-c", "256", "--lora", ad]) == 0
+    out = capsys.readouterr().out
+    assert f"LoRA adapters: {fmt_bytes(n)}" in out and f"--lora {ad}" in out
+    assert cli_main(["mem", "-m", str(files["qwen3"]), "-c", "256", "--warmup", "token",
+                     "--lora-scaled", ad, "2"]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA adapters (mapped)" in out and f"LoRA adapters {fmt_bytes(n)}" in out
+    # an adapter that is not one: one line naming the file, before anything is planned
+    for cmd in ("plan", "mem"):
+        assert cli_main([cmd, "-m", str(files["qwen3"]), "--lora", str(files["qwen3"])]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "general.type" in err and str(files["qwen3"]) in err
+
+
 # ---- server --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def client(files):

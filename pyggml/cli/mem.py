@@ -8,7 +8,7 @@ import sys
 
 from pyggml.cli.args import add_draft_args, draft_plan_options, int_list
 from pyggml.cli.output import write_text, writable
-from pyggml.cmdline import add_model_args, add_offload_args
+from pyggml.cmdline import add_lora_args, add_model_args, add_offload_args, lora_from_args
 from pyggml.errors import ConfigError
 from pyggml.llm.setup import DEFAULTS
 from pyggml.offload.flags import planning_config, virtual_specs
@@ -36,7 +36,7 @@ def cmd_mem(args) -> int:
     cfg = planning_config(args, virtual)
     planning_only = args.plan_only or bool(virtual) or bool(cfg.get(("virtual_devices",)))
     common = {"logits_all": args.logits_all, "flash_attn": args.flash_attn != "off",
-              "swa_full": args.swa_full}
+              "swa_full": args.swa_full, "lora": lora_from_args(args).get("lora")}
     for out in (args.json, args.emit_yaml, args.sweep_csv, args.sweep_plot, args.timeline,
                 args.timeline_csv, args.address_map):
         if out:
@@ -100,6 +100,7 @@ def add_commands(sub) -> None:
     add_model_args(p)
     add_offload_args(p, planning=True)
     add_draft_args(p)
+    add_lora_args(p)
     p.add_argument("--plan-only", action="store_true", help="no loading, no compute")
     p.add_argument("--warmup", choices=WARMUPS, default="fill")
     p.add_argument("--gen", type=int, default=0, help="generate N tokens after the warm-up")

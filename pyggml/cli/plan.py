@@ -6,7 +6,8 @@ import sys
 
 from pyggml.cli.args import add_draft_args, draft_plan_options
 from pyggml.cli.output import write_text
-from pyggml.cmdline import add_model_args, add_offload_args, run_options
+from pyggml.cmdline import (add_lora_args, add_model_args, add_offload_args, lora_from_args,
+                             run_options)
 from pyggml.offload.flags import config_from_cli, virtual_specs
 from pyggml.offload.config import describe_schema
 
@@ -19,10 +20,11 @@ def cmd_plan(args) -> int:
         print(describe_schema())
         return 0
     opts = run_options(args)
+    lora = lora_from_args(args).get("lora")        # checked before the model is opened
     with Planner(args.model, virtual=virtual_specs(args)) as planner:
         # (a callable: this machine's devices are listed only when -ngl needs its first GPU)
         cfg = config_from_cli(args, always=True, first_gpu=lambda: planner.catalog.default_gpu())
-        report = planner.plan(cfg, **opts, **draft_plan_options(args))
+        report = planner.plan(cfg, **opts, **draft_plan_options(args), lora=lora)
         if args.check_fit:
             report.fit_changes = suggest_changes(planner, report)
     if args.emit_yaml is not None:
@@ -45,6 +47,7 @@ def add_commands(sub) -> None:
     add_model_args(p)
     add_offload_args(p, planning=True)
     add_draft_args(p)
+    add_lora_args(p)
     p.add_argument("--per-tensor", action="store_true", help="one row per tensor")
     p.add_argument("--check-fit", action="store_true",
                    help="compare with free device memory; suggest the smallest change that fits")

@@ -178,6 +178,11 @@ class LoraAdapter:
             tail = f", {X}" if X > 1 else ""
             raise bad(f"lora_a [{n_in}, r{tail}] and lora_b [r, {n_out}{tail}]")
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the adapter's tensors: what it keeps mapped and reads when applied."""
+        return sum(p.a.nbytes() + p.b.nbytes() for p in self.pairs.values())
+
     def scale_for(self, pair: LoraPair, scale: float) -> float:
         return adapter_scale(scale, self.alpha, pair.rank)
 

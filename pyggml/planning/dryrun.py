@@ -18,6 +18,8 @@ and, where something does not fit, tries the smallest changes.
 
 from __future__ import annotations
 
+import os
+
 from pyggml.backend.catalog import CPU
 from pyggml.offload.flags import shell_join
 from pyggml.offload.plan import layer_of
@@ -160,6 +162,7 @@ def format_report(r: RunPlan, per_tensor: bool = False) -> str:
                      fmt_bytes(t.total), fmt_bytes(t.free), fit])
     L += _table(rows, ["device", "weights", "KV cache", "compute", "total", "free", "fits"])
     L += _experts_lines(r)
+    L += lora_lines(r)
     if r.fit_changes is not None:
         L.append("")
         bad = r.not_fitting()
@@ -195,6 +198,16 @@ def _experts_lines(r: RunPlan) -> list[str]:
     return [f"experts: {fmt_bytes(r.expert_bytes)} of the weights ({where}); a decoded token "
             f"reads {k} of {n} routed experts per layer: {fmt_bytes(r.weight_bytes_per_token)} "
             f"of weights per token (decode speed is about memory bandwidth / that)"]
+
+
+def lora_lines(r: RunPlan) -> list[str]:
+    """The LoRA adapters a plan counts (pyggml plan / pyggml mem)."""
+    if not r.loras:
+        return []
+    each = ", ".join(f"{os.path.basename(p)} {fmt_bytes(n)} at scale {sc:g}"
+                     for p, sc, n in r.loras)
+    return [f"LoRA adapters: {fmt_bytes(r.lora_bytes)} mapped in system RAM ({each}); the "
+            f"compute buffers are planned with every adapter applied"]
 
 
 def emit_yaml(cfg: Config, argv=None) -> str:

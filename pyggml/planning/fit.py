@@ -76,7 +76,7 @@ def suggest_changes(planner: Planner, report: RunPlan, max_evals: int = 40) -> l
             evals[0] += 1
             try:
                 plans[key] = planner.plan(cfg.with_sets(sets), opts=report.opts,
-                                          with_no_inplace=False)
+                                          with_no_inplace=False, lora=report.lora_specs)
             except PyggmlError:
                 plans[key] = None
         return plans[key]
@@ -156,7 +156,9 @@ class FitResult:
                          f"{fmt_bytes(cpu.kv)} + compute {fmt_bytes(cpu.compute)} + staging "
                          f"{fmt_bytes(self.plan.staging)}" +
                          "".join(f" + {d.device} {fmt_bytes(d.total)} (UMA)"
-                                 for d in self.plan.devices if d.uma and d.device != CPU))
+                                 for d in self.plan.devices if d.uma and d.device != CPU) +
+                         (f" + LoRA adapters {fmt_bytes(self.plan.lora_bytes)}"
+                          if self.plan.loras else ""))
         lines += ["note: " + n for n in self.notes]
         return "\n".join(lines)
 
@@ -201,11 +203,12 @@ def fit(model=None, budgets: dict | None = None, *, config=None, virtual=(),
         n_ubatch: int | None = None, n_batch: int | None = None, type_k: str | None = None,
         type_v: str | None = None, flash_attn: bool = True, logits_all: bool = False,
         swa_full: bool = False, runtime: int | str | None = None, margin: float = 0.05,
-        prefer: str = "gpu_layers", max_gpu_layers: int | None = None) -> FitResult:
+        prefer: str = "gpu_layers", max_gpu_layers: int | None = None, lora=None) -> FitResult:
     """See the module docstring. config: a base offload config (path, Config or dict: its rules,
     KV placement, devices and sizes are kept; gpu_layers and context.n_ctx are what is searched).
     budgets: {device: bytes or '6GiB'}; missing devices get default_budgets. runtime: system RAM
-    the runtime needs besides its buffers (default: pyggml.planning.measure's estimate)."""
+    the runtime needs besides its buffers (default: pyggml.planning.measure's estimate). lora:
+    LoRA adapters as LLM takes them, planned with every candidate."""
     from pyggml.offload.config import load_config
     from pyggml.offload.devices import with_config_devices
     if prefer not in ("gpu_layers", "ctx"):
@@ -265,7 +268,7 @@ def fit(model=None, budgets: dict | None = None, *, config=None, virtual=(),
                 v["devices"] = [gpu] if ngl and gpu else ["cpu"]
             cfg = base.with_values(v, "pyggml mem --fit")
             plan = planner.plan(cfg, with_no_inplace=False, flash_attn=flash_attn,
-                                logits_all=logits_all, swa_full=swa_full)
+                                logits_all=logits_all, swa_full=swa_full, lora=lora)
             need = _need(plan, runtime)
             over = {d: need.get(d, 0) - b for d, b in budget.items() if need.get(d, 0) > b}
             checks[ngl, n_ctx] = Check(ngl, n_ctx, not over, need, over)

@@ -213,9 +213,9 @@ def measure(model=None, *, config=None, n_ctx: int = DEFAULTS.n_ctx,
             n_threads: int | None = None, type_k="f16", type_v="f16",
             logits_all: bool = False, flash_attn: bool = True, n_gpu_layers: int = 0,
             offload=None, warmup: str = "fill", gen: int = 0, prompt: str = PROMPT,
-            swa_full: bool = False, progress: bool = False) -> MemReport:
-    """Load the model with the runtime (config: an offload config, as LLM takes it), plan the
-    same configuration, warm up (see the module docstring), optionally generate `gen` tokens
+            swa_full: bool = False, progress: bool = False, lora=None) -> MemReport:
+    """Load the model with the runtime (config: an offload config, as LLM takes it; lora: LoRA
+    adapters as LLM takes them), plan the same configuration, warm up (see the module docstring), optionally generate `gen` tokens
     greedily, and measure."""
     from pyggml.llm.runtime import LLM
     if warmup not in WARMUPS:
@@ -235,10 +235,10 @@ def measure(model=None, *, config=None, n_ctx: int = DEFAULTS.n_ctx,
     llm = LLM(model, config=config, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
               n_threads=n_threads, n_threads_batch=n_threads, type_k=type_k, type_v=type_v,
               logits_all=logits_all, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers,
-              offload=offload, progress=False, swa_full=swa_full)
+              offload=offload, progress=False, swa_full=swa_full, lora=lora)
     try:
         n_ubatch = llm.n_ubatch
-        plan = plan_memory(llm.run.model, opts=llm.run.opts, offload=llm.offload)
+        plan = plan_memory(llm.run.model, opts=llm.run.opts, offload=llm.offload, lora=lora)
         rss_load = current_rss()
         at_load = _resident_parts(llm)
         allocated = {
@@ -270,6 +270,8 @@ def measure(model=None, *, config=None, n_ctx: int = DEFAULTS.n_ctx,
     # (weights read at load to copy a tied output to a device, for instance)
     fresh = sum(max(0, planned - (at_load.get(key) or 0)) for key, planned in
                 (("weights", cpu.weights), ("kv", cpu.kv), ("compute", cpu.compute)))
+    # adapters stay mapped; the first token applying them reads them all
+    fresh += sum(n for _, scale, n in plan.loras if scale != 0)
     predicted = rss_load + fresh + plan.staging + _uma_devices_part(plan, False) + logits
     rep = MemReport(plan, rss_load, True, logits, predicted, m, llamacpp_reference(plan))
     _add_notes(rep)
@@ -396,6 +398,9 @@ def format_report(rep: MemReport) -> str:
                                    else "" for d in devs]))
     if plan.expert_bytes:
         out.append(_row("  of which experts (MoE)", [fmt_bytes(d.experts) for d in devs]))
+    if plan.loras:
+        out.append(_row("LoRA adapters (mapped)", [fmt_bytes(plan.lora_bytes) if d.device == CPU
+                                                   else "" for d in devs]))
     out.append(_row("KV cache", [fmt_bytes(d.kv) for d in devs], r("kv")))
     if any(x.recurrent for x in plan.kv_layers):
         n_rec = sum(1 for x in plan.kv_layers if x.recurrent)
@@ -426,7 +431,9 @@ def format_report(rep: MemReport) -> str:
     sys_parts = [f"{d.device} {fmt_bytes(d.total)}" + ("" if d.device == CPU else " (UMA)")
                  for d in devs if d.uma]
     out.append(f"system RAM buffers: {fmt_bytes(plan.system_ram)} ("
-               + ", ".join(sys_parts + [f"host staging {fmt_bytes(plan.staging)}"]) + ")")
+               + ", ".join(sys_parts + [f"host staging {fmt_bytes(plan.staging)}"]
+                           + ([f"LoRA adapters {fmt_bytes(plan.lora_bytes)}"] if plan.loras
+                              else [])) + ")")
     if plan.expert_bytes:
         out.append(f"weights read per decoded token: {fmt_bytes(plan.weight_bytes_per_token)} "
                    f"({plan.facts.get('n_expert_used')} of {plan.facts.get('n_expert')} routed "

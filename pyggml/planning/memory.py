@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 from pyggml.alloc import PlanReport
 from pyggml.backend.cpu import default_n_threads
+from pyggml.llm.lora import check_specs, load_adapters
 from pyggml.llm.setup import ModelFile, RunOptions, build_run, resolve_offload
 from pyggml.llm.kv_cache import swa_space_cells
 from pyggml.backend.base import Registry
@@ -172,6 +173,18 @@ class RunPlan:
     nodes: dict[str, list[NodePlacement]] = field(default_factory=dict, repr=False)  # with_nodes
     draft: "RunPlan | None" = None      # speculative decoding: the draft model's plan (CPU)
     lookup_device: str = CPU            # where the token lookup runs (Run.embd_lookup)
+    # LoRA adapters the graphs may apply: (path, scale, bytes of its tensors), mapped from the
+    # file in system RAM as the runtime keeps them (pyggml/llm/lora.py)
+    loras: list[tuple[str, float, int]] = field(default_factory=list)
+
+    @property
+    def lora_bytes(self) -> int:
+        return sum(n for _, _, n in self.loras)
+
+    @property
+    def lora_specs(self) -> list[tuple[str, float]]:
+        """The adapters as Planner.plan's `lora` takes them (to plan a variant the same way)."""
+        return [(path, scale) for path, scale, _ in self.loras]
 
     @property
     def expert_bytes(self) -> int:
@@ -210,9 +223,10 @@ class RunPlan:
 
     @property
     def system_ram(self) -> int:
-        """Buffers in system RAM: the CPU's (mapped weights, KV, compute), host staging, and the
-        memory of every UMA device (the runtime's own Python objects are not included)."""
-        return sum(d.total for d in self.devices if d.uma) + self.staging
+        """Buffers in system RAM: the CPU's (mapped weights, KV, compute), host staging, LoRA
+        adapters (mapped) and the memory of every UMA device (the runtime's own Python objects
+        are not included)."""
+        return sum(d.total for d in self.devices if d.uma) + self.staging + self.lora_bytes
 
     def kv_split(self) -> tuple[int, int, int, int]:
         """(global layers, their bytes, sliding-window layers, their bytes)."""
@@ -233,7 +247,9 @@ class RunPlan:
                                            "n_seq_max", "type_k", "type_v", "logits_all",
                                            "flash_attn", "n_swa_cells", "plan_seconds",
                                            "llama", "llama_missing", "warnings",
-                                           "expert_bytes", "weight_bytes_per_token")}
+                                           "expert_bytes", "weight_bytes_per_token",
+                                           "lora_bytes")}
+        d["loras"] = [{"path": p, "scale": sc, "bytes": n} for p, sc, n in self.loras]
         d["kv_layers"] = [asdict(x) for x in self.kv_layers]
         d["devices"] = [dict(asdict(x), total=x.total) for x in self.devices]
         d["system_ram"] = self.system_ram
@@ -340,7 +356,7 @@ class Planner:
     def plan(self, config=None, *, sets=(), opts: RunOptions | None = None,
              offload: OffloadPlan | None = None, with_no_inplace: bool = True,
              n_gpu_layers: int | None = None, gpu_device: str | None = None, overrides=(),
-             with_nodes: bool = False, draft_model=None, **options) -> RunPlan:
+             with_nodes: bool = False, draft_model=None, lora=None, **options) -> RunPlan:
         """Plan `config` (a path, Config or dict, amended by `sets`; its sizes, threads and KV
         types replace the options, as in the runtime), or n_gpu_layers on gpu_device, or an
         OffloadPlan as given (with the config that made it, if any: its rpc-servers and
@@ -350,7 +366,11 @@ class Planner:
         worst-case graph runs and why (RunPlan.nodes). draft_model: a draft model's GGUF path
         (speculative decoding): planned as the runtime opens it (CPU, the model's n_ctx,
         n_seq_max, n_ubatch, sliding-window layers over all cells) into RunPlan.draft, and
-        n_draft (default 16, llama.cpp's --draft-max) rows per sequence in the worst case."""
+        n_draft (default 16, llama.cpp's --draft-max) rows per sequence in the worst case.
+        lora: LoRA adapters as LLM(lora=...) takes them (a path or [(path, scale)]): checked
+        against the model (LoraError names the file), their tensors counted in system RAM
+        (RunPlan.loras) and the worst-case graphs built with all of them applied, as the
+        runtime reserves its compute buffers."""
         if draft_model is not None:
             from pyggml.llm.speculative import DRAFT_MAX
             options.setdefault("n_draft", DRAFT_MAX)
@@ -365,13 +385,23 @@ class Planner:
                                      catalog=catalog)
         threads = opts.n_threads or default_n_threads()
         opts = opts.replace(n_threads=threads, n_threads_batch=opts.n_threads_batch or threads)
-        run = build_run(mf, plan, opts, catalog=catalog, planning=True)
+        specs = check_specs(lora)
+        adapters = load_adapters(specs, mf) if specs else []
         try:
-            rp = self._report(run, cfg, catalog, with_no_inplace, t0)
-            if with_nodes:
-                rp.nodes = {ph: node_placements(run, ph, s) for ph, s in run.scheds()}
+            run = build_run(mf, plan, opts, catalog=catalog, planning=True, loras=adapters)
+            try:
+                rp = self._report(run, cfg, catalog, with_no_inplace, t0)
+                if with_nodes:
+                    rp.nodes = {ph: node_placements(run, ph, s) for ph, s in run.scheds()}
+            finally:
+                run.close()
+            rp.loras = [(ad.path, scale, ad.nbytes) for ad, (_, scale) in zip(adapters, specs)]
+            rp.llama += [f for path, scale in specs
+                         for f in (("--lora", path) if scale == 1.0 else
+                                   ("--lora-scaled", f"{path}:{scale:g}"))]
         finally:
-            run.close()
+            for ad in adapters:
+                ad.close()
         if draft_model is not None:
             with Planner(draft_model, virtual=()) as dp:
                 rp.draft = dp.plan(n_gpu_layers=0, n_ctx=opts.n_ctx, n_seq_max=opts.n_seq_max,
