@@ -522,12 +522,15 @@ def _f32(op: str, *ts: Tensor) -> None:
             raise UnsupportedTypeError(f"{op}: {_ne(t)} must be F32")
 
 
-def ssm_conv(ctx, x, kernel, state, seq, name=""):
+def ssm_conv(ctx, x, kernel, state, seq, name="", in_place=False):
     """Short causal convolution with state (LFM2's shortconv, Qwen 3.5's conv1d), tokens in order.
     x F32 [C, T]; kernel F32 [K, C]; state F32 [(K-1)*C, S] (each sequence's K-1 previous inputs
     per channel, oldest first); seq I32 [T] (token t continues state seq[t]). Result F32 1-D
     [C*T + (K-1)*C*S]: y [C, T] (y[c,t] = sum over the window of K inputs times kernel[:, c])
-    then the new states; see ssm_split."""
+    then the new states; see ssm_split.
+    in_place: state is the cache itself (S cells) and the cells the tokens name are updated
+    where they are (a side effect on state: nothing else in the graph may read it); the result
+    is y F32 [C, T] alone (contiguous). The CPU backend's form (native/src/ops_ssm.c)."""
     op = "ssm_conv"
     _f32(op, x, kernel, state)
     C, T, K = x.ne[0], x.ne[1], kernel.ne[0]
@@ -537,15 +540,20 @@ def ssm_conv(ctx, x, kernel, state, seq, name=""):
         raise _fail(op, "state must be [(K-1)*C, S]", kernel, state)
     if seq.type != GGMLType.I32 or seq.nelements() != T:
         raise _fail(op, "seq must be I32 [T]", x, seq)
-    return _node(ctx, Op.SSM_CONV, GGMLType.F32, [C * T + (K - 1) * C * state.ne[1], 1, 1, 1],
-                 [x, kernel, state, seq], name)
+    t = _node(ctx, Op.SSM_CONV, GGMLType.F32,
+              [C, T, 1, 1] if in_place else [C * T + (K - 1) * C * state.ne[1], 1, 1, 1],
+              [x, kernel, state, seq], name)
+    t.set_op_params_i32(0, int(in_place))
+    return t
 
 
-def gated_delta(ctx, q, k, v, g, beta, state, seq, scale: float, name=""):
+def gated_delta(ctx, q, k, v, g, beta, state, seq, scale: float, name="", in_place=False):
     """The gated delta rule (Qwen 3.5's linear attention), tokens in order, per head h:
     S ← exp(g)·S; S ← S + k·((v − Sᵀk)·beta)ᵀ; o = scale·Sᵀq. q, k F32 [Dk, Hk, T] (head h reads
     head h % Hk); v F32 [Dv, H, T]; g, beta F32 [H, T] (contiguous); state F32 [Dk*Dv*H, S]; seq
-    I32 [T]. Result F32 1-D [Dv*H*T + Dk*Dv*H*S]: o [Dv, H, T] then the new states."""
+    I32 [T]. Result F32 1-D [Dv*H*T + Dk*Dv*H*S]: o [Dv, H, T] then the new states.
+    in_place: as ssm_conv's (the cells seq names updated in state itself); the result is
+    o F32 [Dv, H, T] alone (contiguous)."""
     op = "gated_delta"
     _f32(op, q, k, v, g, beta, state)
     Dk, Hk, Dv, H, T = q.ne[0], q.ne[1], v.ne[0], v.ne[1], v.ne[2]
@@ -558,9 +566,10 @@ def gated_delta(ctx, q, k, v, g, beta, state, seq, scale: float, name=""):
     if seq.type != GGMLType.I32 or seq.nelements() != T:
         raise _fail(op, "seq must be I32 [T]", v, seq)
     t = _node(ctx, Op.GATED_DELTA_NET, GGMLType.F32,
-              [Dv * H * T + Dk * Dv * H * state.ne[1], 1, 1, 1],
+              [Dv, H, T, 1] if in_place else [Dv * H * T + Dk * Dv * H * state.ne[1], 1, 1, 1],
               [q, k, v, g, beta, state, seq], name)
     t.set_op_params_f32(0, scale)
+    t.set_op_params_i32(1, int(in_place))
     return t
 
 

@@ -27,6 +27,14 @@
  *   S *= exp(g); d[j] = (v[j] - Σ_i S[i][j]·k[i])·beta; S[i][j] += k[i]·d[j];
  *   o[j] = scale · Σ_i S[i][j]·q[i] (ggml_gated_delta_net with K = 1 snapshot).
  *
+ * In place (op_params[0] of SSM_CONV, op_params[1] of GATED_DELTA_NET nonzero): the state
+ *   source is the cache itself, F32 [row, R] (R cells), and seq[t] is the cell token t
+ *   continues; dst holds only the outputs (y [C, T] / o [Dv, H, T]). The cells a token names
+ *   are read and updated where they are (nobody else reads them in the graph), the others are
+ *   not touched; the arithmetic is the copying form's, bit for bit. This is the decode path of
+ *   a model whose recurrent cache is in host memory: no state bytes copied per token, where the
+ *   copying form moved each state three times (GET_ROWS, the op's copy, SET_ROWS).
+ *
  * PG_OP_SOFTPLUS: src0 a F32 (dense rows), dst F32 of a's shape (dense rows): log(1 + exp(x)),
  *   x itself above 20 (ggml's op_softplus; Qwen 3.5's decay rate). Threads split rows. */
 #include <math.h>
@@ -38,6 +46,18 @@
 
 #define FAIL(...) do { snprintf(reason, reason_size, __VA_ARGS__); return PG_ERR_UNSUPPORTED; } while (0)
 #define BAD(...)  do { snprintf(reason, reason_size, __VA_ARGS__); return PG_ERR_INVALID_ARG; } while (0)
+
+/* the in-place form (see the top of the file) */
+static int in_place(const pg_tensor *t) {
+    return t->op_params[t->op == PG_OP_SSM_CONV ? 0 : 1] != 0;
+}
+
+/* n elements, contiguous (the in-place form's output: y [C, T] / o [Dv, H, T]) */
+static int contiguous_n(const pg_tensor *t, int64_t n) {
+    return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3] == n && t->nb[0] == 4 &&
+           t->nb[1] == 4 * t->ne[0] && t->nb[2] == t->nb[1] * t->ne[1] &&
+           t->nb[3] == t->nb[2] * t->ne[2];
+}
 
 static int f32_dense(const pg_tensor *t) {
     return t && t->type == PG_TYPE_F32 && t->nb[0] == 4;
@@ -70,8 +90,11 @@ int32_t pg_ssm_supported(const pg_tensor *t, const pg_tensor *const *s, char *re
         if (st->ne[0] != (K - 1) * C || st->ne[2] != 1 || st->ne[3] != 1 || S < 1)
             BAD("state must be [(K-1)*C, S]");
         if (!contiguous_1d(seq, PG_TYPE_I32, T)) BAD("seq must be contiguous I32 [T]");
-        if (t->ne[0] != C * T + (K - 1) * C * S || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-            BAD("output must be 1-D [C*T + (K-1)*C*S]");
+        if (in_place(t) ? !contiguous_n(t, C * T)
+                        : t->ne[0] != C * T + (K - 1) * C * S || t->ne[1] != 1 ||
+                          t->ne[2] != 1 || t->ne[3] != 1)
+            BAD(in_place(t) ? "in place: output must be a contiguous [C, T]"
+                            : "output must be 1-D [C*T + (K-1)*C*S]");
         return PG_OK;
     }
     const pg_tensor *q = s[0], *k = s[1], *v = s[2], *g = s[3], *b = s[4], *st = s[5], *seq = s[6];
@@ -87,8 +110,11 @@ int32_t pg_ssm_supported(const pg_tensor *t, const pg_tensor *const *s, char *re
     if (st->ne[0] != Dk * Dv * H || st->ne[2] != 1 || st->ne[3] != 1 || S < 1)
         BAD("state must be [Dk*Dv*H, S]");
     if (!contiguous_1d(seq, PG_TYPE_I32, T)) BAD("seq must be contiguous I32 [T]");
-    if (t->ne[0] != Dv * H * T + Dk * Dv * H * S || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-        BAD("output must be 1-D [Dv*H*T + Dk*Dv*H*S]");
+    if (in_place(t) ? !contiguous_n(t, Dv * H * T)
+                    : t->ne[0] != Dv * H * T + Dk * Dv * H * S || t->ne[1] != 1 ||
+                      t->ne[2] != 1 || t->ne[3] != 1)
+        BAD(in_place(t) ? "in place: output must be a contiguous [Dv, H, T]"
+                        : "output must be 1-D [Dv*H*T + Dk*Dv*H*S]");
     return PG_OK;
 }
 
@@ -144,12 +170,15 @@ static void conv_direct(const pg_tensor *x, const float *kw, const pg_tensor *st
                         const int32_t *seq, int64_t C, int64_t T, int64_t K, int64_t S,
                         int64_t c0, int64_t c1, float *y, float *ns) {
     const int64_t n = K - 1;
-    for (int64_t s = 0; s < S; s++)
-        memcpy(ns + s * n * C + c0 * n, (const char *)st->data + s * st->nb[1] + c0 * n * 4,
-               (size_t)((c1 - c0) * n) * 4);
+    if (ns)
+        for (int64_t s = 0; s < S; s++)
+            memcpy(ns + s * n * C + c0 * n, (const char *)st->data + s * st->nb[1] + c0 * n * 4,
+                   (size_t)((c1 - c0) * n) * 4);
     for (int64_t i = 0; i < T; i++) {
         const float *xi = (const float *)((const char *)x->data + i * x->nb[1]);
-        float *state = ns + seq[i] * n * C, *yi = y + i * C;
+        /* ns NULL: in place, the cell's own row */
+        float *state = ns ? ns + seq[i] * n * C : (float *)((char *)st->data + seq[i] * st->nb[1]);
+        float *yi = y + i * C;
         for (int64_t c = c0; c < c1; c++) {
             float *sc = state + c * n;
             const float *kc = kw + c * K;
@@ -168,7 +197,8 @@ static void fwd_ssm_conv(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const int32_t *seq = PG_SRC(all, t, 3)->data;
     const int64_t C = x->ne[0], T = x->ne[1], K = w->ne[0], S = st->ne[1], n = K - 1;
     if (!seqs_ok(p, seq, T, S)) return;
-    float *y = t->data, *ns = y + C * T;
+    const int inpl = in_place(t);
+    float *y = t->data, *ns = inpl ? NULL : y + C * T;
     const float *kw = w->data;
     int64_t c0, c1;
     pg_split(C, p->ith, p->nth, &c0, &c1);
@@ -189,12 +219,13 @@ static void fwd_ssm_conv(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const pg_ssm_kernels *kn = pg_get_ssm_kernels();
     const float *items[64];                       /* graph.c bounds K (pg_ssm_supported) */
     for (int64_t s = 0; s < S; s++) {
-        const float *st_s = (const float *)((const char *)st->data + s * st->nb[1]);
-        float *h = hist + s * n * nc;
-        for (int64_t c = 0; c < nc; c++)
-            for (int64_t j = 0; j < n; j++) h[j * nc + c] = st_s[(c0 + c) * n + j];
         const int32_t *tok = order + off[s];
         const int64_t P = off[s + 1] - off[s];
+        if (inpl && P == 0) continue;          /* a cell no token continues: left as it is */
+        float *st_s = (float *)((char *)st->data + s * st->nb[1]);
+        float *h = hist + s * n * nc;          /* a copy: in place, st_s is rewritten below */
+        for (int64_t c = 0; c < nc; c++)
+            for (int64_t j = 0; j < n; j++) h[j * nc + c] = st_s[(c0 + c) * n + j];
         /* item g of the sequence's window list: history row g, then x of its token g - n */
 #define ITEM(g) ((g) < n ? h + (g) * nc \
                          : (const float *)((const char *)x->data + tok[(g) - n] * x->nb[1]) + c0)
@@ -202,7 +233,7 @@ static void fwd_ssm_conv(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
             for (int64_t j = 0; j < n; j++) items[j] = ITEM(m + j);
             kn->conv_rows(nc, n, items, ITEM(m + n), wt, nc, y + tok[m] * C + c0);
         }
-        float *ns_s = ns + s * n * C;
+        float *ns_s = inpl ? st_s : ns + s * n * C;
         for (int64_t j = 0; j < n; j++) {
             const float *src = ITEM(P + j);
             for (int64_t c = 0; c < nc; c++) ns_s[(c0 + c) * n + j] = src[c];
@@ -226,7 +257,8 @@ static void fwd_gated_delta(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     const int64_t S = st->ne[1], hs = Dk * Dv;
     if (!seqs_ok(p, seq, T, S)) return;
     const float scale = pg_op_f32(t, 0);
-    float *o = t->data, *ns = o + Dv * H * T;
+    const int inpl = in_place(t);
+    float *o = t->data, *ns = inpl ? NULL : o + Dv * H * T;
     int32_t *order = (int32_t *)(p->work + (size_t)p->ith * order_bytes(T, S));
     int32_t *off = order + T;
     group_by_seq(seq, T, S, order, off);
@@ -238,9 +270,15 @@ static void fwd_gated_delta(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
         const int64_t h = wi / nblk, j0 = (wi % nblk) * DELTA_ROWS;
         const int64_t nr = Dv - j0 < DELTA_ROWS ? Dv - j0 : DELTA_ROWS;
         for (int64_t s = 0; s < S; s++) {
-            float *rows = ns + (s * H + h) * hs + j0 * Dk;
-            memcpy(rows, (const char *)st->data + s * st->nb[1] + ((h * hs + j0 * Dk) * 4),
-                   (size_t)(nr * Dk) * 4);
+            float *cell = (float *)((char *)st->data + s * st->nb[1]) + h * hs + j0 * Dk;
+            float *rows;
+            if (inpl) {                 /* the cell's own rows; a cell without tokens untouched */
+                if (off[s] == off[s + 1]) continue;
+                rows = cell;
+            } else {
+                rows = ns + (s * H + h) * hs + j0 * Dk;
+                memcpy(rows, cell, (size_t)(nr * Dk) * 4);
+            }
             for (int32_t m = off[s]; m < off[s + 1]; m++) {
                 const int64_t i = order[m];
                 const char *qb = (const char *)q->data, *kb = (const char *)k->data;

@@ -9,10 +9,16 @@ reports treat them as that layer's cache):
   the causal convolution (kernel size K), oldest first;
 - ssm   F32 [Dk·Dv·H, n_seq_max]: per sequence, the H delta-rule state matrices (Dv rows of Dk);
   a [1, n_seq_max] placeholder for layers without one (LFM2).
-Row s is sequence s. A ubatch reads the rows of the sequences it holds (get_rows), runs its
-tokens in order (ssm_conv / gated_delta: token t continues sequence seq[t]) and writes the new
-rows back (set_rows); inputs `inp_rs_ids` I32 [S] (the sequences) and `inp_rs_seq` I32 [T]
-(each token's index into them).
+Row s is sequence s; inputs `inp_rs_ids` I32 [S] (the ubatch's sequences, distinct) and
+`inp_rs_seq` I32 [T] (each token's index into them). The ops run a ubatch's tokens in order
+(ssm_conv / gated_delta: token t continues sequence seq[t]) in one of two forms (`update`):
+- in place, when the state tensors are in host memory (the CPU backend runs them): the op reads
+  and updates the rows of the ubatch's sequences where they are, seq being each token's row
+  (`token_rows`, rs_ids[rs_seq]); no state bytes are copied per token;
+- copying, elsewhere (a device's memory): the rows of the ubatch's sequences are gathered
+  (get_rows), the op writes the new rows after its outputs, and they are stored back
+  (set_rows); every backend with the recurrent ops runs this form.
+Both forms do the same arithmetic on each row: the same bits.
 
 A recurrent state cannot be cut back to a shorter prefix the way KV cells are forgotten. So the
 context keeps **checkpoints** (`Checkpoints`): host copies of a sequence's rows at a few token
@@ -28,7 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pyggml.backend.base import tensor_get_into, tensor_set
+from pyggml import ops
+from pyggml.backend.base import is_host_buffer, tensor_get_into, tensor_set
 from pyggml.context import Context
 from pyggml.errors import ModelError
 from pyggml.types import GGMLType
@@ -63,6 +70,40 @@ def new_state_tensors(ctx: Context, hp, il: int, n_seq_max: int):
     conv, ssm = state_rows(hp)
     return (ctx.new_tensor(GGMLType.F32, [conv, n_seq_max], name=f"cache_r_l{il}"),
             ctx.new_tensor(GGMLType.F32, [ssm, n_seq_max], name=f"cache_s_l{il}"))
+
+
+def in_place(t) -> bool:
+    """Whether the recurrent op may update state tensor t where it is: t lives in host memory
+    (not a device's, not a planning stand-in), so the op runs on the CPU, whose kernels have the
+    in-place form, and the scheduler hands them t itself, not a copy."""
+    return t.buffer is not None and is_host_buffer(t.buffer)
+
+
+def token_rows(b):
+    """I32 [T]: each token's state row, rs_ids[rs_seq] (one node per graph, on the builder)."""
+    t = getattr(b, "_rs_token_rows", None)
+    if t is None:
+        ids = ops.reshape_2d(b.ctx, b.inp.rs_ids, 1, b.inp.rs_ids.ne[0])
+        t = ops.reshape_1d(b.ctx, ops.get_rows(b.ctx, ids, b.inp.rs_seq), b.T,
+                           name="rs_token_rows")
+        b._rs_token_rows = t
+    return t
+
+
+def update(b, il: int, cache, run, y_ne, kind: str):
+    """Runs a recurrent op over the ubatch on state tensor cache F32 [row, n_seq_max] and stores
+    the new states of recurrent layer il (kind: "conv" / "ssm", for the nodes' names):
+    run(state, seq, in_place) builds the op (ops.ssm_conv / ops.gated_delta with its other
+    arguments). Returns the op's outputs as y_ne, contiguous (the module docstring has the two
+    forms)."""
+    ctx = b.ctx
+    if in_place(cache):
+        return run(cache, token_rows(b), True)
+    st = ops.get_rows(ctx, cache, b.inp.rs_ids, name=f"{kind}_state-{il}")
+    y, new = ops.ssm_split(ctx, run(st, b.inp.rs_seq, False), list(y_ne), cache.ne[0])
+    b.g.build_forward_expand(ops.set_rows(ctx, cache, new, b.inp.rs_ids,
+                                          name=f"{kind}_state_store-{il}"))
+    return y
 
 
 def bytes_per_seq(hp) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pyggml import ops
 from pyggml.errors import ModelError
+from pyggml.llm import recurrent as rs
 from pyggml.llm.archs.common import Arch, attn_shapes, ffn_shapes
 from pyggml.llm.moe import moe_ffn
 
@@ -72,15 +73,8 @@ def layer_tensors(hp, il):
 def conv_state(b, il, x, kernel, name):
     """The causal convolution of x [C, T] (contiguous) with kernel [K, C], continuing the
     state of each token's sequence; the new states are stored (expanded now). Returns [C, T]."""
-    ctx, kv = b.ctx, b.kv
-    C, T = x.ne[0], x.ne[1]
-    cache = kv.k[il]
-    st = ops.get_rows(ctx, cache, b.inp.rs_ids, name=f"conv_state-{il}")
-    out = ops.ssm_conv(ctx, x, kernel, st, b.inp.rs_seq, name=f"{name}-{il}")
-    y, new = ops.ssm_split(ctx, out, [C, T], cache.ne[0])
-    b.g.build_forward_expand(ops.set_rows(ctx, cache, new, b.inp.rs_ids,
-                                          name=f"conv_state_store-{il}"))
-    return y
+    return rs.update(b, il, b.kv.k[il], lambda st, seq, inpl: ops.ssm_conv(
+        b.ctx, x, kernel, st, seq, name=f"{name}-{il}", in_place=inpl), x.ne[:2], "conv")
 
 
 def _shortconv(b, il, cur):

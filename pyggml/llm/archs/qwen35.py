@@ -23,6 +23,7 @@ import math
 
 from pyggml import ops
 from pyggml.errors import ModelError
+from pyggml.llm import recurrent as rs
 from pyggml.llm.archs.common import Arch
 from pyggml.llm.archs.lfm2 import conv_state
 
@@ -155,13 +156,9 @@ def _linear_attn(b, il, cur):
     v = ops.view_3d(ctx, y, dv, h_v, T, dv * 4, row, 2 * h_k * dk * 4)
     q = _l2_norm(ctx, q, hp.rms_eps)
     k = _l2_norm(ctx, k, hp.rms_eps)
-    cache = kv.v[il]
-    st = ops.get_rows(ctx, cache, b.inp.rs_ids, name=f"ssm_state-{il}")
-    out = ops.gated_delta(ctx, q, k, v, g, beta, st, b.inp.rs_seq, 1.0 / math.sqrt(dv),
-                          name=f"gdn-{il}")
-    o, new = ops.ssm_split(ctx, out, [dv, h_v, T], cache.ne[0])
-    b.g.build_forward_expand(ops.set_rows(ctx, cache, new, b.inp.rs_ids,
-                                          name=f"ssm_state_store-{il}"))
+    o = rs.update(b, il, kv.v[il], lambda st, seq, inpl: ops.gated_delta(
+        ctx, q, k, v, g, beta, st, seq, 1.0 / math.sqrt(dv), name=f"gdn-{il}", in_place=inpl),
+        [dv, h_v, T], "ssm")
     o = b.norm(o, b.w(il, "ssm_norm"), f"ssm_norm-{il}")
     o = ops.mul(ctx, o, ops.silu(ctx, ops.reshape_3d(ctx, z, dv, h_v, T)), name=f"gated-{il}")
     o = ops.reshape_2d(ctx, o, dv * h_v, T)
