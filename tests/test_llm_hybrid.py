@@ -256,3 +256,101 @@ def test_speculative_decoding_rolls_the_state_back(models, name):
         assert s.rounds > 0 and s.drafted > s.accepted > 0, (s.rounds, s.drafted, s.accepted)
         assert m.stats.n_state_replayed > 0
     assert spec == plain
+
+
+def _state_copies(m, n_rs):
+    """The decode graph's nodes that copy recurrent state (GET_ROWS / SET_ROWS / CPY on a state
+    tensor, a recurrent op whose state source is not the cache itself) and the bytes they copy."""
+    from pyggml.llm.archs.common import GraphParams
+    from pyggml.types import Op
+    states = {id(t) for t in m.kv.rs_tensors()}
+    g, _, _ = m.context.run.build_graph(GraphParams(1, 1, 16, 0, n_rs=n_rs))
+    found, n = [], 0
+    for t in g.nodes:
+        base = t.view_src if t.view_src is not None else t
+        if t.op == Op.GET_ROWS and id(t.src[0]) in states:
+            found.append(t.name)
+            n += t.nbytes()
+        elif t.op in (Op.SET_ROWS, Op.CPY) and id(base) in states:
+            found.append(t.name)
+            n += t.src[0].nbytes()
+        elif t.op in (Op.SSM_CONV, Op.GATED_DELTA_NET):
+            st = t.src[2 if t.op == Op.SSM_CONV else 5]
+            if id(st) not in states:
+                found.append(t.name)
+                n += st.nbytes()
+    return found, n
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_decode_copies_no_recurrent_state(models, name, monkeypatch):
+    """With the cache in host memory each recurrent op reads and updates its sequence's state
+    where it is: no node of a decode graph copies state bytes (the copying form moved each
+    layer's state three times a token: gathered, copied into the op's result, stored back)."""
+    with LLM(models[name], n_ctx=64, n_seq_max=2, n_threads=1) as m:
+        assert _state_copies(m, 1) == ([], 0)
+        assert _state_copies(m, 2) == ([], 0)
+        from pyggml.llm import recurrent as rs
+        monkeypatch.setattr(rs, "in_place", lambda t: False)
+        found, n = _state_copies(m, 1)
+        # the copying form: three copies of the state (LFM2: the convolutions' alone, not the
+        # 4-byte placeholder of a layer without a delta-rule state)
+        lfm2 = name.startswith("lfm2")
+        per_seq = rs.bytes_per_seq(m.hparams) - (4 * len(m.kv.rs_layers) if lfm2 else 0)
+        assert n == 3 * per_seq
+        assert len(found) == 3 * len(m.kv.rs_layers) * (1 if lfm2 else 2)
+
+
+def _interleaved(m):
+    """Two sequences (rows 0 and 2 of three: a token's row is not its index in the ubatch)
+    decoded token by token in turns, with a checkpoint restore, a copy, a batch of both and a
+    reset between: every logits row, in order."""
+    ctx, out = m.context, []
+    a, b = TOKENS[:9], TOKENS[10:21]
+    out.append(m.eval(a, seq_id=0))
+    out.append(m.eval(b, seq_id=2))
+    for i in range(3):
+        out.append(m.eval([260 + i], seq_id=0))
+        out.append(m.eval([300 + i], seq_id=2))
+    ctx.seq_keep_first(0, len(a) + 1)           # restores the checkpoint at 9, replays one
+    out.append(m.eval([270], seq_id=0))
+    ctx.seq_copy(2, 1)                          # row 1 gets row 2's state, host side
+    out.append(m.eval([310], seq_id=1))
+    out.append(m.eval([310], seq_id=2))
+    both = ctx.decode_batch([([271], 0), ([311], 2)])
+    out += [both[0], both[2]]
+    ctx.seq_reset(2)                            # row 2 starts again from the empty state
+    out.append(m.eval(b[:4], seq_id=2))
+    out.append(m.eval([272], seq_id=0))
+    return out
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_interleaved_sequences_read_their_own_state(models, name, monkeypatch):
+    """The in-place form against the copying one (bit for bit) and against each sequence alone:
+    a stale state, or one read from another sequence's row, changes the logits."""
+    with LLM(models[name], n_ctx=128, n_seq_max=3, n_threads=2) as m:
+        got = _interleaved(m)
+        assert m.context.stats.n_state_replayed == 1
+    from pyggml.llm import recurrent as rs
+    with monkeypatch.context() as mp:
+        mp.setattr(rs, "in_place", lambda t: False)
+        with LLM(models[name], n_ctx=128, n_seq_max=3, n_threads=2) as m:
+            ref = _interleaved(m)
+    for i, (x, y) in enumerate(zip(got, ref)):
+        assert x.tobytes() == y.tobytes(), i
+    a, b = TOKENS[:9], TOKENS[10:21]
+    with LLM(models[name], n_ctx=128, n_threads=2) as m:
+        seq0 = [m.eval(a)] + [m.eval([260 + i]) for i in range(3)]
+        m.reset()
+        seq0 += [m.eval(a + [260, 270]), m.eval([271]), m.eval([272])]
+        m.reset()
+        seq2 = [m.eval(b)] + [m.eval([300 + i]) for i in range(3)]
+        seq2 += [m.eval([310]), m.eval([311])]
+        m.reset()
+        seq2 += [m.eval(b[:4])]
+    alone = [seq0[0], seq2[0], seq0[1], seq2[1], seq0[2], seq2[2], seq0[3], seq2[3], seq0[4],
+             seq2[4], seq2[4], seq0[5], seq2[5], seq2[6], seq0[6]]
+    assert len(alone) == len(got)
+    for i, (x, y) in enumerate(zip(got, alone)):
+        np.testing.assert_allclose(x, y, atol=1e-4, err_msg=str(i))

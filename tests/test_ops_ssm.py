@@ -164,6 +164,65 @@ def test_gated_delta_batch_equals_token_by_token(Dk, Dv, cpus, path):
     assert st.tobytes() == whole[T * n1:].tobytes()
 
 
+# ---- the in-place form (the decode path of a host cache: pyggml/llm/recurrent.py) -----------------
+
+def _run_in_place(build, cells, cpus):
+    """Per CPU backend, from the same cells: (outputs, the cells after) of the in-place op that
+    build(ctx, state tensor) makes; 1 and 2 threads must agree."""
+    res = []
+    for cpu in cpus:
+        ctx = Context(mem_size=64 << 20, no_alloc=False)
+        st = _t(ctx, cells.reshape(cells.shape[0], -1))
+        out = build(ctx, st)
+        g = Graph()
+        g.build_forward_expand(out)
+        cpu.graph_compute(g)
+        res.append((host_array(out).reshape(-1).copy(), host_array(st).reshape(cells.shape).copy()))
+    assert all(r[0].tobytes() == res[0][0].tobytes() and r[1].tobytes() == res[0][1].tobytes()
+               for r in res), "1 and 2 threads differ"
+    return res[0]
+
+
+# cells named out of order, some never (R = 5 cells, the tokens continue cells 3 and 1 only);
+# T = 1 and T <= K (the conv's direct path), T > K (its transposed path)
+@pytest.mark.parametrize("T", [1, 3, 11])
+def test_ssm_conv_in_place_equals_the_copying_form(T, cpus, path):
+    C, K, R = 37, 4, 5
+    x = RNG.standard_normal((T, C)).astype(np.float32)
+    kernel = RNG.standard_normal((C, K)).astype(np.float32)
+    cells = RNG.standard_normal((R, C, K - 1)).astype(np.float32)
+    rows = np.array([3, 1], np.int32)
+    idx = RNG.integers(0, 2, T).astype(np.int32)
+    y, after = _run_in_place(lambda ctx, st: ops.ssm_conv(
+        ctx, _t(ctx, x), _t(ctx, kernel), st, _t(ctx, rows[idx], "i32"), in_place=True),
+        cells, cpus)
+    # the copying form on the gathered rows, stored back as the graph's set_rows would
+    ctx = Context(mem_size=64 << 20, no_alloc=False)
+    ref = _run(_conv(ctx, x, kernel, cells[rows], idx), cpus)
+    assert y.tobytes() == ref[:T * C].tobytes()
+    want = cells.copy()
+    want[rows] = ref[T * C:].reshape(2, C, K - 1)
+    assert after.tobytes() == want.tobytes()        # cells 0, 2, 4 untouched
+
+
+@pytest.mark.parametrize("T", [1, 9])
+def test_gated_delta_in_place_equals_the_copying_form(T, cpus, path):
+    H, Hk, Dk, Dv, R = 4, 2, 32, 40, 5
+    q, k, v, g, beta, cells, _ = _delta_inputs(T, H, Hk, Dk, Dv, R)
+    rows = np.array([4, 0], np.int32)
+    idx = RNG.integers(0, 2, T).astype(np.int32)
+    o, after = _run_in_place(lambda ctx, st: ops.gated_delta(
+        ctx, _t(ctx, q), _t(ctx, k), _t(ctx, v), _t(ctx, g), _t(ctx, beta), st,
+        _t(ctx, rows[idx], "i32"), 0.25, in_place=True), cells, cpus)
+    ctx = Context(mem_size=64 << 20, no_alloc=False)
+    ref = _run(_delta(ctx, q, k, v, g, beta, cells[rows], idx, 0.25), cpus)
+    n = T * H * Dv
+    assert o.tobytes() == ref[:n].tobytes()
+    want = cells.copy()
+    want[rows] = ref[n:].reshape(2, H, Dv, Dk)
+    assert after.tobytes() == want.tobytes()
+
+
 def test_bad_sequence_index_is_an_error(cpus):
     from pyggml.errors import PyggmlError
     ctx = Context(mem_size=16 << 20, no_alloc=False)
