@@ -12,7 +12,10 @@ over their recurrent state.
 - the state checkpoints: keeping a prefix restores the nearest checkpoint and replays the rest
   (bit-identical to a cold evaluation), reuse_prefix resumes from a checkpoint (counted), a
   multi-turn chat evaluates only what follows the last checkpoint and equals a cold evaluation;
-- what a recurrent model cannot honour is a RecurrentStateError naming the model and operation.
+- what a recurrent model cannot honour is a RecurrentStateError naming the model and operation;
+- with the cache in host memory the recurrent ops update the state in place: decode graphs copy
+  no state bytes, and sequences decoded in turns (with a checkpoint restore, a copy, a batch and
+  a reset between) read their own rows: the copying form's bits, each sequence alone's logits.
 """
 import hashlib
 import sys
