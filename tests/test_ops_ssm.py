@@ -269,3 +269,26 @@ def test_softplus_on_a_view_with_strided_rows(cpus):
     out = _run(ops.softplus(ctx, v), cpus)
     np.testing.assert_allclose(out, np.log1p(np.exp(x[:, 2:6].astype(np.float64)))
                                .astype(np.float32).reshape(-1), rtol=2e-6, atol=2e-7)
+
+
+def test_in_place_forms_stay_on_the_cpu():
+    """The in-place forms write the host cache where it lies: no other backend takes them
+    (their results are y alone, so a device that ran them would also lose the new states)."""
+    from types import SimpleNamespace
+    from pyggml.backend.rpc.backend import why_unsupported as rpc_why
+    from pyggml.backend.vulkan.ops import IN_PLACE_STATE, why_unsupported as vk_why
+    ctx = Context(mem_size=16 << 20, no_alloc=False)
+    C, K, T, H, Dk, Dv = 8, 4, 2, 2, 8, 8
+    seq = _t(ctx, np.zeros(T, np.int32), "i32")
+    conv = ops.ssm_conv(ctx, _t(ctx, np.ones((T, C), np.float32)),
+                        _t(ctx, np.ones((C, K), np.float32)),
+                        _t(ctx, np.zeros((3, (K - 1) * C), np.float32)), seq, in_place=True)
+    qk = _t(ctx, np.ones((T, H, Dk), np.float32))
+    gb = _t(ctx, np.ones((T, H), np.float32))
+    delta = ops.gated_delta(ctx, qk, qk, _t(ctx, np.ones((T, H, Dv), np.float32)), gb, gb,
+                            _t(ctx, np.zeros((3, Dk * Dv * H), np.float32)), seq, 0.5,
+                            in_place=True)
+    lim = SimpleNamespace(max_bind=1 << 30, max_wg_count=(65535, 65535, 65535))
+    for node in (conv, delta):
+        assert vk_why(node, lim) == IN_PLACE_STATE
+        assert rpc_why(node)

@@ -324,9 +324,15 @@ def _contiguous_f32(t, n: int) -> bool:
     return t is not None and t.type == F32 and t.is_contiguous() and t.nelements() == n
 
 
+# ops.ssm_conv / ops.gated_delta with in_place: the state updated where it lies in a host cache
+IN_PLACE_STATE = "the in-place form (state updated in the host cache) is the CPU's"
+
+
 def _rule_ssm_conv(t, x, w, st, seq, *_):
     if x is None or w is None or st is None or seq is None:
         return "needs x, kernel, state and seq"
+    if t.op_param_i32(0):
+        return IN_PLACE_STATE
     if not (_f32_all(t, x, w, st) and _dense_rows(x) and _dense_rows(st)):
         return "F32 x, kernel and state with dense rows only"
     C, T, K, S = x.ne[0], x.ne[1], w.ne[0], st.ne[1]
@@ -344,6 +350,8 @@ def _rule_ssm_conv(t, x, w, st, seq, *_):
 def _rule_gated_delta(t, q, k, v, g, beta, st, seq):
     if any(x is None for x in (q, k, v, g, beta, st, seq)):
         return "needs q, k, v, g, beta, state and seq"
+    if t.op_param_i32(1):
+        return IN_PLACE_STATE
     if not (_f32_all(t, q, k, v, st) and all(_dense_rows(x) for x in (q, k, v, st))):
         return "F32 q, k, v and state with dense rows only"
     Dk, Hk, Dv, H, T = q.ne[0], q.ne[1], v.ne[0], v.ne[1], v.ne[2]
