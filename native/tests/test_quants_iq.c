@@ -522,6 +522,94 @@ PG_TEST(test_iq_grid_vec_dot8_extreme_activations) {
 #endif
 }
 
+/* IQ4_NL, IQ4_XS, MXFP4 at the ends of their ranges: activations mostly at the low end (Q8_K:
+ * -128; Q8_0: -127), 127 and 0, activation and weight fp16 scales down to subnormals, and
+ * MXFP4 exponents from 0 (2^-128, subnormal) to 254; every path's vec_dot8 has the scalar bits.
+ * This pins the kernels' integer tricks (values + 128 or + 12 with Σa taken off, |a| with the
+ * sign moved onto the values) where int16 pair sums come closest to saturating, and the vector
+ * forms of d_y·2^(e-128) where the product is subnormal. 7 blocks of 32: the 512-bit kernels'
+ * groups of four and a ragged three, the 256-bit ones' pairs and an odd one. */
+PG_TEST(test_iq4_vec_dot8_extremes) {
+    enum { NB32 = 7, NBK = 2, ROWB = NBK * 136 };
+    static const uint16_t halves[] = {0x0001, 0x0203, 0x03FF, 0x0400, 0x1C00, 0x3800, 0xB800};
+    static const uint8_t exps[] = {0, 1, 2, 3, 100, 127, 128, 140, 200, 254};
+    static uint8_t w[8][ROWB];
+    static uint8_t a[4][NBK * sizeof(pg_block_q8_K)];
+    int tested = 0;
+    for (int it = 0; it < NT; it++) {
+        const int32_t type = k_types[it];
+        const pg_type_traits *ts = str(type);
+        const int nb = ts->block_size == 256 ? NBK : NB32;
+        const int64_t n = (int64_t)nb * ts->block_size;
+        for (int rep = 0; rep < 4; rep++) {
+            for (int i = 0; i < 8; i++) {
+                random_weights(type, w[i], nb);
+                for (int b = 0; b < nb; b++) {
+                    uint8_t *blk = w[i] + (size_t)b * ts->type_size;
+                    if (type == PG_TYPE_MXFP4) blk[0] = exps[rnd() % sizeof(exps)];
+                    else if (rnd() % 2) memcpy(blk, &halves[rnd() % 7], 2);
+                }
+            }
+            for (int j = 0; j < 4; j++) {
+                for (int b = 0; b < nb; b++) {
+                    int8_t *qs;
+                    if (ts->vec_dot_type == PG_TYPE_Q8_K) {
+                        pg_block_q8_K *q = (pg_block_q8_K *)a[j] + b;
+                        q->d = rnd() % 2 ? 1e-40f : 0.0123f;   /* fp32: subnormal or not */
+                        qs = q->qs;
+                    } else {
+                        pg_block_q8_0 *q = (pg_block_q8_0 *)a[j] + b;
+                        memcpy(&q->d, &halves[rnd() % 7], 2);
+                        qs = q->qs;
+                    }
+                    /* Q8_0's end is -127: its x86 one-row kernels take the sign trick on the
+                     * activations (as ggml's do), and its quantizer never writes -128 */
+                    const int lo = ts->vec_dot_type == PG_TYPE_Q8_K ? -128 : -127;
+                    for (int e = 0; e < ts->block_size; e++) {
+                        const uint64_t r = rnd() % 8;
+                        qs[e] = (int8_t)(r < 4 ? lo : r == 4 ? 127 : r == 5 ? 0
+                                         : lo + (int)(rnd() % (size_t)(128 - lo)));
+                    }
+                    if (ts->vec_dot_type == PG_TYPE_Q8_K) {
+                        pg_block_q8_K *q = (pg_block_q8_K *)a[j] + b;
+                        for (int g = 0; g < 16; g++) {
+                            int sum = 0;
+                            for (int e = 0; e < 16; e++) sum += q->qs[16 * g + e];
+                            q->bsums[g] = (int16_t)sum;
+                        }
+                    }
+                }
+            }
+            const size_t wrow = row_bytes(type, n), arow = row_bytes(ts->vec_dot_type, n);
+            for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
+                if (!pg_path_compiled(p)) continue;
+                const pg_type_traits *tp = pg_get_type_traits_for_path(type, p);
+                if (!tp->vec_dot8) continue;
+                for (int nc = 1; nc <= 4; nc++) {
+                    float got[4][8], want[4][8];
+                    /* rows packed at their own size: the kernels' strides are the row sizes */
+                    static uint8_t wp[8 * ROWB], ap[4 * sizeof(a[0])];
+                    for (int i = 0; i < 8; i++) memcpy(wp + (size_t)i * wrow, w[i], wrow);
+                    for (int j = 0; j < 4; j++) memcpy(ap + (size_t)j * arow, a[j], arow);
+                    tp->vec_dot8(n, &got[0][0], sizeof(got[0]), wp, wrow, ap, arow, nc);
+                    int same = 1;
+                    for (int j = 0; j < nc; j++)
+                        for (int i = 0; i < 8; i++) {
+                            str(type)->vec_dot(n, &want[j][i], w[i], a[j]);
+                            same &= memcmp(&got[j][i], &want[j][i], 4) == 0;
+                        }
+                    CHECK(same, "%s path %d, %d activation rows at the range ends: vec_dot8 "
+                          "differs from the scalar vec_dot", k_names[it], p, nc);
+                    tested++;
+                }
+            }
+        }
+    }
+#if defined(__x86_64__)
+    CHECK(tested > 0, "no path has an IQ4 / MXFP4 vec_dot8");
+#endif
+}
+
 /* every gemm of every path: each nr × nc block (PG_GEMM_MAX_NR × PG_GEMM_MAX_NC at most) equals
  * the scalar vec_dot pair by pair, and nothing outside the block is written */
 PG_TEST(test_iq_every_gemm_equals_vec_dot) {
