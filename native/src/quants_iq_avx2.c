@@ -19,26 +19,12 @@
  * the eight rows. maddubs takes |a| (once per activation block) and v with a's sign; each row
  * leaves lane k = 4 partials of block k, a transpose-add of four rows gives lane k = rows 0..3's
  * exact sums of block k (P; rows 4..7: Q), and [P lane k | Q lane k] is block k's eight rows.
- * The scales: one 32-byte load per row at the pair's start, a byte shuffle that moves both
- * blocks' d (bytes 0, 18) or e (0, 17) to word r of each lane, a word blend. Each block's term
+ * The scales: scalar loads shifted into one 64-bit word per block (rows' d or e side by side,
+ * 16 or 8 bits each; the integer units are idle, the vector ones are not), one vector step per
+ * block (cvtph, or E8M0 -> fp32) for the eight rows. MXFP4's values (|v| <= 12) go + 12 into
+ * maddubs without the sign step (mx2_dot). Each block's term
  * (d_y·d_x)·isum is the scalar kernel's, added in block order. Loads stay in the two blocks
  * (36 or 34 bytes); an odd last block goes through the per-block dot. */
-
-/* row r's scale shuffle: lane 0 word r = bytes 0, 1; lane 1 word r = bytes 2, 3 (IQ4_NL's
- * byte 18) or 1, 2 (MXFP4's byte 17); the other bytes are blended away */
-#define NL2_M(r, o) (char)(r == 0 ? o : 0), (char)(r == 0 ? o + 1 : 0), (char)(r == 1 ? o : 0),   \
-    (char)(r == 1 ? o + 1 : 0), (char)(r == 2 ? o : 0), (char)(r == 2 ? o + 1 : 0),               \
-    (char)(r == 3 ? o : 0), (char)(r == 3 ? o + 1 : 0), (char)(r == 4 ? o : 0),                   \
-    (char)(r == 4 ? o + 1 : 0), (char)(r == 5 ? o : 0), (char)(r == 5 ? o + 1 : 0),               \
-    (char)(r == 6 ? o : 0), (char)(r == 6 ? o + 1 : 0), (char)(r == 7 ? o : 0),                   \
-    (char)(r == 7 ? o + 1 : 0)
-#define NL2_ROW(r, o1) {NL2_M(r, 0), NL2_M(r, o1)}
-static const char k_nl2_pick[2][8][32] __attribute__((aligned(32))) = {
-    {NL2_ROW(0, 2), NL2_ROW(1, 2), NL2_ROW(2, 2), NL2_ROW(3, 2), NL2_ROW(4, 2), NL2_ROW(5, 2),
-     NL2_ROW(6, 2), NL2_ROW(7, 2)},
-    {NL2_ROW(0, 1), NL2_ROW(1, 1), NL2_ROW(2, 1), NL2_ROW(3, 1), NL2_ROW(4, 1), NL2_ROW(5, 1),
-     NL2_ROW(6, 1), NL2_ROW(7, 1)},
-};
 
 /* the 16 bytes at p in lane 0, at p + stride in lane 1 */
 static inline __m256i load2x16(const uint8_t *p, size_t stride) {
@@ -59,12 +45,24 @@ static inline __m256i nl2_dot(__m256i v, __m256i a, __m256i aa) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(aa, _mm256_sign_epi8(v, a)), _mm256_set1_epi16(1));
 }
 
+/* MXFP4's values (|v| <= 12) + 12 are unsigned bytes 0..24: maddubs takes them against a as it
+ * is (no sign step per row), and the pairs (<= 2·24·128) of both halves add up in int16 before
+ * one madd; Σ v·a = Σ (v + 12)·a − 12·Σa, the last term once per activation block */
+#define MX2_OFF 12
+static inline __m256i mx2_dot(__m256i ulo, __m256i uhi, __m256i alo, __m256i ahi) {
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(ulo, alo),
+                                              _mm256_maddubs_epi16(uhi, ahi)),
+                             _mm256_set1_epi16(1));
+}
+
 static inline __attribute__((always_inline)) void nl2_rows8_c(int64_t n, float *s, size_t bs,
         const void *vx, size_t bx, const void *vy, size_t by, const int C, const int mx) {
     const char *x = vx;
     const size_t BS = mx ? sizeof(pg_block_mxfp4) : sizeof(pg_block_iq4_nl), QO = mx ? 1 : 2;
     const int8_t *kv = mx ? pg_kv_mxfp4 : pg_kv_iq4nl;
-    const __m256i m4 = _mm256_set1_epi8(0xF), lut = iqx_table(kv);
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    /* MXFP4: the values + 12 (0..24, unsigned) */
+    const __m256i lut = mx ? _mm256_add_epi8(iqx_table(kv), _mm256_set1_epi8(MX2_OFF)) : iqx_table(kv);
     __m256 acc[IQX_MAX_C];
     IQX_UNROLL for (int j = 0; j < C; j++) acc[j] = _mm256_setzero_ps();
     const int64_t nb = n / 32, nb2 = nb & ~(int64_t)1;
@@ -72,16 +70,28 @@ static inline __attribute__((always_inline)) void nl2_rows8_c(int64_t n, float *
     for (int64_t b = 0; b < nb2; b += 2) {
         iqx_prefetch(vx, bx, b, share);
         iqx_prefetch(vx, bx, b + 1, share);
-        __m256i alo[IQX_MAX_C], ahi[IQX_MAX_C], aalo[IQX_MAX_C], aahi[IQX_MAX_C];
+        __m256i alo[IQX_MAX_C], ahi[IQX_MAX_C], aalo[IQX_MAX_C], aahi[IQX_MAX_C], corr[IQX_MAX_C];
         IQX_UNROLL for (int j = 0; j < C; j++) {
             const uint8_t *yb = (const uint8_t *)vy + (size_t)j * by + (size_t)b * sizeof(pg_block_q8_0);
             alo[j] = load2x16(yb + 2, sizeof(pg_block_q8_0));
             ahi[j] = load2x16(yb + 18, sizeof(pg_block_q8_0));
-            aalo[j] = _mm256_abs_epi8(alo[j]);
-            aahi[j] = _mm256_abs_epi8(ahi[j]);
+            if (mx) {
+                /* 12·Σa of block k in every int32 of lane k */
+                const __m256i ones = _mm256_set1_epi8(1);
+                __m256i sa = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(ones, alo[j]),
+                                                                _mm256_maddubs_epi16(ones, ahi[j])),
+                                               _mm256_set1_epi16(1));
+                sa = _mm256_add_epi32(sa, _mm256_shuffle_epi32(sa, _MM_SHUFFLE(1, 0, 3, 2)));
+                sa = _mm256_add_epi32(sa, _mm256_shuffle_epi32(sa, _MM_SHUFFLE(2, 3, 0, 1)));
+                corr[j] = _mm256_mullo_epi32(sa, _mm256_set1_epi32(MX2_OFF));
+            } else {
+                aalo[j] = _mm256_abs_epi8(alo[j]);
+                aahi[j] = _mm256_abs_epi8(ahi[j]);
+            }
         }
         __m256i half[IQX_MAX_C][2], pq[IQX_MAX_C][2];
-        __m256i dw = _mm256_setzero_si256();
+        /* block k's scales of the eight rows: sc[k] (MXFP4: sc[k][0], a byte per row) */
+        uint64_t sc[2][2] = {{0, 0}, {0, 0}};
         IQX_UNROLL for (int r = 0; r < 8; r += 2) {
             __m256i d0[IQX_MAX_C], d1[IQX_MAX_C];
             IQX_UNROLL for (int h = 0; h < 2; h++) {
@@ -91,36 +101,38 @@ static inline __attribute__((always_inline)) void nl2_rows8_c(int64_t n, float *
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
                 const __m256i vlo = _mm256_shuffle_epi8(lut, lo), vhi = _mm256_shuffle_epi8(lut, hi);
                 IQX_UNROLL for (int j = 0; j < C; j++) {
-                    const __m256i d = _mm256_add_epi32(nl2_dot(vlo, alo[j], aalo[j]),
-                                                       nl2_dot(vhi, ahi[j], aahi[j]));
+                    const __m256i d = mx ? mx2_dot(vlo, vhi, alo[j], ahi[j])
+                                         : _mm256_add_epi32(nl2_dot(vlo, alo[j], aalo[j]),
+                                                            nl2_dot(vhi, ahi[j], aahi[j]));
                     if (h) d1[j] = d; else d0[j] = d;
                 }
-                const __m256i w = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)xr),
-                    _mm256_load_si256((const __m256i *)k_nl2_pick[mx][r + h]));
-                switch (r + h) {   /* vpblendw takes an immediate */
-                case 0: dw = w; break;
-                case 1: dw = _mm256_blend_epi16(dw, w, 0x02); break;
-                case 2: dw = _mm256_blend_epi16(dw, w, 0x04); break;
-                case 3: dw = _mm256_blend_epi16(dw, w, 0x08); break;
-                case 4: dw = _mm256_blend_epi16(dw, w, 0x10); break;
-                case 5: dw = _mm256_blend_epi16(dw, w, 0x20); break;
-                case 6: dw = _mm256_blend_epi16(dw, w, 0x40); break;
-                default: dw = _mm256_blend_epi16(dw, w, 0x80); break;
+                /* the row's two scales into byte (e) or word (d) r of the blocks' words */
+                const int sh = mx ? 8 * (r + h) : 16 * ((r + h) % 4);
+                uint16_t v0, v1;
+                if (mx) {
+                    v0 = xr[0];
+                    v1 = xr[17];
+                } else {
+                    memcpy(&v0, xr, 2);
+                    memcpy(&v1, xr + 18, 2);
                 }
+                sc[0][mx ? 0 : (r + h) / 4] |= (uint64_t)v0 << sh;
+                sc[1][mx ? 0 : (r + h) / 4] |= (uint64_t)v1 << sh;
             }
             IQX_UNROLL for (int j = 0; j < C; j++) half[j][(r / 2) % 2] = tr2_add32(d0[j], d1[j]);
             if (r % 4 == 2)
-                IQX_UNROLL for (int j = 0; j < C; j++)
+                IQX_UNROLL for (int j = 0; j < C; j++) {
                     pq[j][r / 4] = tr2_add64(half[j][0], half[j][1]);
+                    if (mx) pq[j][r / 4] = _mm256_sub_epi32(pq[j][r / 4], corr[j]);
+                }
         }
         __m256 dx[2];
         if (mx) {
-            const __m256i ff = _mm256_set1_epi32(0xFF);
-            dx[0] = e8m0x8_lanes(_mm256_and_si256(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(dw)), ff));
-            dx[1] = e8m0x8_lanes(_mm256_and_si256(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(dw, 1)), ff));
+            dx[0] = e8m0x8_lanes(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc[0][0])));
+            dx[1] = e8m0x8_lanes(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc[1][0])));
         } else {
-            dx[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(dw));
-            dx[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(dw, 1));
+            dx[0] = _mm256_cvtph_ps(_mm_set_epi64x((long long)sc[0][1], (long long)sc[0][0]));
+            dx[1] = _mm256_cvtph_ps(_mm_set_epi64x((long long)sc[1][1], (long long)sc[1][0]));
         }
         IQX_UNROLL for (int j = 0; j < C; j++) {
             const pg_block_q8_0 *yb = (const pg_block_q8_0 *)((const char *)vy + (size_t)j * by) + b;
