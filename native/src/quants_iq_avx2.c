@@ -46,12 +46,19 @@ static inline __m256i nl2_dot(__m256i v, __m256i a, __m256i aa) {
 }
 
 /* MXFP4's values (|v| <= 12) + 12 are unsigned bytes 0..24: maddubs takes them against a as it
- * is (no sign step per row), and the pairs (<= 2·24·128) of both halves add up in int16 before
- * one madd; Σ v·a = Σ (v + 12)·a − 12·Σa, the last term once per activation block */
+ * is (no sign step per row), and the pairs (<= 2·24·128) of both halves add up in int16 (into
+ * int32 after two rows' transpose: tr2_add32_mx); Σ v·a = Σ (v + 12)·a − 12·Σa, the last term
+ * once per activation block */
 #define MX2_OFF 12
 static inline __m256i mx2_dot(__m256i ulo, __m256i uhi, __m256i alo, __m256i ahi) {
-    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(ulo, alo),
-                                              _mm256_maddubs_epi16(uhi, ahi)),
+    return _mm256_add_epi16(_mm256_maddubs_epi16(ulo, alo), _mm256_maddubs_epi16(uhi, ahi));
+}
+
+/* tr2_add32 of two rows' mx2_dot words (<= 4·24·128 each): the transpose on the int16 pairs,
+ * their sums (<= 24576) into int32 by one madd for the two rows */
+static inline __m256i tr2_add32_mx(__m256i a, __m256i b) {
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_unpacklo_epi32(a, b),
+                                              _mm256_unpackhi_epi32(a, b)),
                              _mm256_set1_epi16(1));
 }
 
@@ -119,7 +126,8 @@ static inline __attribute__((always_inline)) void nl2_rows8_c(int64_t n, float *
                 sc[0][mx ? 0 : (r + h) / 4] |= (uint64_t)v0 << sh;
                 sc[1][mx ? 0 : (r + h) / 4] |= (uint64_t)v1 << sh;
             }
-            IQX_UNROLL for (int j = 0; j < C; j++) half[j][(r / 2) % 2] = tr2_add32(d0[j], d1[j]);
+            IQX_UNROLL for (int j = 0; j < C; j++)
+                half[j][(r / 2) % 2] = mx ? tr2_add32_mx(d0[j], d1[j]) : tr2_add32(d0[j], d1[j]);
             if (r % 4 == 2)
                 IQX_UNROLL for (int j = 0; j < C; j++) {
                     pq[j][r / 4] = tr2_add64(half[j][0], half[j][1]);
