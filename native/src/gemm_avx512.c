@@ -468,13 +468,6 @@ AINL __m256i rows8_totals(__m512i p0, __m512i p1) {
     return _mm512_castsi512_si256(_mm512_permutex2var_epi32(p0, idx, p1));
 }
 
-/* the fp16 field at byte o of block b of the eight rows, as floats */
-AINL __m256 rows8_fp16(const char *const *x, int64_t b, size_t bsize, int o) {
-    uint16_t h[8];
-    for (int i = 0; i < 8; i++) memcpy(&h[i], x[i] + (size_t)b * bsize + (size_t)o, 2);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-}
-
 /* Rows in lanes, each lane the scalar kernel's super-block terms added in block order (the
  * integer sums as kquant_512 forms them, one activation row broadcast to the four rows of a
  * register): the bits of vec_dot. C activation rows (1..PG_DOT8_MAX_NC) share each unpacked
@@ -516,8 +509,9 @@ AINL void kquant_rows8(int64_t n, float *s, size_t bs, const void *vx, size_t bx
                                                   k[g].sc[type == 6 ? t : t / 2]);
             }
         }
-        const __m256 d = rows8_fp16(x, b, bsize, type == 6 ? 208 : 0);
-        const __m256 dmin = type == 6 ? _mm256_setzero_ps() : rows8_fp16(x, b, bsize, 2);
+        __m256 d, dmin;   /* see kquant_rm8 */
+        if (type == 6) kq_rows8_fp16x2(x[0], bx, b, bsize, 206, &dmin, &d);
+        else kq_rows8_fp16x2(x[0], bx, b, bsize, 0, &d, &dmin);
         PG_UNROLL for (int j = 0; j < C; j++) {
             const pg_block_q8_K *y = yr[j] + b;
             const __m512i bl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y->bsums));
@@ -547,13 +541,210 @@ AINL void kquant_rows8(int64_t n, float *s, size_t bs, const void *vx, size_t bx
         _mm256_storeu_ps((float *)((char *)s + (size_t)j * bs), acc[j]);
 }
 
+/* ---- vec_dot8, row-major form (decode and a few tokens) ------------------------------------ */
+
+/* Each weight row's super-block is read as it lies (two or four 64-byte loads, no per-slice
+ * inserts), its levels split into four 64-byte vectors L0..L3; the activations are loaded once
+ * per super-block in the matching order (A0..A3) and shared by the eight rows. One VPDPBUSD per
+ * level vector gives dword partial sums of 4 products each (|·| ≤ 4·63·128 < 2^15, also with
+ * Q6_K's −32 offset folded in: (q − 32)·a, |·| ≤ 4·32·128), which VPACKSSDW packs two vectors
+ * at a time into int16 words without saturating; one VPDPWSSD per packed pair applies each
+ * word's sub-block scale and accumulates. Per super-block a joint 4-row transpose-add and a
+ * final lane fold give the eight rows' exact integer sums (any order: integers), then the
+ * scalar kernel's fp32 term per row, added in block order: vec_dot's bits.
+ *
+ * Layouts (lane = 128 bits = 4 dword partials of one sub-block's 16 consecutive elements, or a
+ * quarter of a 32-element one):
+ *   Q4_K/Q5_K: qs[0..63] → L0 = low nibbles (elements 0..31 | 64..95: sub-blocks 0 | 2),
+ *     L1 = high nibbles (32..63 | 96..127: 1 | 3); qs[64..127] → L2 (4 | 6), L3 (5 | 7);
+ *     A0 = a[0..31 | 64..95], A1 = a[32..63 | 96..127], A2, A3 the same +128. A packed pair
+ *     (L0, L1) holds in lane k the words of sub-blocks (0, 1) for k < 2, (2, 3) for k ≥ 2.
+ *   Q6_K: ql[0..63] low nibbles with qh[0..31] bits 0-1 | 2-3 → L0 = elements 0..63 (16-element
+ *     sub-blocks 0..3, one per lane), high nibbles with bits 4-5 | 6-7 → L1 = 64..127 (4..7);
+ *     ql[64..127] and qh[32..63] → L2, L3 (8..11, 12..15); A0..A3 = a[0..255] as it lies. A
+ *     packed pair (L0, L1) holds in lane k the words of sub-blocks (k, 4 + k). */
+
+/* the activations of super-block y in the kernel's order, and Q6_K's −32·Σa per dword */
+AINL void rm_acts(const pg_block_q8_K *y, int type, __m512i a[4], __m512i off[4]) {
+    if (type == 6) {
+        const __m512i c32 = _mm512_set1_epi8(32);
+        PG_UNROLL for (int k = 0; k < 4; k++) {
+            a[k] = _mm512_loadu_si512(y->qs + 64 * k);
+            off[k] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), c32, a[k]));
+        }
+        return;
+    }
+    PG_UNROLL for (int k = 0; k < 4; k++) {   /* k = 2h + u: a[128h + 32u ..] | a[128h + 64 + 32u ..] */
+        const int8_t *p = y->qs + 128 * (k / 2) + 32 * (k % 2);
+        a[k] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
+            _mm256_loadu_si256((const __m256i *)(p + 64)), 1);
+        off[k] = _mm512_setzero_si512();
+    }
+}
+
+/* one weight row's super-block: the level vectors, the two scale-word vectors matching the
+ * packed pairs, and (Q4_K, Q5_K) the mins as words m0 m0 m1 m1 .. m7 m7 (madd with bsums) */
+AINL void rm_row(const char *p, int type, __m512i l[4], __m512i sc[2], __m256i *mins) {
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    if (type == 6) {
+        const __m512i q0 = _mm512_loadu_si512(p), q1 = _mm512_loadu_si512(p + 64);
+        const __m512i qh = _mm512_loadu_si512(p + 128);
+        const __m512i m30 = _mm512_set1_epi8(0x30);
+        /* per 256-bit half: the two bits of qh for the low nibbles (<< 4, << 2) and for the
+         * high nibbles (<< 0, >> 2) */
+        const __m512i sl = _mm512_setr_epi64(0x0004000400040004, 0x0004000400040004,
+                                             0x0004000400040004, 0x0004000400040004,
+                                             0x0002000200020002, 0x0002000200020002,
+                                             0x0002000200020002, 0x0002000200020002);
+        const __m512i sr = _mm512_setr_epi64(0, 0, 0, 0, 0x0002000200020002,
+                                             0x0002000200020002, 0x0002000200020002,
+                                             0x0002000200020002);
+        PG_UNROLL for (int h = 0; h < 2; h++) {
+            const __m512i q = h ? q1 : q0;
+            const __m512i hh = _mm512_shuffle_i64x2(qh, qh, h ? 0xEE : 0x44);
+            const __m512i lo_hi = _mm512_and_si512(_mm512_sllv_epi16(hh, sl), m30);
+            const __m512i hi_hi = _mm512_and_si512(_mm512_srlv_epi16(hh, sr), m30);
+            l[2 * h] = _mm512_ternarylogic_epi32(q, m4, lo_hi, 0xEA);   /* (q & m4) | lo_hi */
+            l[2 * h + 1] =
+                _mm512_ternarylogic_epi32(_mm512_srli_epi16(q, 4), m4, hi_hi, 0xEA);
+        }
+        /* int8 scales as words; pair (L0, L1) lane k: sub-blocks k, 4 + k; (L2, L3): 8 + k,
+         * 12 + k */
+        const __m512i s16 = _mm512_castsi256_si512(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192))));
+        sc[0] = _mm512_permutexvar_epi16(
+            _mm512_setr_epi64(0x0000000000000000, 0x0004000400040004, 0x0001000100010001,
+                              0x0005000500050005, 0x0002000200020002, 0x0006000600060006,
+                              0x0003000300030003, 0x0007000700070007),
+            s16);
+        sc[1] = _mm512_permutexvar_epi16(
+            _mm512_setr_epi64(0x0008000800080008, 0x000c000c000c000c, 0x0009000900090009,
+                              0x000d000d000d000d, 0x000a000a000a000a, 0x000e000e000e000e,
+                              0x000b000b000b000b, 0x000f000f000f000f),
+            s16);
+        *mins = _mm256_setzero_si256();
+        return;
+    }
+    const int qs = type == 4 ? 16 : 48;
+    const __m512i z0 = _mm512_loadu_si512(p + qs), z1 = _mm512_loadu_si512(p + qs + 64);
+    l[0] = _mm512_and_si512(z0, m4);
+    l[1] = _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4);
+    l[2] = _mm512_and_si512(z1, m4);
+    l[3] = _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4);
+    if (type == 5) {   /* element 64c + 32u + l: + 16 where qh[l] has bit 2c + u */
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 16)));
+        const __m512i b16 = _mm512_set1_epi8(0x10);
+        PG_UNROLL for (int k = 0; k < 4; k++) {   /* L_k = (c, u) = (2(k/2), k%2) | (2(k/2)+1, k%2) */
+            const int bit = 4 * (k / 2) + k % 2;
+            const __m512i t = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << bit)),
+                                                 _mm256_set1_epi8((char)(1 << (bit + 2))), 1);
+            l[k] = _mm512_mask_add_epi8(l[k], _mm512_test_epi8_mask(qh, t), l[k], b16);
+        }
+    }
+    /* [sc0..7 m0..7]; words: lanes 0, 1 sc(2h) ×4, sc(2h + 1) ×4, lanes 2, 3 the next two */
+    const __m128i sm = k4_scales((const uint8_t *)p + 4);
+    const __m512i sb = _mm512_broadcast_i32x4(sm);
+    sc[0] = _mm512_shuffle_epi8(sb, _mm512_setr_epi64(
+        (long long)0x8000800080008000ull, (long long)0x8001800180018001ull,
+        (long long)0x8000800080008000ull, (long long)0x8001800180018001ull,
+        (long long)0x8002800280028002ull, (long long)0x8003800380038003ull,
+        (long long)0x8002800280028002ull, (long long)0x8003800380038003ull));
+    sc[1] = _mm512_shuffle_epi8(sb, _mm512_setr_epi64(
+        (long long)0x8004800480048004ull, (long long)0x8005800580058005ull,
+        (long long)0x8004800480048004ull, (long long)0x8005800580058005ull,
+        (long long)0x8006800680068006ull, (long long)0x8007800780078007ull,
+        (long long)0x8006800680068006ull, (long long)0x8007800780078007ull));
+    *mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+        sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+}
+
+/* lanes of the 8 rows' totals: g0 (rows 0..3) and g1 (rows 4..7) as transpose_add4 leaves
+ * them, each 128-bit lane [r0 r1 r2 r3] partials -> [Σ r0 .. Σ r7] */
+AINL __m256i rm_fold(__m512i g0, __m512i g1) {
+    const __m512i s = _mm512_add_epi32(_mm512_shuffle_i32x4(g0, g1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_i32x4(g0, g1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512i t = _mm512_add_epi32(_mm512_shuffle_i32x4(s, s, _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm512_shuffle_i32x4(s, s, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_castsi512_si256(t);
+}
+
+/* lane r = Σ of the 8 lanes of p[r] (exact) */
+AINL __m256i rm_fold8(const __m256i p[8]) {
+    const __m256i a = kq_fold4(p[0], p[1], p[2], p[3]), b = kq_fold4(p[4], p[5], p[6], p[7]);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                            _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+AINL void kquant_rm8(int64_t n, float *s, size_t bs, const void *vx, size_t bx, const void *vy,
+                     size_t by, const int C, const int type) {
+    const char *x = vx, *xr[8];
+    PG_UNROLL for (int i = 0; i < 8; i++) xr[i] = x + (size_t)i * bx;
+    const size_t bsize = kq_block_bytes(type);
+    __m256 acc[PG_DOT8_MAX_NC];
+    PG_UNROLL for (int j = 0; j < C; j++) acc[j] = _mm256_setzero_ps();
+    const int64_t nb = n / PG_QK_K;
+    const size_t share = kq_dot8_share(bx, nb);
+    for (int64_t b = 0; b < nb; b++) {
+        kq_dot8_prefetch(vx, bx, b, share);
+        const pg_block_q8_K *y[PG_DOT8_MAX_NC];
+        PG_UNROLL for (int j = 0; j < C; j++)
+            y[j] = (const pg_block_q8_K *)((const char *)vy + (size_t)j * by) + b;
+        __m512i a[PG_DOT8_MAX_NC][4], off[PG_DOT8_MAX_NC][4];
+        PG_UNROLL for (int j = 0; j < C; j++) rm_acts(y[j], type, a[j], off[j]);
+        __m512i g[2][PG_DOT8_MAX_NC];
+        __m256i mw[8];
+        PG_UNROLL for (int h = 0; h < 2; h++) {
+            __m512i r4[4][PG_DOT8_MAX_NC];
+            PG_UNROLL for (int i = 0; i < 4; i++) {
+                __m512i l[4], sc[2];
+                rm_row(xr[4 * h + i] + (size_t)b * bsize, type, l, sc,
+                       &mw[4 * h + i]);
+                PG_UNROLL for (int j = 0; j < C; j++) {
+                    __m512i d[4];
+                    PG_UNROLL for (int k = 0; k < 4; k++)
+                        d[k] = _mm512_dpbusd_epi32(off[j][k], l[k], a[j][k]);
+                    r4[i][j] = _mm512_dpwssd_epi32(
+                        _mm512_madd_epi16(_mm512_packs_epi32(d[0], d[1]), sc[0]),
+                        _mm512_packs_epi32(d[2], d[3]), sc[1]);
+                }
+            }
+            PG_UNROLL for (int j = 0; j < C; j++)
+                g[h][j] = transpose_add4(r4[0][j], r4[1][j], r4[2][j], r4[3][j]);
+        }
+        /* d, dmin (Q4_K, Q5_K: bytes 0..3); Q6_K's d: the second fp16 of bytes 206..209 */
+        __m256 d, dmin;
+        if (type == 6) kq_rows8_fp16x2(x, bx, b, bsize, 206, &dmin, &d);
+        else kq_rows8_fp16x2(x, bx, b, bsize, 0, &d, &dmin);
+        PG_UNROLL for (int j = 0; j < C; j++) {
+            const __m256 dy = _mm256_set1_ps(y[j]->d);
+            const __m256 fi = _mm256_cvtepi32_ps(rm_fold(g[0][j], g[1][j]));
+            __m256 term;
+            if (type == 6) {   /* (d·dy)·isum */
+                term = _mm256_mul_ps(_mm256_mul_ps(d, dy), fi);
+            } else {           /* (dy·d)·isum − (dy·dmin)·summs */
+                const __m256i bsv = _mm256_loadu_si256((const __m256i *)y[j]->bsums);
+                __m256i m[8];
+                PG_UNROLL for (int r = 0; r < 8; r++) m[r] = _mm256_madd_epi16(mw[r], bsv);
+                const __m256 fm = _mm256_cvtepi32_ps(rm_fold8(m));
+                term = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(dy, d), fi),
+                                     _mm256_mul_ps(_mm256_mul_ps(dy, dmin), fm));
+            }
+            acc[j] = _mm256_add_ps(acc[j], term);
+        }
+    }
+    PG_UNROLL for (int j = 0; j < C; j++)
+        _mm256_storeu_ps((float *)((char *)s + (size_t)j * bs), acc[j]);
+}
+
 /* one compiled body per activation-row count: C is a constant in each */
 #define PG_ROWS8_KQUANT(name, TYPE)                                                                \
     static void name(int64_t n, float *restrict s, size_t bs, const void *restrict x, size_t bx,   \
                      const void *restrict y, size_t by, int nc) {                                  \
         switch (nc) {                                                                              \
-        case 1: kquant_rows8(n, s, bs, x, bx, y, by, 1, TYPE); break;                              \
-        case 2: kquant_rows8(n, s, bs, x, bx, y, by, 2, TYPE); break;                              \
+        case 1: kquant_rm8(n, s, bs, x, bx, y, by, 1, TYPE); break;                                \
+        case 2: kquant_rm8(n, s, bs, x, bx, y, by, 2, TYPE); break;                                \
         case 3: kquant_rows8(n, s, bs, x, bx, y, by, 3, TYPE); break;                              \
         case 4: kquant_rows8(n, s, bs, x, bx, y, by, 4, TYPE); break;                              \
         case 5: kquant_rows8(n, s, bs, x, bx, y, by, 5, TYPE); break;                              \

@@ -340,14 +340,6 @@ static inline __m256i kq_fold8(const __m256i p[8]) {
                             _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-/* the fp16 field at byte o of block b of the eight rows (rows bx bytes apart), as floats */
-static inline __m256 kq_rows8_fp16(const char *x, size_t bx, int64_t b, size_t bsize, int o) {
-    uint16_t h[8];
-    KQ_UNROLL for (int r = 0; r < 8; r++)
-        memcpy(&h[r], x + (size_t)r * bx + (size_t)b * bsize + o, 2);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-}
-
 /* The partial integer sums of one weight row's super-block x with C activation blocks y[j]:
  * is[j] (levels · activations, with Q6_K's −32 offset) and ms[j] (mins · bsums; Q4_K, Q5_K). */
 static inline __attribute__((always_inline)) void kq_row_dots(const void *xb,
@@ -434,8 +426,10 @@ static inline __attribute__((always_inline)) void kq_rows8(int64_t n, float *s, 
             }
         }
         /* the scalar kernels' terms (d_x·d_y)·isum − (dmin_x·d_y)·summs, or (d_x·d_y)·isum */
-        const __m256 dx = kq_rows8_fp16(x, bx, b, bsize, type == 6 ? 208 : 0);
-        const __m256 mx = type == 6 ? _mm256_setzero_ps() : kq_rows8_fp16(x, bx, b, bsize, 2);
+        /* d, dmin (Q4_K, Q5_K: bytes 0..3); Q6_K's d: the second fp16 of bytes 206..209 */
+        __m256 dx, mx;
+        if (type == 6) kq_rows8_fp16x2(x, bx, b, bsize, 206, &mx, &dx);
+        else kq_rows8_fp16x2(x, bx, b, bsize, 0, &dx, &mx);
         KQ_UNROLL for (int j = 0; j < C; j++) {
             const __m256 dy = _mm256_set1_ps(yb[j]->d);
             const __m256 fi = _mm256_cvtepi32_ps(kq_fold8(is[j]));
