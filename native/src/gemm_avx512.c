@@ -586,7 +586,7 @@ AINL void rm_acts(const pg_block_q8_K *y, int type, __m512i a[4], __m512i off[4]
 
 /* one weight row's super-block: the level vectors, the two scale-word vectors matching the
  * packed pairs, and (Q4_K, Q5_K) the mins as words m0 m0 m1 m1 .. m7 m7 (madd with bsums) */
-AINL void rm_row(const char *p, int type, __m512i l[4], __m512i sc[2], __m256i *mins) {
+AINL void rm_row(const char *p, int type, __m512i sb, __m512i l[4], __m512i sc[2]) {
     const __m512i m4 = _mm512_set1_epi8(0xF);
     if (type == 6) {
         const __m512i q0 = _mm512_loadu_si512(p), q1 = _mm512_loadu_si512(p + 64);
@@ -624,7 +624,6 @@ AINL void rm_row(const char *p, int type, __m512i l[4], __m512i sc[2], __m256i *
                               0x000d000d000d000d, 0x000a000a000a000a, 0x000e000e000e000e,
                               0x000b000b000b000b, 0x000f000f000f000f),
             s16);
-        *mins = _mm256_setzero_si256();
         return;
     }
     const int qs = type == 4 ? 16 : 48;
@@ -643,9 +642,8 @@ AINL void rm_row(const char *p, int type, __m512i l[4], __m512i sc[2], __m256i *
             l[k] = _mm512_mask_add_epi8(l[k], _mm512_test_epi8_mask(qh, t), l[k], b16);
         }
     }
-    /* [sc0..7 m0..7]; words: lanes 0, 1 sc(2h) ×4, sc(2h + 1) ×4, lanes 2, 3 the next two */
-    const __m128i sm = k4_scales((const uint8_t *)p + 4);
-    const __m512i sb = _mm512_broadcast_i32x4(sm);
+    /* sb: the row's [sc0..7 m0..7] in every lane; words: lanes 0, 1 sc(2h) ×4, sc(2h + 1) ×4,
+     * lanes 2, 3 the next two */
     sc[0] = _mm512_shuffle_epi8(sb, _mm512_setr_epi64(
         (long long)0x8000800080008000ull, (long long)0x8001800180018001ull,
         (long long)0x8000800080008000ull, (long long)0x8001800180018001ull,
@@ -656,8 +654,19 @@ AINL void rm_row(const char *p, int type, __m512i l[4], __m512i sc[2], __m256i *
         (long long)0x8004800480048004ull, (long long)0x8005800580058005ull,
         (long long)0x8006800680068006ull, (long long)0x8007800780078007ull,
         (long long)0x8006800680068006ull, (long long)0x8007800780078007ull));
-    *mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
-        sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+}
+
+/* k4_scales of four rows at once: lane i = [sc0..7 m0..7] of the block at p[i] (Q4_K, Q5_K) */
+AINL __m512i rm_scales4(const char *p0, const char *p1, const char *p2, const char *p3) {
+    const __m512i u = load4x16(p0 + 4, p1 + 4, p2 + 4, p3 + 4);
+    /* dwords u0, u2, u1, u2 >> 4 and (u0, u0, u1, u1) >> 2, as k4_scales */
+    const __m512i a = _mm512_srlv_epi32(_mm512_shuffle_epi32(u, (_MM_PERM_ENUM)0x98),
+                                        _mm512_set4_epi32(4, 0, 0, 0));
+    const __m512i h = _mm512_srli_epi32(_mm512_shuffle_epi32(u, (_MM_PERM_ENUM)0x50), 2);
+    const __m512i lo = _mm512_and_si512(a, _mm512_set4_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f,
+                                                              0x3f3f3f3f));
+    return _mm512_ternarylogic_epi32(lo, h, _mm512_set4_epi32(0x30303030, 0, 0x30303030, 0),
+                                     0xF8);   /* lo | (h & mask) */
 }
 
 /* lanes of the 8 rows' totals: g0 (rows 0..3) and g1 (rows 4..7) as transpose_add4 leaves
@@ -668,13 +677,6 @@ AINL __m256i rm_fold(__m512i g0, __m512i g1) {
     const __m512i t = _mm512_add_epi32(_mm512_shuffle_i32x4(s, s, _MM_SHUFFLE(2, 0, 2, 0)),
                                        _mm512_shuffle_i32x4(s, s, _MM_SHUFFLE(3, 1, 3, 1)));
     return _mm512_castsi512_si256(t);
-}
-
-/* lane r = Σ of the 8 lanes of p[r] (exact) */
-AINL __m256i rm_fold8(const __m256i p[8]) {
-    const __m256i a = kq_fold4(p[0], p[1], p[2], p[3]), b = kq_fold4(p[4], p[5], p[6], p[7]);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
-                            _mm256_permute2x128_si256(a, b, 0x31));
 }
 
 AINL void kquant_rm8(int64_t n, float *s, size_t bs, const void *vx, size_t bx, const void *vy,
@@ -693,14 +695,31 @@ AINL void kquant_rm8(int64_t n, float *s, size_t bs, const void *vx, size_t bx, 
             y[j] = (const pg_block_q8_K *)((const char *)vy + (size_t)j * by) + b;
         __m512i a[PG_DOT8_MAX_NC][4], off[PG_DOT8_MAX_NC][4];
         PG_UNROLL for (int j = 0; j < C; j++) rm_acts(y[j], type, a[j], off[j]);
-        __m512i g[2][PG_DOT8_MAX_NC];
-        __m256i mw[8];
+        __m512i g[2][PG_DOT8_MAX_NC], mm[2][PG_DOT8_MAX_NC];
+        /* Q4_K, Q5_K: the bsums in pairs (one word per 32-element sub-block, |·| ≤ 4096) */
+        __m512i bp[PG_DOT8_MAX_NC];
+        if (type != 6)
+            PG_UNROLL for (int j = 0; j < C; j++) {
+                const __m256i s = _mm256_madd_epi16(
+                    _mm256_loadu_si256((const __m256i *)y[j]->bsums), _mm256_set1_epi16(1));
+                bp[j] = _mm512_broadcast_i32x4(_mm_packs_epi32(_mm256_castsi256_si128(s),
+                                                               _mm256_extracti128_si256(s, 1)));
+            }
         PG_UNROLL for (int h = 0; h < 2; h++) {
+            const char *p[4];
+            PG_UNROLL for (int i = 0; i < 4; i++) p[i] = xr[4 * h + i] + (size_t)b * bsize;
+            __m512i sm = _mm512_setzero_si512();
+            if (type != 6) {   /* four rows' scales and mins, and Σ mins·bsums (lane i: row i) */
+                sm = rm_scales4(p[0], p[1], p[2], p[3]);
+                const __m512i mw = _mm512_shuffle_epi8(   /* words m0..m7 */
+                    sm, _mm512_set4_epi32((int)0x800f800e, (int)0x800d800c, (int)0x800b800a,
+                                          (int)0x80098008));
+                PG_UNROLL for (int j = 0; j < C; j++) mm[h][j] = _mm512_madd_epi16(mw, bp[j]);
+            }
             __m512i r4[4][PG_DOT8_MAX_NC];
             PG_UNROLL for (int i = 0; i < 4; i++) {
                 __m512i l[4], sc[2];
-                rm_row(xr[4 * h + i] + (size_t)b * bsize, type, l, sc,
-                       &mw[4 * h + i]);
+                rm_row(p[i], type, _mm512_shuffle_i32x4(sm, sm, 0x55 * i), l, sc);
                 PG_UNROLL for (int j = 0; j < C; j++) {
                     __m512i d[4];
                     PG_UNROLL for (int k = 0; k < 4; k++)
@@ -724,10 +743,7 @@ AINL void kquant_rm8(int64_t n, float *s, size_t bs, const void *vx, size_t bx, 
             if (type == 6) {   /* (d·dy)·isum */
                 term = _mm256_mul_ps(_mm256_mul_ps(d, dy), fi);
             } else {           /* (dy·d)·isum − (dy·dmin)·summs */
-                const __m256i bsv = _mm256_loadu_si256((const __m256i *)y[j]->bsums);
-                __m256i m[8];
-                PG_UNROLL for (int r = 0; r < 8; r++) m[r] = _mm256_madd_epi16(mw[r], bsv);
-                const __m256 fm = _mm256_cvtepi32_ps(rm_fold8(m));
+                const __m256 fm = _mm256_cvtepi32_ps(rows8_totals(mm[0][j], mm[1][j]));
                 term = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(dy, d), fi),
                                      _mm256_mul_ps(_mm256_mul_ps(dy, dmin), fm));
             }
