@@ -394,3 +394,75 @@ PG_TEST(test_kquant_simd_paths) {
     CHECK(pg_cpu_path() == prev, "path not restored");
     printf("    (kquant SIMD kernel sets tested: %d)\n", tested);
 }
+
+/* vec_dot8 at the ends of the integer ranges: weight rows whose every byte is 0xFF (the top
+ * levels, scales and mins: 15, 31, 63 and Q6_K's scale -1), 0x00 (Q6_K's level -32), alternating
+ * bytes of 0x7F / 0x80 (Q6_K's scales +127 / -128) or random; activations mostly -128 (valid
+ * bytes, never made by the quantizer), some 127 and 0, bsums as the quantizer sets them. Every
+ * path's vec_dot8, 1..PG_DOT8_MAX_NC activation rows, has the scalar vec_dot's bits: the
+ * row-major AVX-512 kernels pack sums of four products into int16 words (|·| ≤ 4·63·128, or
+ * 4·32·128 with Q6_K's offset) and must not saturate. */
+PG_TEST(test_kquant_vec_dot8_extremes) {
+    enum { NB = 3 };
+    static uint8_t w[8][NB * 256];
+    static pg_block_q8_K a[PG_DOT8_MAX_NC][NB];
+    int tested = 0;
+    for (int it = 0; it < NT; it++) {
+        const int32_t type = k_wtypes[it];
+        const pg_type_traits *ts = pg_get_type_traits_for_path(type, PG_PATH_SCALAR);
+        const size_t bsz = ts->type_size, row = NB * bsz;
+        const int64_t n = NB * PG_QK_K;
+        int d_off, m_off;
+        fp16_fields(type, &d_off, &m_off);
+        for (int i = 0; i < 8; i++) {
+            for (size_t k = 0; k < row; k++) {
+                const int kind = (i + (int)(k / bsz)) % 4;
+                w[i][k] = kind == 0 ? 0xFF : kind == 1 ? 0x00 : kind == 2 ? (k % 2 ? 0x7F : 0x80)
+                                                                           : (uint8_t)rnd32();
+            }
+            for (int b = 0; b < NB; b++) {
+                set_h(&w[i][(size_t)b * bsz + (size_t)d_off], 0.01f * (float)(i + 1));
+                if (m_off >= 0)
+                    set_h(&w[i][(size_t)b * bsz + (size_t)m_off], 0.003f * (float)(8 - i));
+            }
+        }
+        for (int j = 0; j < PG_DOT8_MAX_NC; j++)
+            for (int b = 0; b < NB; b++) {
+                pg_block_q8_K *q = &a[j][b];
+                q->d = 0.0125f * (float)(j + 1);
+                for (int e = 0; e < PG_QK_K; e++) {
+                    const uint32_t r = rnd32() % 8;   /* mostly -128, some 127 and 0 */
+                    q->qs[e] = (int8_t)(r < 5   ? -128
+                                        : r == 5 ? 127
+                                        : r == 6 ? 0
+                                                 : (int)(rnd32() % 256) - 128);
+                }
+                for (int g = 0; g < 16; g++) {
+                    int sum = 0;
+                    for (int e = 0; e < 16; e++) sum += q->qs[16 * g + e];
+                    q->bsums[g] = (int16_t)sum;
+                }
+            }
+        for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
+            if (!pg_path_compiled(p)) continue;
+            const pg_type_traits *tp = pg_get_type_traits_for_path(type, p);
+            if (!tp->vec_dot8) continue;
+            for (int nc = 1; nc <= PG_DOT8_MAX_NC; nc++) {
+                float got[PG_DOT8_MAX_NC][8], want[PG_DOT8_MAX_NC][8];
+                tp->vec_dot8(n, &got[0][0], sizeof(got[0]), w, sizeof(w[0]), a, sizeof(a[0]), nc);
+                int same = 1;
+                for (int j = 0; j < nc; j++)
+                    for (int i = 0; i < 8; i++) {
+                        ts->vec_dot(n, &want[j][i], w[i], a[j]);
+                        same &= memcmp(&got[j][i], &want[j][i], 4) == 0;
+                    }
+                CHECK(same, "%s path %d, %d activation rows at the range ends: vec_dot8 differs "
+                      "from the scalar vec_dot", k_wnames[it], p, nc);
+                tested++;
+            }
+        }
+    }
+#if defined(__x86_64__)
+    CHECK(tested > 0, "no path has a K-quant vec_dot8");
+#endif
+}
