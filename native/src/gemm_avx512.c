@@ -13,7 +13,11 @@
  *   - K-quants, one super-block per step, the same layout: per 16-element slice one maddubs and
  *     one VPDPWSSD (with the weight rows' sub-block scales, one per lane) per activation row and
  *     group; mins (or the −4 / −32 offsets) through madd with the activation rows' bsums; a
- *     transpose-add and one conversion and FMA per group and super-block.
+ *     transpose-add and one conversion and FMA per group and super-block;
+ *   - K-quant decode (vec_dot8: eight weight rows, 1..8 activation rows): the same four-rows-per-
+ *     register form for many activation rows, and for a few (decode) a row-major form that
+ *     reads each row's super-block as it lies, with the activations loaded once per super-block
+ *     in the matching order (kquant_rm8).
  * Integer sums are exact; each dot's fp32 work is the scalar kernel's block term added to its
  * running sum in block order (one lane per dot), so every dot has the bits of the vec_dot of its
  * two rows on this path (the scalar reference's): a token's result never depends on its batch
