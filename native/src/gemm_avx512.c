@@ -579,7 +579,8 @@ AINL void rm_acts(const pg_block_q8_K *y, int type, __m512i a[4], __m512i off[4]
         }
         return;
     }
-    PG_UNROLL for (int k = 0; k < 4; k++) {   /* k = 2h + u: a[128h + 32u ..] | a[128h + 64 + 32u ..] */
+    /* k = 2h + u: a[128h + 32u ..] | a[128h + 64 + 32u ..] */
+    PG_UNROLL for (int k = 0; k < 4; k++) {
         const int8_t *p = y->qs + 128 * (k / 2) + 32 * (k % 2);
         a[k] = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
@@ -639,7 +640,8 @@ AINL void rm_row(const char *p, int type, __m512i sb, __m512i l[4], __m512i sc[2
     if (type == 5) {   /* element 64c + 32u + l: + 16 where qh[l] has bit 2c + u */
         const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 16)));
         const __m512i b16 = _mm512_set1_epi8(0x10);
-        PG_UNROLL for (int k = 0; k < 4; k++) {   /* L_k = (c, u) = (2(k/2), k%2) | (2(k/2)+1, k%2) */
+        /* L_k = (c, u) = (2(k/2), k%2) | (2(k/2)+1, k%2) */
+        PG_UNROLL for (int k = 0; k < 4; k++) {
             const int bit = 4 * (k / 2) + k % 2;
             const __m512i t = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << bit)),
                                                  _mm256_set1_epi8((char)(1 << (bit + 2))), 1);
