@@ -38,12 +38,17 @@ static inline __m256i iqx_fold8(const __m256i p[8]) {
                             _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-/* the fp16 field at byte 0 of block b of eight rows (bx bytes apart), as floats */
+/* the fp16 field at byte 0 of block b of eight rows (bx bytes apart), as floats. The halves
+ * are shifted into two 64-bit words: eight 2-byte stores read back as one vector fail store
+ * forwarding, a stall every block on Zen 4 (as kq_rows8_fp16x2 found for the K-quants) */
 static inline __m256 iqx_rows8_fp16(const char *x, size_t bx, int64_t b, size_t bsize) {
-    uint16_t h[8];
-    IQX_UNROLL for (int r = 0; r < 8; r++)
-        memcpy(&h[r], x + (size_t)r * bx + (size_t)b * bsize, 2);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    uint64_t w[2] = {0, 0};
+    IQX_UNROLL for (int r = 0; r < 8; r++) {
+        uint16_t h;
+        memcpy(&h, x + (size_t)r * bx + (size_t)b * bsize, 2);
+        w[r / 4] |= (uint64_t)h << (16 * (r % 4));
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)w[1], (long long)w[0]));
 }
 
 static inline size_t iqx_share(size_t bx, int64_t nb) {

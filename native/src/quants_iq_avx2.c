@@ -200,18 +200,6 @@ static const uint8_t k_xs2_pair[4][32] __attribute__((aligned(32))) = {
     {XS2_L(0), XS2_L(1)}, {XS2_L(2), XS2_L(3)}, {XS2_L(4), XS2_L(5)}, {XS2_L(6), XS2_L(7)},
 };
 
-/* the fp16 field at byte 0 of block b of eight rows as floats, the halves shifted into two
- * 64-bit words (iqx_rows8_fp16 stores them and loads a vector: a store-forwarding stall) */
-static inline __m256 xs2_rows8_fp16(const char *x, size_t bx, int64_t b, size_t bsize) {
-    uint64_t w[2] = {0, 0};
-    IQX_UNROLL for (int r = 0; r < 8; r++) {
-        uint16_t h;
-        memcpy(&h, x + (size_t)r * bx + (size_t)b * bsize, 2);
-        w[r / 4] |= (uint64_t)h << (16 * (r % 4));
-    }
-    return _mm256_cvtph_ps(_mm_set_epi64x((long long)w[1], (long long)w[0]));
-}
-
 static inline __attribute__((always_inline)) void iq4xs_rows8_2s_c(int64_t n, float *s,
         size_t bs, const void *vx, size_t bx, const void *vy, size_t by, const int C) {
     const char *x = vx;
@@ -256,7 +244,7 @@ static inline __attribute__((always_inline)) void iq4xs_rows8_2s_c(int64_t n, fl
             }
             IQX_UNROLL for (int j = 0; j < C; j++) is[j][r] = ri[j];
         }
-        const __m256 dx = xs2_rows8_fp16(x, bx, b, sizeof(pg_block_iq4_xs));
+        const __m256 dx = iqx_rows8_fp16(x, bx, b, sizeof(pg_block_iq4_xs));
         IQX_UNROLL for (int j = 0; j < C; j++) {
             const __m256 f = _mm256_cvtepi32_ps(iqx_fold8(is[j]));
             acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(
