@@ -187,3 +187,56 @@ def available_paths() -> list[str]:
             out.append(name)
     fn("pg_set_cpu_path")(cur)
     return out
+
+
+# ---- the decode step (pg_decode_step in pyggml.h; pyggml/llm/context.py's fast path) ----------
+PG_STEP_MAX_UNDO = 16
+PG_STEP_FALLBACK, PG_STEP_OTHER_GRAPH, PG_STEP_NOT_FINITE = 100, 101, 102
+
+
+class CellUndo(ctypes.Structure):
+    """pg_cell_undo: a cell the step changed and what it held before."""
+    _fields_ = [("space", ctypes.c_int32), ("pad_", ctypes.c_int32), ("cell", ctypes.c_int64),
+                ("pos", ctypes.c_int64), ("seqs", ctypes.c_uint64)]
+
+
+class DecodeStepArgs(ctypes.Structure):
+    """pg_decode_step_args, field for field (its size is checked against the library's
+    pg_decode_step_args_size before the first use)."""
+    _P2 = ctypes.c_void_p * 2
+    _I2 = ctypes.c_int64 * 2
+    _fields_ = [
+        ("cell_pos", _P2), ("cell_seqs", _P2), ("n_cells", _I2),
+        ("n_spaces", ctypes.c_int32), ("pad0_", ctypes.c_int32),
+        ("ring", ctypes.c_int64), ("window", ctypes.c_int64), ("kv_pad", ctypes.c_int64),
+        ("n_kv", _I2),
+        ("inp_tokens", ctypes.c_void_p), ("inp_pos", ctypes.c_void_p), ("inp_kv_idxs", _P2),
+        ("inp_out_ids", ctypes.c_void_p),
+        ("mask", _P2), ("mask_n_kv", _I2), ("mask_space", _I2), ("mask_window", _I2),
+        ("plan", ctypes.c_void_p), ("tp", ctypes.c_void_p), ("work", ctypes.c_void_p),
+        ("work_size", ctypes.c_size_t), ("n_threads", ctypes.c_int32),
+        ("bad_node", ctypes.c_int32),
+        ("logits", ctypes.c_void_p), ("n_vocab", ctypes.c_int64),
+        ("t_compute_ns", ctypes.c_int64), ("n_undo", ctypes.c_int64),
+        ("undo", CellUndo * PG_STEP_MAX_UNDO),
+    ]
+
+
+declare("pg_decode_step", ctypes.c_int32, [ctypes.POINTER(DecodeStepArgs), ctypes.c_int32,
+                                           ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p])
+declare("pg_decode_step_undo", None, [ctypes.POINTER(DecodeStepArgs)])
+declare("pg_decode_step_args_size", ctypes.c_size_t, [])
+
+
+_step_ok: list[bool] = []        # decode_step_available's answer, found once
+
+
+def decode_step_available() -> bool:
+    """Whether the loaded library has pg_decode_step with this module's layout of its arguments
+    (a library older than the Python code has not: the general path is taken)."""
+    if not _step_ok:
+        try:
+            _step_ok.append(fn("pg_decode_step_args_size")() == ctypes.sizeof(DecodeStepArgs))
+        except NativeLibraryError:
+            _step_ok.append(False)
+    return _step_ok[0]

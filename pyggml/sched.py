@@ -289,6 +289,25 @@ class Scheduler:
         entry = self._parked.get(id(graph))
         return entry is not None and self._parked_valid(graph, *entry)
 
+    def sole_split(self, graph: Graph) -> Split | None:
+        """The split of `graph` when computing it again is that split's compute and nothing else:
+        `graph` is the current graph, allocated and unchanged, in one split without input copies,
+        one copy, no eval callback or trace (the decode step's fast path, pyggml/llm/context.py,
+        then runs it itself). None otherwise."""
+        if (self._is_alloc and graph is self._graph and graph.uid == self._graph_uid
+                and len(graph.nodes) == self._n_nodes and len(self._splits) == 1
+                and self.n_copies == 1 and self._eval_cb is None and self.trace is None
+                and not self._splits[0].copy_plan):
+            return self._splits[0]
+        return None
+
+    def computes_as_is(self, graph: Graph, uid: int) -> bool:
+        """Whether sole_split(graph) still gives the split it gave when graph.uid was `uid` (a
+        re-split or re-allocation gives the graph a new uid; per token: a few attribute
+        reads)."""
+        return (graph is self._graph and graph.uid == uid and self._is_alloc
+                and self._eval_cb is None and self.trace is None)
+
     def _parked_valid(self, graph: Graph, mem: tuple, state: dict) -> bool:
         return (state["_graph"] is graph and state["_graph_uid"] == graph.uid
                 and state["_n_nodes"] == len(graph.nodes) and mem == self._memory_key())

@@ -285,6 +285,27 @@ void    pg_graph_set_schedule(int32_t mode);
 int32_t pg_graph_schedule_stats(pg_tensor *t, int32_t n_tensors, const int32_t *order,
                                 int32_t n_nodes, int32_t *n_barriers, int32_t *n_fused);
 
+/* A kept plan: a marshalled graph (t, order: borrowed, they must outlive the plan) computed
+ * again and again with one schedule and work size, made on its first compute instead of per
+ * compute. The caller validates t and order first (pg_graph_validate) and afterwards changes no
+ * field of t but the data addresses (after which it validates again); a compute whose tensors'
+ * addresses differ from those the schedule was made for makes a new one first. Computes of one
+ * plan must not overlap (a plan is computed with one pool, which serializes them). Results are
+ * bit-identical to pg_graph_compute_validated's. */
+typedef struct pg_plan pg_plan;
+pg_plan *pg_plan_new(pg_tensor *t, int32_t n_tensors, const int32_t *order, int32_t n_nodes);
+void     pg_plan_free(pg_plan *p);
+int32_t  pg_plan_compute(pg_plan *p, pg_threadpool *tp, int32_t n_threads, void *work,
+                         size_t work_size, int32_t *bad_node);
+/* pg_plan_compute, then each thread copies its share of the n floats at src (the graph's
+ * output: logits) to dst, the columns a decode MUL_MAT of n columns gave it, so mostly what
+ * it wrote itself and still holds in its cache; *not_finite: whether one is NaN or +inf. */
+int32_t  pg_plan_compute_out(pg_plan *p, pg_threadpool *tp, int32_t n_threads, void *work,
+                             size_t work_size, int32_t *bad_node, const float *src, float *dst,
+                             int64_t n, int32_t *not_finite);
+/* Schedules the plan has made so far (tests: kept while the graph is unchanged). */
+int64_t  pg_plan_n_schedules(const pg_plan *p);
+
 /* ---- KV cache ----------------------------------------------------------------------------- */
 /* The attention mask of n_tokens new tokens over the first n_kv cells, fp16, row t at
  * out + t*row_stride: 0 where token t may attend cell j (bit seq_ids[t] of cell_seqs[j] set,
@@ -293,6 +314,67 @@ int32_t pg_graph_schedule_stats(pg_tensor *t, int32_t n_tensors, const int32_t *
 int32_t pg_kv_mask(const int64_t *cell_pos, const uint64_t *cell_seqs, int64_t n_kv,
                    const int32_t *pos, const int64_t *seq_ids, int64_t n_tokens,
                    int64_t window, uint16_t *out, int64_t row_stride);
+
+/* ---- the decode step ----------------------------------------------------------------------
+ * One token of one sequence through a kept decode graph in one call (pyggml/llm/context.py's
+ * fast path): place the token in the KV cells, write the graph's inputs and mask rows, compute
+ * the plan and copy out the logits, checking them. The placement is llama.cpp-style as
+ * KVCache.place does it for one token: space 0 is the full space (the first free cell after
+ * the sequence's last one, else the first free one), space 1 the optional sliding-window space
+ * (first the sequence's cells at least `window` positions behind the token are let go, then
+ * the cell seq·ring + pos mod ring, else the first free one). */
+#define PG_STEP_MAX_UNDO 16
+
+typedef struct {
+    int32_t space;          /* 0 full, 1 sliding-window */
+    int32_t pad_;
+    int64_t cell, pos;      /* the cell and the position and sequence set it had before */
+    uint64_t seqs;
+} pg_cell_undo;
+
+typedef struct {
+    /* cell spaces: position (-1 empty) and sequence bit set of each cell */
+    int64_t       *cell_pos[2];
+    uint64_t      *cell_seqs[2];
+    int64_t        n_cells[2];
+    int32_t        n_spaces;        /* 1, or 2 with a sliding-window space */
+    int32_t        pad0_;
+    int64_t        ring, window;    /* space 1: cells per sequence's ring; the window */
+    int64_t        kv_pad;          /* n_kv of a space: its last used cell + 1, rounded up */
+    int64_t        n_kv[2];         /* the graph's n_kv per space (others: PG_STEP_OTHER_GRAPH) */
+    /* the graph's inputs (NULL: the graph has none) */
+    int32_t       *inp_tokens, *inp_pos, *inp_kv_idxs[2], *inp_out_ids;
+    uint16_t      *mask[2];         /* masks with rows of mask_n_kv[m] cells of mask_space[m] */
+    int64_t        mask_n_kv[2], mask_space[2], mask_window[2];
+    /* the plan */
+    pg_plan       *plan;
+    pg_threadpool *tp;
+    void          *work;
+    size_t         work_size;
+    int32_t        n_threads;
+    int32_t        bad_node;        /* out: as pg_graph_compute's */
+    const float   *logits;          /* the graph's output row */
+    int64_t        n_vocab;
+    int64_t        t_compute_ns;    /* out: added to: time in the compute */
+    int64_t        n_undo;          /* out: the cells the step changed, for pg_decode_step_undo */
+    pg_cell_undo   undo[PG_STEP_MAX_UNDO];
+} pg_decode_step_args;
+
+enum {
+    PG_STEP_FALLBACK    = 100,   /* not for this step (no free cell where one is needed, too
+                                    many cells to let go): nothing changed, take the general path */
+    PG_STEP_OTHER_GRAPH = 101,   /* n_kv differs from the graph's: nothing changed */
+    PG_STEP_NOT_FINITE  = 102,   /* computed, but a logit is NaN or +inf: the cells are undone */
+};
+
+/* PG_OK: placed, computed, logits copied to out (n_vocab floats); a->n_undo cells changed (the
+ * caller may take them back with pg_decode_step_undo). PG_STEP_*: see above. A compute error
+ * (pg_status, a->bad_node set): the cells are undone. */
+int32_t pg_decode_step(pg_decode_step_args *a, int32_t token, int32_t pos, int32_t seq_id,
+                       float *out);
+/* Puts back the cells of the last pg_decode_step (in reverse order). */
+void    pg_decode_step_undo(pg_decode_step_args *a);
+size_t  pg_decode_step_args_size(void);
 
 /* ---- hashing ------------------------------------------------------------------------------ */
 /* FNV-1a 64 of n bytes (offset basis 0xcbf29ce484222325, prime 0x100000001b3): the content hash

@@ -70,6 +70,12 @@ _native.declare("pg_graph_compute_validated", ctypes.c_int32,
                 [_P, ctypes.c_int32, _P, ctypes.c_int32, _P, ctypes.c_int32, _P, ctypes.c_size_t,
                  EVAL_CB, _P, ctypes.POINTER(ctypes.c_int32)])
 
+_native.declare("pg_plan_new", _P, [_P, ctypes.c_int32, _P, ctypes.c_int32])
+_native.declare("pg_plan_free", None, [_P])
+_native.declare("pg_plan_compute", ctypes.c_int32,
+                [_P, _P, ctypes.c_int32, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int32)])
+_native.declare("pg_plan_n_schedules", ctypes.c_int64, [_P])
+
 
 _HAS_VALIDATED: list[bool] = []     # whether the loaded library has it (looked up once)
 
@@ -305,6 +311,22 @@ class CpuGraphPlan:
         self._check_data()
         self.work = np.zeros(0, dtype=np.uint8)
         self._validate_and_size()
+        # the C side's kept plan (pg_plan): the executor's schedule and work size made once,
+        # not per compute; it borrows arr and order, which live as long as this object. None
+        # with a library older than it (tools/ab_libs.py): computes make them each time.
+        self.handle = None
+        try:
+            new, free = _native.fn("pg_plan_new"), _native.fn("pg_plan_free")
+        except NativeLibraryError:
+            return
+        self.handle = new(arr.ctypes.data, len(tensors), self.order.ctypes.data, len(self.order))
+        if self.handle:
+            weakref.finalize(self, free, self.handle)
+
+    def n_schedules(self) -> int:
+        """Schedules the kept plan has made (one per set of tensor addresses it was computed
+        with; 0 before the first compute, -1 without a kept plan)."""
+        return int(_native.fn("pg_plan_n_schedules")(self.handle)) if self.handle else -1
 
     def schedule_stats(self) -> tuple[int, int]:
         """(barriers, fused nodes) of one compute under the C executor's schedule (graph.c): a
@@ -555,6 +577,25 @@ class CpuBackend(Backend):
         self.n_plans_built += 1
         return p
 
+    def kept_plan(self, graph: Graph, n_threads: int) -> CpuGraphPlan | None:
+        """The plan `plan(graph, n_threads)` would return as it is (same uid, no tensor moved,
+        validated, a kept C plan, enough threads), or None when it would make or refresh one;
+        also None with an eval callback or after close()."""
+        cached = self._plans.get(graph)
+        if (cached is None or cached[0] != graph.uid or self._eval_cb is not None
+                or self._closed):
+            return None
+        p = cached[1]
+        ok = (p.n_threads >= n_threads and p.handle and p.validated
+              and p.generation == placement_generation())
+        return p if ok else None
+
+    def runs_plans(self, n_threads: int) -> bool:
+        """Whether a compute runs its kept plan as it is with n_threads threads: open, no eval
+        callback, n_threads still the decode threads (kept_plan's checks of the backend; the
+        plan's own hold while its graph's uid and the tensors' placements do)."""
+        return self._eval_cb is None and not self._closed and self.n_threads == n_threads
+
     def _threads_for(self, graph: Graph) -> int:
         if self.n_threads_active:
             return self.n_threads_active
@@ -586,10 +627,15 @@ class CpuBackend(Backend):
                     raised.append(e)
                     return 1
             cb = EVAL_CB(_trampoline)
-        st = _compute_fn(plan.validated)(
-            plan.arr.ctypes.data, len(plan.tensors), plan.order.ctypes.data, len(plan.order),
-            self._tp, nt, plan.work.ctypes.data if plan.work.size else None, plan.work.size,
-            cb, None, ctypes.byref(bad))
+        work = plan.work.ctypes.data if plan.work.size else None
+        if plan.handle and plan.validated and self._eval_cb is None:
+            # the kept plan: its schedule is made again only when its tensors moved
+            st = _native.fn("pg_plan_compute")(plan.handle, self._tp, nt, work, plan.work.size,
+                                               ctypes.byref(bad))
+        else:
+            st = _compute_fn(plan.validated)(
+                plan.arr.ctypes.data, len(plan.tensors), plan.order.ctypes.data,
+                len(plan.order), self._tp, nt, work, plan.work.size, cb, None, ctypes.byref(bad))
         self.n_computes += 1
         if raised:
             raise raised[0]

@@ -28,6 +28,7 @@ reuses KV of another scale.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from collections import OrderedDict
@@ -35,17 +36,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pyggml import _native
 from pyggml.backend.base import is_host_tensor, tensor_get_into
-from pyggml.backend.cpu import host_array
+from pyggml.backend.cpu import CpuBackend, host_array
 from pyggml.errors import (ArgumentTypeError, ClosedError, ContextOverflowError,
                            GeneratorInvalidatedError, ModelError, PyggmlError)
 from pyggml.llm import recurrent as rs
+from pyggml.llm.kv_cache import FULL, KV_PAD, SWA
 from pyggml.llm.lora import NO_LORA, Loras, check_scale
 from pyggml.llm.models import GraphParams
 from pyggml.llm.options import is_int, token_list
 from pyggml.llm.speculative import SpecStats
 from pyggml.offload import pin_phase_ops
+from pyggml.tensor import placement_generation
 from pyggml.sched import Scheduler
+
+_addressof, _c_char_at = ctypes.addressof, ctypes.c_char.from_buffer     # an array's address
 
 #: built graphs kept per context: as many as the scheduler keeps allocated
 GRAPHS_KEPT = Scheduler.PARKED_MAX
@@ -84,6 +90,24 @@ class _BuiltGraph:
     out_view: np.ndarray | None = None
 
 
+class _FastStep:
+    """A kept single-token decode graph the fast path runs in one native call (pg_decode_step):
+    the graph, the scheduler and CPU backend that compute it, and the step's arguments (cell
+    arrays, input addresses, the C plan) filled once. Valid while the scheduler would compute
+    the graph as it is (current, same uid: a re-split or re-allocation gives a new one), no
+    tensor moved since (the CPU plan's addresses hold) and the CPU backend would run the plan
+    directly (no eval callback, the same decode threads); otherwise the general path runs and
+    arms a new one. Every check is a few attribute reads: after a token's compute streamed the
+    weights through the caches, each object Python touches is a cache miss."""
+
+    __slots__ = ("built", "sched", "graph", "uid", "cpu", "nt", "gen", "args", "args_ref",
+                 "n_vocab", "step")
+
+    def valid(self) -> bool:
+        return (self.sched.computes_as_is(self.graph, self.uid)
+                and placement_generation() == self.gen and self.cpu.runs_plans(self.nt))
+
+
 class Context:
     """The decode side of a run (pyggml.llm.setup.Run) of a model file: see the module docstring.
 
@@ -113,6 +137,10 @@ class Context:
         self.lora_scales = [1.0] * len(self.adapters)
         self._seq_lora: list[tuple | None] = [None] * n
         self._seq_lora_tag: list[tuple | None] = [NO_LORA] * n
+        # the decode step's fast path (_decode_fast): one token of one sequence through the
+        # kept graph of the last such step, in one native call; None: not armed
+        self._fast: _FastStep | None = None
+        self.fast_steps = 0             # tokens the fast path decoded (tests, benchmarks)
 
     n_ctx = property(lambda self: self.run.opts.n_ctx)
     n_ubatch = property(lambda self: self.run.opts.n_ubatch)
@@ -128,6 +156,8 @@ class Context:
 
     def check_seq(self, seq_id) -> int:
         """seq_id as an int in [0, n_seq_max), else a typed error naming it."""
+        if type(seq_id) is int and 0 <= seq_id < self.run.opts.n_seq_max:
+            return seq_id           # the common case first: this runs once per token
         if not is_int(seq_id):
             raise ArgumentTypeError(f"seq_id must be an integer in [0, {self.n_seq_max}), got "
                                     f"{type(seq_id).__name__} {seq_id!r}")
@@ -137,6 +167,9 @@ class Context:
 
     def check_tokens(self, tokens, what: str = "tokens") -> list[int]:
         """A non-empty list of token ids inside the vocabulary, else a typed error."""
+        if type(tokens) is list and len(tokens) == 1 and type(tokens[0]) is int \
+                and 0 <= tokens[0] < self.hparams.n_vocab:
+            return [tokens[0]]      # one token (a decode step): its checks without a pass
         tokens = token_list(tokens, what)
         if not tokens:
             raise ModelError(f"empty prompt: {what} has no token, at least one is needed")
@@ -369,6 +402,11 @@ class Context:
             raise ModelError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
         with self.lock:
             self.check_open()
+            if (self._fast is not None and len(seqs) == 1 and len(seqs[0][0]) == 1
+                    and output == "logits"):
+                out = self._decode_fast(seqs[0][0][0], seqs[0][1], all_rows, invalidate)
+                if out is not None:
+                    return out
             groups: dict[tuple, list] = {}
             loras = {}
             for item in seqs:
@@ -450,6 +488,89 @@ class Context:
             result[sid] = sel if every or sid in all_rows else sel[-1]
         return result
 
+    def _decode_fast(self, tok, sid: int, all_rows, invalidate: bool) -> dict | None:
+        """decode of one token of one sequence through the armed graph (_arm_fast), placed,
+        written, computed and its logits copied and checked in one native call; the same
+        cells, inputs, kernels and so the same bits as the general path. None (nothing done):
+        the general path must run (another graph: n_kv grew; no free cell; the graph or its
+        plan changed; a compute error, which the general path then reports). The graph is the
+        scheduler's current one, so it is the most recent in _graphs already."""
+        f = self._fast
+        if not f.valid():
+            self._fast = None
+            return None
+        held = self._seq_tokens[sid]
+        out = np.empty(f.n_vocab, np.float32)
+        st = f.step(f.args_ref, tok, len(held), sid, _addressof(_c_char_at(out)))
+        if st:
+            if st != _native.PG_STEP_NOT_FINITE:
+                return None         # nothing changed (the step took back its cells)
+            if invalidate:
+                self._seq_epoch[sid] += 1
+            raise PyggmlError("the model produced non-finite logits (NaN or +inf)")
+        if invalidate:
+            self._seq_epoch[sid] += 1
+        f.sched.n_computes += 1
+        f.cpu.n_computes += 1
+        stats = self.stats
+        stats.graphs_reused += 1
+        stats.ubatch_sizes.append(1)
+        self.fast_steps += 1
+        if not held:
+            self._seq_lora_tag[sid] = NO_LORA
+        elif self._seq_lora_tag[sid] != NO_LORA:
+            self._seq_lora_tag[sid] = None
+        held.append(tok)
+        if self.logits_all or sid in all_rows:
+            return {sid: out.reshape(1, -1)}
+        return {sid: out}
+
+    def _arm_fast(self, built: _BuiltGraph, sched, gp: GraphParams) -> None:
+        """After the general path computed a one-token, one-output logits graph: keep it for
+        _decode_fast when the step can run it (CPU only, one split, no LoRA adapters, no
+        recurrent layers, no inputs the step does not write, host logits); else disarm."""
+        self._fast = None
+        cpu = self.run.cpu
+        views = built.views
+        if (self.checkpoints is not None or self.adapters or built.out_view is None
+                or not isinstance(cpu, CpuBackend) or not _native.decode_step_available()
+                or any(k in views for k in ("attn_temp", "rs_ids", "rs_seq"))
+                or set(self.kv.spaces) - {FULL, SWA}):
+            return
+        split = sched.sole_split(built.graph)
+        if split is None or sched.backends[split.backend_id] is not cpu:
+            return
+        nt = cpu.n_threads
+        plan = cpu.kept_plan(split.graph, nt)
+        if plan is None or not cpu.runs_plans(nt):
+            return
+        a = _native.DecodeStepArgs()
+        spaces = [self.kv.spaces[FULL]] + ([self.kv.spaces[SWA]] if SWA in self.kv.spaces else [])
+        for i, sp in enumerate(spaces):
+            a.cell_pos[i], a.cell_seqs[i] = sp.pos.ctypes.data, sp.seqs.ctypes.data
+            a.n_cells[i] = sp.n_cells
+        a.n_spaces = len(spaces)
+        a.ring, a.window, a.kv_pad = self.kv.swa_ring, self.kv.window, KV_PAD
+        a.n_kv[0], a.n_kv[1] = gp.n_kv, gp.n_kv_swa
+        ptr = lambda name: views[name].ctypes.data if name in views else None   # noqa: E731
+        a.inp_tokens, a.inp_pos, a.inp_out_ids = ptr("tokens"), ptr("pos"), ptr("out_ids")
+        a.inp_kv_idxs[0], a.inp_kv_idxs[1] = ptr("kv_idxs"), ptr("kv_idxs_swa")
+        # the masks as _write_inputs writes them: the full one without a window, the sliding
+        # one over its own space (or the full one) with the window
+        masks = [("mask", 0, 0), ("mask_swa", len(spaces) - 1, self.hparams.sliding_window)]
+        for m, (name, space, window) in enumerate(masks):
+            if name in views:
+                a.mask[m], a.mask_n_kv[m] = views[name].ctypes.data, views[name].shape[1]
+                a.mask_space[m], a.mask_window[m] = space, window
+        a.plan, a.tp, a.n_threads = plan.handle, cpu._tp, min(nt, plan.n_threads)
+        a.work, a.work_size = (plan.work.ctypes.data if plan.work.size else None), plan.work.size
+        a.logits, a.n_vocab = built.out_view.ctypes.data, self.hparams.n_vocab
+        f = _FastStep()
+        f.built, f.sched, f.graph, f.uid = built, sched, built.graph, built.graph.uid
+        f.cpu, f.nt, f.gen, f.args, f.n_vocab = cpu, nt, plan.generation, a, self.hparams.n_vocab
+        f.args_ref, f.step = ctypes.byref(a), _native.fn("pg_decode_step")
+        self._fast = f
+
     def _before_recurrent(self, seqs, all_rows) -> None:
         """Recurrent models, before a batch: a sequence that starts at position 0 starts from
         the empty state; one whose rows are all wanted (a speculative verification) gets a
@@ -508,6 +629,9 @@ class Context:
         cpu = self.run.cpu
         cpu.set_n_threads(cpu.n_threads if T == 1 else cpu.n_threads_batch)
         sched.graph_compute(built.graph)
+        if T == 1 and output == "logits" and n_wanted == 1:
+            if self._fast is None or self._fast.built is not built or not self._fast.valid():
+                self._arm_fast(built, sched, gp)
         if output == "hidden":      # every row: the normed hidden state of all T tokens
             E = self.hparams.n_embd
             if built.out_view is not None:
