@@ -5,7 +5,9 @@ A graph is marshalled once into a numpy array laid out exactly like the C struct
 compute is then a single ctypes call (`pg_graph_compute`, GIL released) with the C thread pool.
 The marshalled plan is cached per graph and reused while the graph's uid is unchanged (the
 scheduler gives a graph a new uid when it re-splits or re-allocates it); when some tensor moved
-since (pyggml.tensor.placement_generation) the plan re-reads its tensors' addresses first.
+since (pyggml.tensor.placement_generation) the plan re-reads its tensors' addresses first. The
+C side keeps a plan too (`pg_plan`): the executor's barrier/fusion schedule and work size, made on
+the first compute and again only when the tensors' addresses changed, not per compute.
 
 Registry side (pyggml.backend.base): `backend_reg()` lists one `CpuDevice` (type CPU, host
 memory); its default buffer type is the process-wide `cpu_buffer_type()`. The CPU computes

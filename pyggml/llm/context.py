@@ -10,6 +10,13 @@ allocator planning — the scheduler keeps it allocated, `Scheduler._park` — a
 replays its marshalled node array). Otherwise a new graph is built and placed with
 `alloc_graph` from the plan reserved at start-up for the worst case.
 
+The decode step's fast path: one token of one sequence, CPU only, through the graph the last
+such step computed while the scheduler and the CPU plan would run it as it is, is one native
+call (pg_decode_step: KV cells, inputs, mask rows, compute, logits copied and checked) plus
+O(1) bookkeeping here; it gives the general path's cells and bits (tests/test_decode_step.py)
+and hands every other case (n_kv past its graph's, several sequences, prompts, LoRA, recurrent
+layers, other backends, eval callbacks) to the general path.
+
 Sequences: each holds tokens at positions 0..n-1 (`seq_tokens`, `seq_len`). Only this module
 changes what a sequence holds: `decode` appends, `seq_keep_first` keeps a prefix, `seq_reset`
 forgets, `reuse_prefix` keeps the longest common prefix with a new prompt. Every change bumps
