@@ -22,6 +22,7 @@
 #ifndef PG_GEMM_TILE_H
 #define PG_GEMM_TILE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "quants.h"
@@ -45,5 +46,28 @@ void pg_tile_pack_q3_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
 void pg_tile_pack_q4_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
 void pg_tile_pack_q5_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
 void pg_tile_pack_q6_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
+
+/* ---- using the tiles (ops_mul_mat.c; MUL_MAT and MUL_MAT_ID share them) --------------------
+ * Nothing changes the weights in memory: each thread packs 16 weight rows at a time into its
+ * own scratch (pg_tile_scratch_bytes(K)), once per MUL_MAT (per expert for MUL_MAT_ID), and the
+ * tile serves every activation row of the product; mapped weights stay mapped. */
+
+/* Activation rows from which a product takes the tiles: each tile is written once per product
+ * and pays off over the rows it serves (dense MUL_MAT: rows of the matrix; MUL_MAT_ID: rows
+ * routed to the expert). */
+#define PG_TILE_MIN_ROWS 32
+
+/* whether some path has tiles for this weight type (work sizes cover every path's needs) */
+int pg_tile_type_possible(int32_t type);
+/* one thread's tile scratch for rows of K elements */
+size_t pg_tile_scratch_bytes(int64_t K);
+/* Weight rows [n0, n1) of w (rows wnb1 bytes apart, K elements, tr's type, tr->tile_pack set)
+ * times M activation rows act (tr's vec_dot_type, rb bytes apart), 16 weight rows at a time
+ * through `tile`: activation row m's dot with weight row n goes to
+ *   out_rows ? out_rows[m][n] : ((float *)((char *)dst + m·bs))[n],
+ * with the bits of the type's vec_dot. */
+void pg_tile_product(const pg_type_traits *tr, int64_t K, const uint8_t *w, size_t wnb1,
+                     int64_t n0, int64_t n1, const uint8_t *act, size_t rb, int64_t M,
+                     float *dst, size_t bs, float *const *out_rows, void *tile);
 
 #endif

@@ -26,8 +26,10 @@
  * its own copy of that layout, and no barrier is needed (two per node fewer per token; on a busy
  * machine a barrier between two threads sharing a core costs a context switch). */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "gemm_tile.h"
 #include "ops.h"
 
 #define PG_MMID_ACT_BYTES (256u << 10)
@@ -37,7 +39,9 @@ static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 typedef struct {
     int64_t n_as, n_ids, n_tok, E;
     size_t  rb;               /* bytes of one converted activation row */
-    size_t  off_entries, off_rows, total;
+    size_t  off_entries, off_out, off_rows, total;
+    int     tiles;            /* an expert may take the tiles: each thread's tile after total */
+    size_t  tile_bytes;
 } mmid_layout;
 
 static mmid_layout layout_of(const pg_tensor *as, const pg_tensor *b, const pg_tensor *ids) {
@@ -48,8 +52,13 @@ static mmid_layout layout_of(const pg_tensor *as, const pg_tensor *b, const pg_t
     L.E = L.n_ids * L.n_tok;
     L.rb = pg_type_row_size(pg_get_type_traits(as->type)->vec_dot_type, b->ne[0]);
     L.off_entries = align64((size_t)(L.n_as + 1) * sizeof(int64_t));
-    L.off_rows = L.off_entries + align64((size_t)L.E * sizeof(int32_t));
+    L.off_out = L.off_entries + align64((size_t)L.E * sizeof(int32_t));
+    L.off_rows = L.off_out + align64((size_t)L.E * sizeof(float *));
     L.total = L.off_rows + (size_t)L.E * L.rb;
+    /* one token (decode) groups privately and never has enough rows for an expert's tile */
+    L.tiles = L.n_tok > 1 && L.E >= PG_TILE_MIN_ROWS && b->type == PG_TYPE_F32 &&
+              pg_tile_type_possible(as->type);
+    L.tile_bytes = L.tiles ? pg_tile_scratch_bytes(as->ne[0]) : 0;
     return L;
 }
 
@@ -58,7 +67,8 @@ static int private_phases(const mmid_layout *L) { return L->n_tok == 1; }
 
 size_t pg_mul_mat_id_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
     const mmid_layout L = layout_of(PG_SRC(all, t, 0), PG_SRC(all, t, 1), PG_SRC(all, t, 2));
-    return private_phases(&L) ? align64(L.total) * (size_t)nth : L.total;
+    if (private_phases(&L)) return align64(L.total) * (size_t)nth;
+    return L.tiles ? align64(L.total) + L.tile_bytes * (size_t)nth : L.total;
 }
 
 static inline int32_t id_at(const pg_tensor *ids, int64_t i, int64_t tok) {
@@ -68,7 +78,7 @@ static inline int32_t id_at(const pg_tensor *ids, int64_t i, int64_t tok) {
 /* phase 1 (thread 0, or every thread in decode): offs[e] .. offs[e + 1] are expert e's entries
  * in `entries` */
 static void group_by_expert(const pg_cparams *p, const mmid_layout *L, const pg_tensor *ids,
-                            pg_tensor *t, int64_t *offs, int32_t *entries) {
+                            pg_tensor *t, int64_t *offs, int32_t *entries, float **out) {
     memset(offs, 0, (size_t)(L->n_as + 1) * sizeof(int64_t));
     for (int64_t tok = 0; tok < L->n_tok; tok++) {
         for (int64_t i = 0; i < L->n_ids; i++) {
@@ -88,7 +98,9 @@ static void group_by_expert(const pg_cparams *p, const mmid_layout *L, const pg_
     for (int64_t tok = 0; tok < L->n_tok; tok++) {
         for (int64_t i = 0; i < L->n_ids; i++) {
             const int32_t e = id_at(ids, i, tok);
-            if (e >= 0 && e < L->n_as) entries[offs[e]++] = (int32_t)(i + L->n_ids * tok);
+            if (e < 0 || e >= L->n_as) continue;
+            entries[offs[e]] = (int32_t)(i + L->n_ids * tok);
+            out[offs[e]++] = pg_ptr(t, 0, i, tok, 0);
         }
     }
     for (int64_t e = L->n_as; e > 0; e--) offs[e] = offs[e - 1];
@@ -103,16 +115,31 @@ static void split_units(int64_t n, int64_t unit, int ith, int nth, int64_t *a0, 
     *a1 = u1 * unit < n ? u1 * unit : n;
 }
 
-/* phase 3 for one expert: weight rows [n0, n1) x its `cnt` entries */
-static void expert_rows(const pg_type_traits *tr, pg_tensor *t, const uint8_t *w, size_t wnb1,
-                        int64_t K, int64_t n0, int64_t n1, const int32_t *ent, int64_t cnt,
-                        const uint8_t *rows, size_t rb, int64_t n_ids) {
+/* Entries routed to one expert from which its rows take the repacked tiles (gemm_tile.h). */
+static int64_t tile_min_rows(void) {
+    static int64_t v = -1;
+    if (v < 0) {
+        const char *e = getenv("PG_MMID_TILE_MIN");
+        v = e ? atoll(e) : PG_TILE_MIN_ROWS;
+    }
+    return v;
+}
+
+static int expert_tiles(const pg_type_traits *tr, const mmid_layout *L, int64_t cnt) {
+    return L->tiles && tr->tile_pack && cnt >= tile_min_rows();
+}
+
+/* phase 3 for one expert: weight rows [n0, n1) x its `cnt` entries (out: their output rows) */
+static void expert_rows(const pg_type_traits *tr, const uint8_t *w, size_t wnb1, int64_t K,
+                        int64_t n0, int64_t n1, float *const *out, int64_t cnt,
+                        const uint8_t *rows, size_t rb, void *tile) {
+    if (tile) {
+        pg_tile_product(tr, K, w, wnb1, n0, n1, rows, rb, cnt, NULL, 0, out, tile);
+        return;
+    }
     if (cnt == 1 || !tr->gemm) {
-        for (int64_t j = 0; j < cnt; j++) {
-            float *dst = pg_ptr(t, 0, ent[j] % n_ids, ent[j] / n_ids, 0);
-            const uint8_t *xr = rows + (size_t)j * rb;
-            pg_dot_rows(tr, K, dst, 0, w, wnb1, n0, n1, xr, 0, 1);
-        }
+        for (int64_t j = 0; j < cnt; j++)
+            pg_dot_rows(tr, K, out[j], 0, w, wnb1, n0, n1, rows + (size_t)j * rb, 0, 1);
         return;
     }
     int64_t mblk = (int64_t)(PG_MMID_ACT_BYTES / (rb ? rb : 1));
@@ -126,11 +153,8 @@ static void expert_rows(const pg_type_traits *tr, pg_tensor *t, const uint8_t *w
                 const int nc = (int)(mbe - m < PG_GEMM_MAX_NC ? mbe - m : PG_GEMM_MAX_NC);
                 tr->gemm(K, &tmp[0][0], sizeof(tmp[0]), w + (size_t)n * wnb1, wnb1,
                          rows + (size_t)m * rb, rb, nr, nc);
-                for (int j = 0; j < nc; j++) {   /* entries' output rows are scattered */
-                    const int32_t en = ent[m + j];
-                    float *dst = pg_ptr(t, 0, en % n_ids, en / n_ids, 0);
-                    memcpy(&dst[n], tmp[j], (size_t)nr * sizeof(float));
-                }
+                for (int j = 0; j < nc; j++)   /* entries' output rows are scattered */
+                    memcpy(out[m + j] + n, tmp[j], (size_t)nr * sizeof(float));
             }
         }
     }
@@ -148,9 +172,11 @@ void pg_fwd_mul_mat_id(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     if (priv) base += align64(L.total) * (size_t)p->ith;
     int64_t *offs = (int64_t *)base;
     int32_t *entries = (int32_t *)(base + L.off_entries);
+    float **out = (float **)(base + L.off_out);
     uint8_t *rows = base + L.off_rows;
+    void *tile = L.tiles ? base + align64(L.total) + L.tile_bytes * (size_t)p->ith : NULL;
 
-    if (p->ith == 0 || priv) group_by_expert(p, &L, ids, t, offs, entries);
+    if (p->ith == 0 || priv) group_by_expert(p, &L, ids, t, offs, entries, out);
     if (!priv) pg_sync(p);
 
     /* phase 2: activation rows in expert order, converted to vec_dot_type */
@@ -170,11 +196,13 @@ void pg_fwd_mul_mat_id(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     for (int64_t e = 0; e < L.n_as; e++) {
         const int64_t cnt = offs[e + 1] - offs[e];
         if (cnt == 0) continue;
+        const int tiles = expert_tiles(tr, &L, cnt);
         int64_t n0, n1;
-        if (cnt > 1 && tr->gemm) split_units(N, PG_GEMM_MAX_NR, p->ith, p->nth, &n0, &n1);
+        if (tiles) split_units(N, PG_TILE_ROWS, p->ith, p->nth, &n0, &n1);
+        else if (cnt > 1 && tr->gemm) split_units(N, PG_GEMM_MAX_NR, p->ith, p->nth, &n0, &n1);
         else pg_split(N, p->ith, p->nth, &n0, &n1);
         if (n0 >= n1) continue;
-        expert_rows(tr, t, pg_ptr(as, 0, 0, e, 0), (size_t)as->nb[1], K, n0, n1,
-                    entries + offs[e], cnt, rows + (size_t)offs[e] * L.rb, L.rb, L.n_ids);
+        expert_rows(tr, pg_ptr(as, 0, 0, e, 0), (size_t)as->nb[1], K, n0, n1, out + offs[e],
+                    cnt, rows + (size_t)offs[e] * L.rb, L.rb, tiles ? tile : NULL);
     }
 }

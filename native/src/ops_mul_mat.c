@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "amx.h"
+#include "gemm_tile.h"
 #include "ops.h"
 
 #define PG_MM_TILE_N 16   /* weight rows per tile */
@@ -110,30 +111,55 @@ static void mul_mat_amx(const pg_cparams *p, pg_tensor *t, const pg_tensor *w,
                         const pg_tensor *x) { (void)p; (void)t; (void)w; (void)x; }
 #endif
 
-/* The repacked 16-row tiles (pg_type_traits.tile_pack, gemm_tile_avx512.c) from this many
- * activation rows on: each tile is written once per MUL_MAT and pays off over the rows it
- * serves. */
-#define PG_MM_TILE_MIN_ROWS 32
+/* ---- the repacked 16-row tiles, shared with MUL_MAT_ID (gemm_tile.h) ----------------------- */
 
-static int tile_shape(const pg_tensor *w, const pg_tensor *x) {
-    return x->ne[1] >= PG_MM_TILE_MIN_ROWS && x->ne[2] == 1 && x->ne[3] == 1 && w->ne[2] == 1 &&
-           w->ne[3] == 1 && x->type == PG_TYPE_F32;
-}
-
-/* whether some path could take the tiles for this MUL_MAT (the work size covers them on every
- * path, as for amx) */
-static int tile_possible(const pg_tensor *w, const pg_tensor *x) {
-    if (!tile_shape(w, x)) return 0;
+/* Whether some path has tiles for this weight type: work sizes cover the tile scratch on every
+ * path, as for amx, so a graph planned on one path may run on another (tests switch paths). */
+int pg_tile_type_possible(int32_t type) {
     for (int32_t path = 0; path < PG_PATH_COUNT; path++) {
-        const pg_type_traits *tr = pg_get_type_traits_for_path(w->type, path);
+        const pg_type_traits *tr = pg_get_type_traits_for_path(type, path);
         if (tr && tr->tile_pack) return 1;
     }
     return 0;
 }
 
-/* each thread's tile, after the converted activations (K rounded up to whole super-blocks: a
- * legacy type's tile of K / 32 blocks is smaller than that) */
-static size_t tile_bytes(int64_t K) { return (size_t)((K + 255) / 256) * PG_TILE_SB_BYTES; }
+/* one thread's tile (K rounded up to whole super-blocks: a legacy type's tile of K / 32 blocks
+ * is smaller than that) */
+size_t pg_tile_scratch_bytes(int64_t K) { return (size_t)((K + 255) / 256) * PG_TILE_SB_BYTES; }
+
+/* activation rows per tile_gemm call when the outputs are scattered: 4 KiB of results */
+#define PG_TILE_SCATTER_ROWS 64
+
+void pg_tile_product(const pg_type_traits *tr, int64_t K, const uint8_t *w, size_t wnb1,
+                     int64_t n0, int64_t n1, const uint8_t *act, size_t rb, int64_t M,
+                     float *dst, size_t bs, float *const *out_rows, void *tile) {
+    for (int64_t n = n0; n < n1; n += PG_TILE_ROWS) {
+        const int nr = (int)(n1 - n < PG_TILE_ROWS ? n1 - n : PG_TILE_ROWS);
+        tr->tile_pack(K, w + (size_t)n * wnb1, wnb1, nr, tile);
+        if (!out_rows) {
+            tr->tile_gemm(K, tile, act, rb, M, dst + n, bs, nr);
+            continue;
+        }
+        float tmp[PG_TILE_SCATTER_ROWS][PG_TILE_ROWS];
+        for (int64_t m = 0; m < M; m += PG_TILE_SCATTER_ROWS) {
+            const int64_t mc = M - m < PG_TILE_SCATTER_ROWS ? M - m : PG_TILE_SCATTER_ROWS;
+            tr->tile_gemm(K, tile, act + (size_t)m * rb, rb, mc, &tmp[0][0], sizeof(tmp[0]), nr);
+            for (int64_t j = 0; j < mc; j++)
+                memcpy(out_rows[m + j] + n, tmp[j], (size_t)nr * sizeof(float));
+        }
+    }
+}
+
+/* MUL_MAT takes the tiles from PG_TILE_MIN_ROWS activation rows on (gemm_tile.h) */
+static int tile_shape(const pg_tensor *w, const pg_tensor *x) {
+    return x->ne[1] >= PG_TILE_MIN_ROWS && x->ne[2] == 1 && x->ne[3] == 1 && w->ne[2] == 1 &&
+           w->ne[3] == 1 && x->type == PG_TYPE_F32;
+}
+
+static int tile_possible(const pg_tensor *w, const pg_tensor *x) {
+    return tile_shape(w, x) && pg_tile_type_possible(w->type);
+}
+
 static size_t tile_offset(size_t act) { return (act + 63) / 64 * 64; }
 
 size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
@@ -142,7 +168,7 @@ size_t pg_mul_mat_work_size(const pg_tensor *all, const pg_tensor *t, int nth) {
     const size_t bytes = act_bytes(PG_SRC(all, t, 0), x, &rb);
     size_t plain = private_act(x) ? (bytes + 63) / 64 * 64 * (size_t)nth : bytes;
     if (tile_possible(PG_SRC(all, t, 0), x))
-        plain = tile_offset(bytes) + tile_bytes(x->ne[0]) * (size_t)nth;
+        plain = tile_offset(bytes) + pg_tile_scratch_bytes(x->ne[0]) * (size_t)nth;
     if (!amx_possible(PG_SRC(all, t, 0), x)) return plain;
     const size_t amx = amx_tiles_bytes(x) + amx_scratch_bytes(x) * (size_t)nth;
     return amx > plain ? amx : plain;
@@ -253,12 +279,10 @@ void pg_fwd_mul_mat(const pg_cparams *p, pg_tensor *all, pg_tensor *t) {
     if (tr->tile_pack && convert && tile_shape(w, x)) {
         int64_t n0, n1;
         split_units(N, PG_TILE_ROWS, p->ith, p->nth, &n0, &n1);
-        uint8_t *tile = p->work + tile_offset(rb * (size_t)M) + tile_bytes(K) * (size_t)p->ith;
-        for (int64_t n = n0; n < n1; n += PG_TILE_ROWS) {
-            const int nr = (int)(n1 - n < PG_TILE_ROWS ? n1 - n : PG_TILE_ROWS);
-            tr->tile_pack(K, (const uint8_t *)w->data + n * w->nb[1], (size_t)w->nb[1], nr, tile);
-            tr->tile_gemm(K, tile, act, rb, M, (float *)t->data + n, (size_t)t->nb[1], nr);
-        }
+        uint8_t *tile =
+            p->work + tile_offset(rb * (size_t)M) + pg_tile_scratch_bytes(K) * (size_t)p->ith;
+        pg_tile_product(tr, K, (const uint8_t *)w->data, (size_t)w->nb[1], n0, n1, act, rb, M,
+                        (float *)t->data, (size_t)t->nb[1], NULL, tile);
         return;
     }
     /* split the larger output dimension: weight rows (N) or activation rows (M*B2*B3) */

@@ -6,8 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm_tile.h"
 #include "pg_test.h"
 #include "pyggml.h"
+#include "ops.h"
 
 enum { MK = 256, MN = 19, N_AS = 5, N_IDS = 3, N_TOK = 6, IDS_LD = 5 };
 
@@ -186,4 +188,98 @@ PG_TEST(test_mul_mat_id_validation) {
     t[3].ne[1] = N_IDS;
     t[1].ne[1] = 2;                                          /* N_IDS % 2 != 0 */
     CHECK(pg_node_supported(t, 4, 3, reason, sizeof(reason)) == PG_ERR_INVALID_ARG, "n_b");
+}
+
+/* ---- experts through the repacked tiles ---------------------------------------------------- */
+
+enum { TK_N = 37, TK_AS = 4, TK_IDS = 2, TK_TOK = 48 };
+
+/* out [TK_N, TK_IDS, n_tok] = mul_mat_id(w [K, TK_N, TK_AS], x [K, 1, n_tok], ids) with nth
+ * threads; *ws the planned work size; fails the check if anything past it was written */
+static int32_t run_tiles(int32_t type, int64_t K, const void *w, const float *x,
+                         const int32_t *ids, float *out, pg_threadpool *tp, int nth,
+                         int64_t n_tok, size_t *ws) {
+    pg_tensor t[4];
+    int32_t bad = 0;
+    init(&t[0], type, PG_OP_NONE, (int64_t[4]){K, TK_N, TK_AS, 1}, (void *)w);
+    init(&t[1], PG_TYPE_F32, PG_OP_NONE, (int64_t[4]){K, 1, n_tok, 1}, (void *)x);
+    init(&t[2], PG_TYPE_I32, PG_OP_NONE, (int64_t[4]){TK_IDS, n_tok, 1, 1}, (void *)ids);
+    init(&t[3], PG_TYPE_F32, PG_OP_MUL_MAT_ID, (int64_t[4]){TK_N, TK_IDS, n_tok, 1}, out);
+    t[3].src[0] = 0; t[3].src[1] = 1; t[3].src[2] = 2;
+    const int32_t order[1] = {3};
+    const int32_t st = pg_graph_work_size(t, 4, order, 1, nth, ws);
+    if (st != PG_OK) return st;
+    uint8_t *work = malloc(*ws + 64), canary[64];
+    memset(canary, 0xA5, sizeof canary);
+    memcpy(work + *ws, canary, sizeof canary);
+    const int32_t r = pg_graph_compute(t, 4, order, 1, tp, nth, work, *ws, NULL, NULL, &bad);
+    CHECK(memcmp(work + *ws, canary, sizeof canary) == 0, "written past the work buffer");
+    free(work);
+    return r;
+}
+
+/* Prompt-sized MUL_MAT_ID: experts with 49 and 35 entries take the tiles (an expert picked
+ * twice by one token included), one with 12 the gemm, one with 1 vec_dot; N = 37 (two tiles and
+ * a tail, uneven between threads), K not a multiple of 256 for the block-32 types. On every path
+ * this CPU runs, for every type with tiles: 1, 2 and 3 threads agree, and every entry's row has
+ * the bits of its token computed alone (decode: one token, vec_dot8) — a row's value depends
+ * neither on the batch nor on how many tokens its expert got. */
+PG_TEST(test_mul_mat_id_tiles_row_independent_of_batch) {
+    static const int32_t types[] = {PG_TYPE_Q2_K,   PG_TYPE_Q3_K,   PG_TYPE_Q4_K, PG_TYPE_Q5_K,
+                                    PG_TYPE_Q6_K,   PG_TYPE_Q4_0,   PG_TYPE_Q5_0, PG_TYPE_Q8_0,
+                                    PG_TYPE_IQ4_XS, PG_TYPE_IQ4_NL, PG_TYPE_MXFP4};
+    enum { KMAX = 640 };
+    static float x[TK_TOK * KMAX], wf[KMAX], o1[TK_TOK * TK_IDS * TK_N], o2[sizeof(o1) / 4];
+    int32_t ids[TK_TOK * TK_IDS];
+    for (int t = 0; t < TK_TOK; t++) {
+        ids[t * TK_IDS] = 0;
+        ids[t * TK_IDS + 1] = t < 35 ? 1 : t < 47 ? 2 : 0;
+    }
+    uint8_t *w = malloc((size_t)TK_N * TK_AS * 34 * (KMAX / 32));   /* the largest: Q8_0 */
+    pg_threadpool *tp = pg_threadpool_new(3);
+    const int32_t cur = pg_cpu_path();
+    uint64_t rng = 0x243F6A8885A308D3ull;
+    int tiled = 0;
+    for (size_t it = 0; it < sizeof(types) / sizeof(types[0]); it++) {
+        const int32_t type = types[it];
+        const int64_t K = pg_type_block_size(type) == 256 ? 512 : KMAX;
+        const size_t row = pg_type_row_size(type, K);
+        for (int r = 0; r < TK_N * TK_AS; r++) {
+            for (int k = 0; k < K; k++) wf[k] = pg_test_unit(pg_test_splitmix(&rng)) * 0.5f;
+            CHECK(pg_quantize_row(type, wf, w + (size_t)r * row, K) == PG_OK, "quantize %d", type);
+        }
+        for (int i = 0; i < TK_TOK * K; i++) x[i] = pg_test_unit(pg_test_splitmix(&rng)) * 2.0f;
+        for (int32_t path = PG_PATH_SCALAR; path < PG_PATH_COUNT; path++) {
+            if (!pg_path_compiled(path) || pg_set_cpu_path(path) != PG_OK) continue;
+            const pg_type_traits *tr = pg_get_type_traits(type);
+            tiled += tr->tile_pack != NULL;
+            size_t ws = 0, wsn = 0, ws1 = 0;
+            CHECK(run_tiles(type, K, w, x, ids, o1, tp, 1, TK_TOK, &ws) == PG_OK, "1 thread");
+            for (int nth = 2; nth <= 3; nth++) {
+                CHECK(run_tiles(type, K, w, x, ids, o2, tp, nth, TK_TOK, &wsn) == PG_OK, "batch");
+                CHECK(memcmp(o1, o2, sizeof(o1)) == 0, "path %d type %d: %d threads differ",
+                      path, type, nth);
+                /* each thread's tile scratch is planned, on every path (graphs switch paths) */
+                CHECK(wsn - ws == pg_tile_scratch_bytes(K) * (size_t)(nth - 1),
+                      "type %d: %zu B of work for %d threads, %zu for 1", type, wsn, nth, ws);
+            }
+            int same = 1;
+            for (int tk = 0; tk < TK_TOK; tk++) {
+                float one[TK_IDS * TK_N];
+                CHECK(run_tiles(type, K, w, x + (size_t)tk * K, ids + tk * TK_IDS, one, tp, 2, 1,
+                                &ws1) == PG_OK, "one token");
+                same &= memcmp(one, &o1[tk * TK_IDS * TK_N], sizeof(one)) == 0;
+            }
+            CHECK(same, "path %d type %d: a token's rows in the batch differ from the token alone",
+                  path, type);
+        }
+    }
+    /* the tiles ran: every type has them on the best path of an AVX-512 VNNI or AVX2 CPU */
+#if defined(__x86_64__)
+    CHECK(!pg_path_compiled(PG_PATH_AVX2) || tiled > 0, "no path took the tiles");
+#endif
+    (void)tiled;
+    pg_set_cpu_path(cur);
+    pg_threadpool_free(tp);
+    free(w);
 }
