@@ -46,6 +46,10 @@ void pg_tile_pack_q3_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
 void pg_tile_pack_q4_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
 void pg_tile_pack_q5_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
 void pg_tile_pack_q6_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
+/* gemm_tile_pack_avx512.c: the same tiles, 16 rows at once by gathers (x86-64 only) */
+void pg_tile_pack_q4_K_avx512(int64_t n, const void *x, size_t bx, int nr, void *tile);
+void pg_tile_pack_q5_K_avx512(int64_t n, const void *x, size_t bx, int nr, void *tile);
+void pg_tile_pack_q6_K_avx512(int64_t n, const void *x, size_t bx, int nr, void *tile);
 
 /* ---- using the tiles (ops_mul_mat.c; MUL_MAT and MUL_MAT_ID share them) --------------------
  * Nothing changes the weights in memory: each thread packs 16 weight rows at a time into its
@@ -53,9 +57,13 @@ void pg_tile_pack_q6_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
  * tile serves every activation row of the product; mapped weights stay mapped. */
 
 /* Activation rows from which a product takes the tiles: each tile is written once per product
- * and pays off over the rows it serves (dense MUL_MAT: rows of the matrix; MUL_MAT_ID: rows
- * routed to the expert). */
+ * and pays off over the rows it serves (dense MUL_MAT: rows of the matrix, always from
+ * PG_TILE_MIN_ROWS; MUL_MAT_ID: rows routed to the expert, from pg_tile_min_rows). */
 #define PG_TILE_MIN_ROWS 32
+#define PG_TILE_MIN_ROWS_FAST 12
+/* PG_TILE_MIN_ROWS for the portable K-quant packs, PG_TILE_MIN_ROWS_FAST for the vectorized ones
+ * (ops_mul_mat.c says why) */
+int64_t pg_tile_min_rows(const pg_type_traits *tr);
 
 /* whether some path has tiles for this weight type (work sizes cover every path's needs) */
 int pg_tile_type_possible(int32_t type);

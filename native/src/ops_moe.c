@@ -26,7 +26,6 @@
  * its own copy of that layout, and no barrier is needed (two per node fewer per token; on a busy
  * machine a barrier between two threads sharing a core costs a context switch). */
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "gemm_tile.h"
@@ -56,7 +55,7 @@ static mmid_layout layout_of(const pg_tensor *as, const pg_tensor *b, const pg_t
     L.off_rows = L.off_out + align64((size_t)L.E * sizeof(float *));
     L.total = L.off_rows + (size_t)L.E * L.rb;
     /* one token (decode) groups privately and never has enough rows for an expert's tile */
-    L.tiles = L.n_tok > 1 && L.E >= PG_TILE_MIN_ROWS && b->type == PG_TYPE_F32 &&
+    L.tiles = L.n_tok > 1 && L.E >= PG_TILE_MIN_ROWS_FAST && b->type == PG_TYPE_F32 &&
               pg_tile_type_possible(as->type);
     L.tile_bytes = L.tiles ? pg_tile_scratch_bytes(as->ne[0]) : 0;
     return L;
@@ -115,18 +114,8 @@ static void split_units(int64_t n, int64_t unit, int ith, int nth, int64_t *a0, 
     *a1 = u1 * unit < n ? u1 * unit : n;
 }
 
-/* Entries routed to one expert from which its rows take the repacked tiles (gemm_tile.h). */
-static int64_t tile_min_rows(void) {
-    static int64_t v = -1;
-    if (v < 0) {
-        const char *e = getenv("PG_MMID_TILE_MIN");
-        v = e ? atoll(e) : PG_TILE_MIN_ROWS;
-    }
-    return v;
-}
-
 static int expert_tiles(const pg_type_traits *tr, const mmid_layout *L, int64_t cnt) {
-    return L->tiles && tr->tile_pack && cnt >= tile_min_rows();
+    return L->tiles && tr->tile_pack && cnt >= pg_tile_min_rows(tr);
 }
 
 /* phase 3 for one expert: weight rows [n0, n1) x its `cnt` entries (out: their output rows) */

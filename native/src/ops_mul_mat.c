@@ -127,15 +127,35 @@ int pg_tile_type_possible(int32_t type) {
  * is smaller than that) */
 size_t pg_tile_scratch_bytes(int64_t K) { return (size_t)((K + 255) / 256) * PG_TILE_SB_BYTES; }
 
+/* Where the tiles start to pay off, measured per expert of a MUL_MAT_ID (2 threads, Zen 4;
+ * BENCHMARKS.md, "MoE prompts through the tiles"): a tile costs its pack once per product,
+ * against ~0.18 us per activation row of its dots at K 2048. The portable K-quant packs
+ * (gemm_tile.c, the tile 4 bytes at a time) cost 3.9 (Q4_K) to 6.5 us (Q5_K), the dots of 22-35
+ * rows: Q4_K's tiles were 0.97x the gemm at 24 rows per expert, 1.07x at 32. The vectorized
+ * packs (16 rows per gather: the legacy and codebook types, the K-quants on avx512) cost 1.8-2.4
+ * us, ~10 rows: at 8 rows per expert Q4_K 0.93x, MXFP4 1.07x, Q6_K 1.23x; at 12 Q4_K 1.13x. */
+int64_t pg_tile_min_rows(const pg_type_traits *tr) {
+    const pg_tile_pack_fn f = tr->tile_pack;
+    const int portable = f == pg_tile_pack_q2_K || f == pg_tile_pack_q3_K ||
+                         f == pg_tile_pack_q4_K || f == pg_tile_pack_q5_K || f == pg_tile_pack_q6_K;
+    return portable ? PG_TILE_MIN_ROWS : PG_TILE_MIN_ROWS_FAST;
+}
+
 /* activation rows per tile_gemm call when the outputs are scattered: 4 KiB of results */
 #define PG_TILE_SCATTER_ROWS 64
 
 void pg_tile_product(const pg_type_traits *tr, int64_t K, const uint8_t *w, size_t wnb1,
                      int64_t n0, int64_t n1, const uint8_t *act, size_t rb, int64_t M,
                      float *dst, size_t bs, float *const *out_rows, void *tile) {
+    const size_t row_bytes = (size_t)(K / tr->block_size) * (size_t)tr->type_size;
     for (int64_t n = n0; n < n1; n += PG_TILE_ROWS) {
         const int nr = (int)(n1 - n < PG_TILE_ROWS ? n1 - n : PG_TILE_ROWS);
         tr->tile_pack(K, w + (size_t)n * wnb1, wnb1, nr, tile);
+        /* the next tile's weight rows towards the cache while this one's dots run: the pack
+         * reads 16 rows side by side, more streams than the hardware prefetcher follows */
+        for (int64_t r = n + PG_TILE_ROWS; r < n1 && r < n + 2 * PG_TILE_ROWS; r++)
+            for (size_t o = 0; o < row_bytes; o += 64)
+                __builtin_prefetch(w + (size_t)r * wnb1 + o, 0, 2);
         if (!out_rows) {
             tr->tile_gemm(K, tile, act, rb, M, dst + n, bs, nr);
             continue;
