@@ -178,6 +178,34 @@ def test_mul_mat_id_many_tokens_per_expert(cpus):
     _case("q8_0", 70, 1, cpus, n_expert=2, n_used=1, N=9, poison=())
 
 
+TILE_TYPES = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q5_0", "q8_0",
+              "iq4_xs", "iq4_nl", "mxfp4"]
+
+
+@pytest.mark.parametrize("wtype", TILE_TYPES)
+def test_mul_mat_id_prompt_rows_equal_each_token_alone(wtype, path, cpus):
+    """A prompt's expert products (native/src/ops_moe.c): experts with 41, 20 and 17 routed
+    rows take dense MUL_MAT's repacked tiles where the path has them (from 12 or 32 rows per
+    expert, by how fast the type's pack is), one with 2 rows the gemm. Every row has the bits of
+    its token computed alone (one token: the decode kernels), on every path, with 1, 2 and 3
+    threads; N = 37 is two tiles and a tail."""
+    ctx = new_ctx()
+    n_tok, K, N = 40, 512, 37
+    wt, w = expert_weights(ctx, wtype, 4, N, K, ())
+    ids = np.zeros((n_tok, 2), np.int32)                  # slot 0: expert 0 for every token
+    ids[:, 1] = [1] * 20 + [2] * 17 + [3, 3, 0]          # token 39 picks expert 0 twice
+    x = rand(n_tok, 1, K)
+    out = ops.mul_mat_id(ctx, wt, tensor(ctx, x), tensor(ctx, ids, "i32"))
+    got = run(out, cpus)
+    close(got, mul_mat_id_ref(w, act_ref(x, wtype), ids), tol_of(wtype))
+    for t in range(n_tok):
+        one = ops.mul_mat_id(ctx, wt, tensor(ctx, x[t:t + 1]), tensor(ctx, ids[t:t + 1], "i32"))
+        alone = run(one, cpus[1:2])
+        assert alone.tobytes() == got[t:t + 1].tobytes(), (
+            f"{path}: token {t}'s rows differ from the token alone (max |diff| "
+            f"{float(np.max(np.abs(alone - got[t:t + 1]))):.3g})")
+
+
 def test_mul_mat_id_strided_ids_from_top_k(cpus):
     """ids as argsort_top_k makes them: a view of the first k columns of a descending
     argsort (row stride n_expert)."""

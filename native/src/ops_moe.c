@@ -15,12 +15,18 @@
  *      no weight row is read by two threads. One entry: vec_dot8 / vec_dot (decode); several: the
  *      weight type's gemm in blocks of PG_GEMM_MAX_NR rows x PG_GEMM_MAX_NC entries (each block
  *      decodes a weight block once for all its entries), with outer blocks of about
- *      PG_MMID_ACT_BYTES of activations that the weight rows then reuse from cache.
+ *      PG_MMID_ACT_BYTES of activations that the weight rows then reuse from cache; from
+ *      pg_tile_min_rows entries on (prompts), dense MUL_MAT's repacked 16-row tiles
+ *      (pg_tile_product, gemm_tile.h): each thread packs 16 of the expert's rows at a time into
+ *      its own scratch and the tile serves all the expert's entries (the weights are not
+ *      copied: mapped experts stay mapped).
  * Each dot is computed the same way whatever the thread count (ranges are cut at multiples of
- * the gemm block), so results do not depend on it.
+ * the gemm block or tile), and every kernel has the bits of the type's vec_dot, so results
+ * depend neither on the thread count nor on how many tokens an expert got.
  *
- * Work buffer: [n_as + 1] int64 offsets | [E] int32 entries (slot + n_ids * token) | E
- * converted activation rows (64-byte aligned), E = n_ids * n_tok.
+ * Work buffer: [n_as + 1] int64 offsets | [E] int32 entries (slot + n_ids * token) | [E] their
+ * output rows | E converted activation rows (64-byte aligned), E = n_ids * n_tok; then, when
+ * an expert may take the tiles, each thread's tile.
  *
  * Decode (one token: E = n_ids, a handful of rows): every thread does phases 1 and 2 itself, in
  * its own copy of that layout, and no barrier is needed (two per node fewer per token; on a busy
