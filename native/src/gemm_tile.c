@@ -1,8 +1,9 @@
 /* The K-quant packs of the repacked 16-row tiles (layout: gemm_tile.h; why and the legacy
  * formats' packs: gemm_tile_avx512.c): portable C on 32-bit words (each word of a block's
  * bytes holds 4 consecutive elements of the row, so every decode is the scalar kernel's on 4 bytes at once; shifts and masks never mix
- * bytes), installed by each path that has tile kernels. A row's super-block costs a few hundred
- * operations, once per MUL_MAT, against 16 rows × every activation row of dots. */
+ * bytes), installed by the avx2 path (avx512 packs the same bytes 16 rows at a time by gathers:
+ * gemm_tile_pack_avx512.c; Q2_K and Q3_K take these there too). A row's super-block costs a
+ * few hundred operations, once per MUL_MAT, against 16 rows × every activation row of dots. */
 #include <string.h>
 
 #include "fp16.h"

@@ -50,6 +50,10 @@ void pg_tile_pack_q6_K(int64_t n, const void *x, size_t bx, int nr, void *tile);
 void pg_tile_pack_q4_K_avx512(int64_t n, const void *x, size_t bx, int nr, void *tile);
 void pg_tile_pack_q5_K_avx512(int64_t n, const void *x, size_t bx, int nr, void *tile);
 void pg_tile_pack_q6_K_avx512(int64_t n, const void *x, size_t bx, int nr, void *tile);
+/* gemm_tile_pack_avx2.c: the same tiles, 8 rows at a time by gathers (x86-64 only) */
+void pg_tile_pack_q4_K_avx2(int64_t n, const void *x, size_t bx, int nr, void *tile);
+void pg_tile_pack_q5_K_avx2(int64_t n, const void *x, size_t bx, int nr, void *tile);
+void pg_tile_pack_q6_K_avx2(int64_t n, const void *x, size_t bx, int nr, void *tile);
 
 /* ---- using the tiles (ops_mul_mat.c; MUL_MAT and MUL_MAT_ID share them) --------------------
  * Nothing changes the weights in memory: each thread packs 16 weight rows at a time into its
@@ -61,8 +65,8 @@ void pg_tile_pack_q6_K_avx512(int64_t n, const void *x, size_t bx, int nr, void 
  * PG_TILE_MIN_ROWS; MUL_MAT_ID: rows routed to the expert, from pg_tile_min_rows). */
 #define PG_TILE_MIN_ROWS 32
 #define PG_TILE_MIN_ROWS_FAST 12
-/* PG_TILE_MIN_ROWS for the portable K-quant packs, PG_TILE_MIN_ROWS_FAST for the vectorized ones
- * (ops_mul_mat.c says why) */
+/* PG_TILE_MIN_ROWS for the portable K-quant packs, 24 for avx2's K-quant gathers,
+ * PG_TILE_MIN_ROWS_FAST for the other vectorized packs (ops_mul_mat.c says why) */
 int64_t pg_tile_min_rows(const pg_type_traits *tr);
 
 /* whether some path has tiles for this weight type (work sizes cover every path's needs) */

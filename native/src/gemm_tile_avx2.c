@@ -404,11 +404,11 @@ void pg_fill_gemm_tile_avx2(pg_type_traits *tbl) {
     tbl[PG_TYPE_Q2_K].tile_gemm = tile_q2_K;
     tbl[PG_TYPE_Q3_K].tile_pack = pg_tile_pack_q3_K;
     tbl[PG_TYPE_Q3_K].tile_gemm = tile_q3_K;
-    tbl[PG_TYPE_Q4_K].tile_pack = pg_tile_pack_q4_K;
+    tbl[PG_TYPE_Q4_K].tile_pack = pg_tile_pack_q4_K_avx2;
     tbl[PG_TYPE_Q4_K].tile_gemm = tile_q4_K;
-    tbl[PG_TYPE_Q5_K].tile_pack = pg_tile_pack_q5_K;
+    tbl[PG_TYPE_Q5_K].tile_pack = pg_tile_pack_q5_K_avx2;
     tbl[PG_TYPE_Q5_K].tile_gemm = tile_q5_K;
-    tbl[PG_TYPE_Q6_K].tile_pack = pg_tile_pack_q6_K;
+    tbl[PG_TYPE_Q6_K].tile_pack = pg_tile_pack_q6_K_avx2;
     tbl[PG_TYPE_Q6_K].tile_gemm = tile_q6_K;
     tbl[PG_TYPE_Q4_0].tile_pack = pack_q4_0;
     tbl[PG_TYPE_Q4_0].tile_gemm = tile_q4_0;

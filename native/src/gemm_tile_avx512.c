@@ -19,7 +19,8 @@
  * vec_dot of its two rows bit for bit, so a token's row does not depend on its batch or on the
  * kernel that computed it (native/tests/test_gemm_tile.c, tests/test_batch_invariance.py).
  *
- * The tile's layout is in gemm_tile.h, its pack in gemm_tile.c (portable). The legacy formats
+ * The tile's layout is in gemm_tile.h, the K-quant packs in gemm_tile_pack_avx512.c (gathers,
+ * the bytes of gemm_tile.c's portable pack). The legacy formats
  * without a min (Q4_0, Q5_0, Q8_0) have a tile per block of 32: signed levels, dotted (VPDPBUSD
  * wants one unsigned side) with the activations + 128, less 128·Σq of the row, kept in the tile.
  * The codebook types reuse both: IQ4_XS is a K-quant tile (groups of 32 with an offset), IQ4_NL

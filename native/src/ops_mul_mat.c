@@ -127,18 +127,24 @@ int pg_tile_type_possible(int32_t type) {
  * is smaller than that) */
 size_t pg_tile_scratch_bytes(int64_t K) { return (size_t)((K + 255) / 256) * PG_TILE_SB_BYTES; }
 
-/* Where the tiles start to pay off, measured per expert of a MUL_MAT_ID (2 threads, Zen 4;
- * BENCHMARKS.md, "MoE prompts through the tiles"): a tile costs its pack once per product,
- * against ~0.18 us per activation row of its dots at K 2048. The portable K-quant packs
- * (gemm_tile.c, the tile 4 bytes at a time) cost 3.9 (Q4_K) to 6.5 us (Q5_K), the dots of 22-35
- * rows: Q4_K's tiles were 0.97x the gemm at 24 rows per expert, 1.07x at 32. The vectorized
- * packs (16 rows per gather: the legacy and codebook types, the K-quants on avx512) cost 1.8-2.4
- * us, ~10 rows: at 8 rows per expert Q4_K 0.93x, MXFP4 1.07x, Q6_K 1.23x; at 12 Q4_K 1.13x. */
+/* Where the tiles start to pay off for an expert of a MUL_MAT_ID (Zen 4; BENCHMARKS.md, "MoE
+ * prompts through the tiles"): a tile costs its pack once per product, against ~0.18 us
+ * (avx512) / 0.25 us (avx2) per activation row of its dots at K 2048, ~1.35x faster per row
+ * than the gemm. The portable K-quant packs (gemm_tile.c, 4 bytes at a time) cost 3.9 (Q4_K)
+ * to 6.5 us (Q5_K) in cache, the dots of 22-35 rows: from 32 rows. The packs by gathers cost
+ * 1.7-2.4 us (2.1 us with the rows in L3): on avx512 from 12 rows (MXFP4 1.07x the gemm at 8
+ * rows, Q4_K about even from 12 to 32, 1.1-1.6x from 48); avx2's K-quant gathers lost to the
+ * gemm at 12-16 rows and won from 24. */
 int64_t pg_tile_min_rows(const pg_type_traits *tr) {
     const pg_tile_pack_fn f = tr->tile_pack;
-    const int portable = f == pg_tile_pack_q2_K || f == pg_tile_pack_q3_K ||
-                         f == pg_tile_pack_q4_K || f == pg_tile_pack_q5_K || f == pg_tile_pack_q6_K;
-    return portable ? PG_TILE_MIN_ROWS : PG_TILE_MIN_ROWS_FAST;
+    if (f == pg_tile_pack_q2_K || f == pg_tile_pack_q3_K || f == pg_tile_pack_q4_K ||
+        f == pg_tile_pack_q5_K || f == pg_tile_pack_q6_K)
+        return PG_TILE_MIN_ROWS;
+#if defined(__x86_64__)
+    if (f == pg_tile_pack_q4_K_avx2 || f == pg_tile_pack_q5_K_avx2 || f == pg_tile_pack_q6_K_avx2)
+        return 24;
+#endif
+    return PG_TILE_MIN_ROWS_FAST;
 }
 
 /* activation rows per tile_gemm call when the outputs are scattered: 4 KiB of results */

@@ -1,8 +1,8 @@
-/* The vectorized K-quant tile packs (gemm_tile_pack_avx512.c) write the portable pack's tile
- * (gemm_tile.c) byte for byte: Q4_K, Q5_K, Q6_K, 1..16 rows (rows past nr repeat row 0), 1 and
+/* The vectorized K-quant tile packs (gemm_tile_pack_avx512.c, gemm_tile_pack_avx2.c) write the
+ * portable pack's tile (gemm_tile.c) byte for byte: Q4_K, Q5_K, Q6_K, 1..16 rows (rows past nr repeat row 0), 1 and
  * 3 super-blocks, padded row strides, random bytes with finite fp16 scales. The last row ends
  * at a guard page: no pack reads past the weights (Q6_K's block of 210 bytes ends 2 bytes into
- * the dword that holds its d). Skipped where the CPU has no AVX-512. */
+ * the dword that holds its d). Each on a CPU that runs its path. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -20,20 +20,29 @@ static uint64_t g_rng = 0x452821E638D01377ull;
 
 static void set_h(uint8_t *p, float v) { const pg_fp16 h = pg_fp32_to_fp16(v); memcpy(p, &h, 2); }
 
-PG_TEST(test_tile_pack_avx512_equals_portable) {
-    if (!pg_path_compiled(PG_PATH_AVX512)) return;
+static int runs(int32_t path) {
+    if (!pg_path_compiled(path)) return 0;
     const int32_t cur = pg_cpu_path();
-    if (pg_set_cpu_path(PG_PATH_AVX512) != PG_OK) return;   /* this CPU has no AVX-512 */
+    const int ok = pg_set_cpu_path(path) == PG_OK;   /* this CPU has the path's ISA */
     pg_set_cpu_path(cur);
-    static const struct {
+    return ok;
+}
+
+static void check_packs(int32_t path) {
+    if (!runs(path)) return;
+    const int v5 = path == PG_PATH_AVX512;
+    const struct {
         int32_t type;
         size_t bsize;
         int d_off, m_off;   /* the fp16 fields (-1: none) */
         pg_tile_pack_fn ref, fast;
     } k[] = {
-        {PG_TYPE_Q4_K, 144, 0, 2, pg_tile_pack_q4_K, pg_tile_pack_q4_K_avx512},
-        {PG_TYPE_Q5_K, 176, 0, 2, pg_tile_pack_q5_K, pg_tile_pack_q5_K_avx512},
-        {PG_TYPE_Q6_K, 210, 208, -1, pg_tile_pack_q6_K, pg_tile_pack_q6_K_avx512},
+        {PG_TYPE_Q4_K, 144, 0, 2, pg_tile_pack_q4_K,
+         v5 ? pg_tile_pack_q4_K_avx512 : pg_tile_pack_q4_K_avx2},
+        {PG_TYPE_Q5_K, 176, 0, 2, pg_tile_pack_q5_K,
+         v5 ? pg_tile_pack_q5_K_avx512 : pg_tile_pack_q5_K_avx2},
+        {PG_TYPE_Q6_K, 210, 208, -1, pg_tile_pack_q6_K,
+         v5 ? pg_tile_pack_q6_K_avx512 : pg_tile_pack_q6_K_avx2},
     };
     const long page = sysconf(_SC_PAGESIZE);
     const size_t span = 16 * (3 * 210 + 7) + (size_t)page;   /* 16 padded rows of 3 blocks */
@@ -64,11 +73,16 @@ PG_TEST(test_tile_pack_avx512_equals_portable) {
                     k[it].ref(nb * PG_QK_K, x, bx, nr, t1);
                     k[it].fast(nb * PG_QK_K, x, bx, nr, t2);
                     CHECK(memcmp(t1, t2, (size_t)nb * PG_TILE_SB_BYTES) == 0,
-                          "type %d, %d rows of %d blocks, stride %zu: the tiles differ",
-                          (int)k[it].type, nr, nb, bx);
+                          "path %d type %d, %d rows of %d blocks, stride %zu: the tiles differ",
+                          (int)path, (int)k[it].type, nr, nb, bx);
                 }
     munmap(map, len + (size_t)page);
     free(t1);
     free(t2);
+}
+
+PG_TEST(test_tile_pack_vectorized_equals_portable) {
+    check_packs(PG_PATH_AVX2);
+    check_packs(PG_PATH_AVX512);
 }
 #endif
