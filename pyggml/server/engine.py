@@ -438,6 +438,7 @@ class Engine:
         gens = [s for s in self.slots if s.job is not None and s.job.kind == "complete"
                 and not s.job.waiting]
         gen_slots = self._end_for_room([s for s in gens if not s.job.gen.prefilling])
+        gens = [s for s in gens if s.job is not None]     # those _end_for_room ended are free
         self._drafts(gen_slots)
         batch = [s for s in gen_slots]
         n_rows = sum(len(s.job.gen.next_input()) for s in batch)
