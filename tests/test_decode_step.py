@@ -11,9 +11,7 @@
    with the cache left as it was.
 """
 import math
-import shutil
 
-import gguf
 import numpy as np
 import pytest
 
@@ -22,6 +20,7 @@ from pyggml.backend.cpu import CpuBackend, _compute_fn, host_array, set_host_dat
 from pyggml.errors import PyggmlError
 from pyggml.llm.context import Context
 from pyggml.llm.runtime import LLM
+from support.gguf_edit import copy_with_tensor_filled
 
 
 # ---- 1. the kept schedule --------------------------------------------------------------------
@@ -176,12 +175,7 @@ def test_fast_path_logits_all_and_decode_counters(tiny_models):
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_fast_path_non_finite_logits_leave_the_cache(tiny_models, tmp_path, bad):
     tm = tiny_models.get(arch="llama", weight_type="f32")
-    path = tmp_path / "bad.gguf"
-    shutil.copy(tm.path, path)
-    t, = [t for t in gguf.GGUFReader(tm.path).tensors if t.name == "output_norm.weight"]
-    with open(path, "r+b") as f:
-        f.seek(int(t.data_offset))
-        f.write(np.full(t.n_elements, bad, np.float32).tobytes())
+    path = copy_with_tensor_filled(tm.path, tmp_path / "bad.gguf", "output_norm.weight", bad)
     with LLM(path, n_ctx=64, n_threads=2) as llm:
         ctx = llm.context
         with pytest.raises(PyggmlError, match="non-finite logits"):

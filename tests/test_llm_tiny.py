@@ -15,6 +15,7 @@ import pytest
 
 from pyggml.errors import ModelError, PyggmlError
 from pyggml.llm.runtime import LLM
+from support.gguf_edit import copy_with_tensor_filled
 
 
 # ---- independent reference ----------------------------------------------------------------------
@@ -246,14 +247,8 @@ def _rewrite(src, dst, *, arch=None, drop=(), reshape=None, extra=None):
 def test_non_finite_logits_are_a_typed_error(tiny_models, tmp_path, bad):
     """A model whose output norm holds NaN or +inf gives non-finite logits: a PyggmlError at
     the step that made them, not NaN scores handed on to sampling."""
-    import shutil
     tm = tiny_models.get(arch="llama", weight_type="f32")
-    path = tmp_path / "bad.gguf"
-    shutil.copy(tm.path, path)
-    t, = [t for t in gguf.GGUFReader(tm.path).tensors if t.name == "output_norm.weight"]
-    with open(path, "r+b") as f:
-        f.seek(int(t.data_offset))
-        f.write(np.full(t.n_elements, bad, np.float32).tobytes())
+    path = copy_with_tensor_filled(tm.path, tmp_path / "bad.gguf", "output_norm.weight", bad)
     with LLM(path, n_ctx=64, n_threads=1) as m:
         with pytest.raises(PyggmlError, match="non-finite logits"):
             m.eval([1, 2, 3])
