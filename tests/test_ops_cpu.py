@@ -502,7 +502,8 @@ def test_eval_callback_outcomes(cpu2, monkeypatch):
     finally:
         cpu2.set_eval_callback(None)
     # an internal error of the C executor is not a callback stop
-    names = ("pg_graph_compute", "pg_graph_compute_validated")   # g's plan is validated
+    # g's plan is validated and kept (pg_plan_compute); the others for the unkept paths
+    names = ("pg_graph_compute", "pg_graph_compute_validated", "pg_plan_compute")
     real = {n: _native.fn(n) for n in names}
     for n in names:
         monkeypatch.setitem(_native._bound, n, lambda *a: _native.PG_ERR_INTERNAL)
@@ -544,25 +545,25 @@ def _count_calls(monkeypatch, names):
 
 def test_cached_plan_validated_once(cpu2, monkeypatch):
     """A plan's nodes are validated when it is built and when its addresses change, not on
-    every compute (decode recomputes one plan a token): the recomputes take the C entry point
-    without the per-node checks, with the same results."""
+    every compute (decode recomputes one plan a token): the recomputes take the kept plan's C
+    entry point (no per-node checks, the schedule kept), with the same results."""
     ctx, x, s, y, g = _two_node_graph()
-    calls = _count_calls(monkeypatch, ("pg_graph_validate", "pg_graph_compute",
-                                       "pg_graph_compute_validated"))
+    names = ("pg_graph_validate", "pg_graph_compute", "pg_graph_compute_validated",
+             "pg_plan_compute")
+    calls = _count_calls(monkeypatch, names)
     cpu2.graph_compute(g)
     first = host_array(y).copy()
-    assert calls["pg_graph_validate"] == 1 and calls["pg_graph_compute_validated"] == 1
+    assert calls["pg_graph_validate"] == 1 and calls["pg_plan_compute"] == 1
     for _ in range(3):
         cpu2.graph_compute(g)
-    assert calls == {"pg_graph_validate": 1, "pg_graph_compute": 0,
-                     "pg_graph_compute_validated": 4}
+    assert calls == dict(zip(names, (1, 0, 0, 4)))
     assert np.array_equal(host_array(y), first)
     other = new_ctx()
     x2 = tensor(other, rand(2, 8), name="x2")
     x.data = x2.data                                  # moved: validated again, once
     cpu2.graph_compute(g)
     cpu2.graph_compute(g)
-    assert calls["pg_graph_validate"] == 2 and calls["pg_graph_compute_validated"] == 6
+    assert calls == dict(zip(names, (2, 0, 0, 6)))
     assert np.allclose(host_array(s), 2 * host_array(x2))
 
 
@@ -577,7 +578,7 @@ def test_unvalidated_plan_takes_the_validating_compute(cpu2, monkeypatch):
     assert calls == {"pg_graph_compute": 1, "pg_graph_compute_validated": 0}
     from pyggml.backend import cpu as cpu_mod
     monkeypatch.setattr(cpu_mod, "_HAS_VALIDATED", [False])
-    plan.validated = True
+    plan.validated, plan.handle = True, None          # such a library keeps no C plan either
     cpu2.plan_compute(plan)
     assert calls == {"pg_graph_compute": 2, "pg_graph_compute_validated": 0}
 
