@@ -476,11 +476,7 @@ class Context:
                         self.checkpoints.clear(sid)
                 raise
             for tokens, sid in seqs:
-                if not self._seq_tokens[sid]:
-                    self._seq_lora_tag[sid] = lora.tag
-                elif self._seq_lora_tag[sid] != lora.tag:
-                    self._seq_lora_tag[sid] = None      # cells of several sets: never reused
-                self._seq_tokens[sid] += [int(t) for t in tokens]
+                self._appended(sid, [int(t) for t in tokens], lora.tag)
                 if self.checkpoints is not None and len(tokens) > 1 and sid not in all_rows:
                     # the end of an evaluated prompt (a message's end): a checkpoint
                     self.checkpoints.add(self.kv, sid, len(self._seq_tokens[sid]))
@@ -494,6 +490,16 @@ class Context:
             sel = out[out_sids == sid]
             result[sid] = sel if every or sid in all_rows else sel[-1]
         return result
+
+    def _appended(self, sid: int, tokens: list[int], tag) -> None:
+        """Tokens computed into sequence sid under the LoRA set `tag`: held, and the set its
+        cells were computed under kept (None once cells of several sets mix: never reused)."""
+        held = self._seq_tokens[sid]
+        if not held:
+            self._seq_lora_tag[sid] = tag
+        elif self._seq_lora_tag[sid] != tag:
+            self._seq_lora_tag[sid] = None
+        held += tokens
 
     def _decode_fast(self, tok, sid: int, all_rows, invalidate: bool) -> dict | None:
         """decode of one token of one sequence through the armed graph (_arm_fast), placed,
@@ -523,11 +529,7 @@ class Context:
         stats.graphs_reused += 1
         stats.ubatch_sizes.append(1)
         self.fast_steps += 1
-        if not held:
-            self._seq_lora_tag[sid] = NO_LORA
-        elif self._seq_lora_tag[sid] != NO_LORA:
-            self._seq_lora_tag[sid] = None
-        held.append(tok)
+        self._appended(sid, [tok], NO_LORA)
         if self.logits_all or sid in all_rows:
             return {sid: out.reshape(1, -1)}
         return {sid: out}
