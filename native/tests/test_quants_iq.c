@@ -20,6 +20,7 @@
 #include "iquants.h"
 #include "ops.h"
 #include "pg_test.h"
+#include "pg_test_dot8.h"
 #include "pyggml.h"
 #include "quants.h"
 
@@ -481,7 +482,6 @@ PG_TEST(test_iq_grid_vec_dot8_extreme_activations) {
     int tested = 0;
     for (int it = 0; it < 7; it++) {
         const int32_t type = types[it];
-        const pg_type_traits *ts = str(type);
         const int64_t n = NB * 256;
         for (int i = 0; i < 8; i++) random_grid(type, w[i], NB);
         for (int j = 0; j < 4; j++)
@@ -498,24 +498,9 @@ PG_TEST(test_iq_grid_vec_dot8_extreme_activations) {
                     q->bsums[g] = (int16_t)sum;
                 }
             }
-        for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
-            if (!pg_path_compiled(p)) continue;
-            const pg_type_traits *tp = pg_get_type_traits_for_path(type, p);
-            if (!tp->vec_dot8) continue;
-            for (int nc = 1; nc <= 4; nc++) {
-                float got[4][8], want[4][8];
-                tp->vec_dot8(n, &got[0][0], sizeof(got[0]), w, sizeof(w[0]), a, sizeof(a[0]), nc);
-                int same = 1;
-                for (int j = 0; j < nc; j++)
-                    for (int i = 0; i < 8; i++) {
-                        ts->vec_dot(n, &want[j][i], w[i], a[j]);
-                        same &= memcmp(&got[j][i], &want[j][i], 4) == 0;
-                    }
-                CHECK(same, "type %d path %d, %d activation rows of -128/127/0: vec_dot8 differs "
-                      "from the scalar vec_dot", type, p, nc);
-                tested++;
-            }
-        }
+        char what[32];
+        snprintf(what, sizeof(what), "type %d (activations -128/127/0)", type);
+        tested += pg_test_dot8_paths(type, n, w, sizeof(w[0]), a, sizeof(a[0]), 4, what);
     }
 #if defined(__x86_64__)
     CHECK(tested > 0, "no path has a codebook vec_dot8");
@@ -581,28 +566,11 @@ PG_TEST(test_iq4_vec_dot8_extremes) {
                 }
             }
             const size_t wrow = row_bytes(type, n), arow = row_bytes(ts->vec_dot_type, n);
-            for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
-                if (!pg_path_compiled(p)) continue;
-                const pg_type_traits *tp = pg_get_type_traits_for_path(type, p);
-                if (!tp->vec_dot8) continue;
-                for (int nc = 1; nc <= 4; nc++) {
-                    float got[4][8], want[4][8];
-                    /* rows packed at their own size: the kernels' strides are the row sizes */
-                    static uint8_t wp[8 * ROWB], ap[4 * sizeof(a[0])];
-                    for (int i = 0; i < 8; i++) memcpy(wp + (size_t)i * wrow, w[i], wrow);
-                    for (int j = 0; j < 4; j++) memcpy(ap + (size_t)j * arow, a[j], arow);
-                    tp->vec_dot8(n, &got[0][0], sizeof(got[0]), wp, wrow, ap, arow, nc);
-                    int same = 1;
-                    for (int j = 0; j < nc; j++)
-                        for (int i = 0; i < 8; i++) {
-                            str(type)->vec_dot(n, &want[j][i], w[i], a[j]);
-                            same &= memcmp(&got[j][i], &want[j][i], 4) == 0;
-                        }
-                    CHECK(same, "%s path %d, %d activation rows at the range ends: vec_dot8 "
-                          "differs from the scalar vec_dot", k_names[it], p, nc);
-                    tested++;
-                }
-            }
+            /* rows packed at their own size: the kernels' strides are the row sizes */
+            static uint8_t wp[8 * ROWB], ap[4 * sizeof(a[0])];
+            for (int i = 0; i < 8; i++) memcpy(wp + (size_t)i * wrow, w[i], wrow);
+            for (int j = 0; j < 4; j++) memcpy(ap + (size_t)j * arow, a[j], arow);
+            tested += pg_test_dot8_paths(type, n, wp, wrow, ap, arow, 4, k_names[it]);
         }
     }
 #if defined(__x86_64__)

@@ -17,6 +17,7 @@
 #include "fp16.h"
 #include "kquants.h"
 #include "pg_test.h"
+#include "pg_test_dot8.h"
 #include "pyggml.h"
 #include "quants.h"
 
@@ -443,24 +444,8 @@ PG_TEST(test_kquant_vec_dot8_extremes) {
                     q->bsums[g] = (int16_t)sum;
                 }
             }
-        for (int32_t p = 0; p < PG_PATH_COUNT; p++) {
-            if (!pg_path_compiled(p)) continue;
-            const pg_type_traits *tp = pg_get_type_traits_for_path(type, p);
-            if (!tp->vec_dot8) continue;
-            for (int nc = 1; nc <= PG_DOT8_MAX_NC; nc++) {
-                float got[PG_DOT8_MAX_NC][8], want[PG_DOT8_MAX_NC][8];
-                tp->vec_dot8(n, &got[0][0], sizeof(got[0]), w, sizeof(w[0]), a, sizeof(a[0]), nc);
-                int same = 1;
-                for (int j = 0; j < nc; j++)
-                    for (int i = 0; i < 8; i++) {
-                        ts->vec_dot(n, &want[j][i], w[i], a[j]);
-                        same &= memcmp(&got[j][i], &want[j][i], 4) == 0;
-                    }
-                CHECK(same, "%s path %d, %d activation rows at the range ends: vec_dot8 differs "
-                      "from the scalar vec_dot", k_wnames[it], p, nc);
-                tested++;
-            }
-        }
+        tested += pg_test_dot8_paths(type, n, w, sizeof(w[0]), a, sizeof(a[0]), PG_DOT8_MAX_NC,
+                                     k_wnames[it]);
     }
 #if defined(__x86_64__)
     CHECK(tested > 0, "no path has a K-quant vec_dot8");
